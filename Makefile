@@ -1,0 +1,64 @@
+# make test    - install everything (tarantool server, .venv, the package) and run the tests
+# make bench   - run the load generator against a throwaway local server
+# make compare - sync, threads, gtarantool and asynctnt side by side
+# make perf    - the speed targets (ratios against asynctnt and the sync client)
+# make profile - greenlet-aware yappi profiles for kcachegrind
+# make soak    - long mixed load with injected faults (not part of CI)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+STAMP := $(VENV)/.installed
+
+PROCS ?= 1
+GREENLETS ?= 100
+OPS ?= 100000
+SIZE ?= 1536
+WORKLOAD ?= phases
+DRIVER ?= gtarantool
+DURATION ?=
+JSON ?=
+PROFILE_DIR ?= profiles
+RUNS ?= 5
+
+BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
+	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON))
+
+.PHONY: all install server test bench compare perf profile soak clean
+
+all: test
+
+server:
+	@command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y tarantool; }
+
+$(STAMP): setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench,profile]'
+	touch $@
+
+install: server $(STAMP)
+	@command -v callgrind_annotate >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y valgrind; }
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
+
+compare: install
+	$(PY) -m bench.compare $(BENCH_ARGS)
+
+perf: install
+	$(PY) -m bench.perf --runs $(RUNS)
+
+profile: install
+	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) --profile $(PROFILE_DIR)
+
+soak: install
+	$(PY) -m bench.soak --duration $(or $(DURATION),300)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache profiles

@@ -1,0 +1,155 @@
+"""A throwaway Tarantool server in a temp dir, for the benchmark and the tests.
+
+``TarantoolServer(lua)`` writes an ``init.lua`` that calls ``box.cfg`` on a
+free port and then runs ``lua``; ``start()`` waits until the server answers
+with its greeting.  ``stop()`` always reaps the process.  ``kill()`` and
+``start()`` again on the same object restart the server from its WAL on the
+same port, which the fault tests rely on.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+INSTALL_HINT = ("the Tarantool server binary 'tarantool' is not on PATH; install it with "
+                "'sudo apt-get install tarantool' (Debian/Ubuntu) or run 'make test', "
+                "which installs it")
+
+GREETING_SIZE = 128
+
+
+def find_binary():
+    """Path of the ``tarantool`` binary, or RuntimeError saying how to install it."""
+    path = shutil.which("tarantool")
+    if path is None:
+        raise RuntimeError(INSTALL_HINT)
+    return path
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _lua_str(value):
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class TarantoolServer:
+    """One local ``tarantool`` process.  Use as a context manager or call start/stop."""
+
+    def __init__(self, lua="", *, port=None, unix_socket=False, wal_mode="write",
+                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None):
+        self.lua = lua
+        self.wal_mode = wal_mode
+        self.memtx_memory = memtx_memory
+        self.readahead = readahead
+        self._own_workdir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="gtarantool-")
+        self.host = "127.0.0.1"
+        if unix_socket:
+            self.host = None
+            self.port = os.path.join(self.workdir, "tarantool.sock")
+        else:
+            self.port = port or free_port()
+        self.process = None
+        self.log_path = os.path.join(self.workdir, "tarantool.log")
+
+    @property
+    def listen(self):
+        return self.port if self.host is None else "%s:%d" % (self.host, self.port)
+
+    @property
+    def pid(self):
+        return self.process.pid if self.process else None
+
+    def _write_init(self):
+        path = os.path.join(self.workdir, "init.lua")
+        with open(path, "w") as f:
+            f.write("box.cfg{listen=%s, work_dir=%s, wal_mode=%s, memtx_memory=%d, "
+                    "readahead=%d, log=%s, net_msg_max=%d}\n"
+                    % (_lua_str(self.listen), _lua_str(self.workdir), _lua_str(self.wal_mode),
+                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16))
+            f.write(self.lua)
+            f.write("\n")
+        return path
+
+    def start(self, timeout=30.0):
+        """Start (or restart) the server and wait for its greeting."""
+        binary = find_binary()
+        init = self._write_init()
+        if self.host is None and os.path.exists(self.port):
+            os.unlink(self.port)
+        self.process = subprocess.Popen([binary, init], cwd=self.workdir,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError("tarantool exited with code %s during start-up; log:\n%s"
+                                   % (self.process.returncode, self.log_tail()))
+            if self._answers():
+                return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("tarantool did not answer on %s within %.0fs; log:\n%s"
+                                   % (self.listen, timeout, self.log_tail()))
+            time.sleep(0.05)
+
+    def _answers(self):
+        family = socket.AF_UNIX if self.host is None else socket.AF_INET
+        address = self.port if self.host is None else (self.host, self.port)
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(1.0)
+                sock.connect(address)
+                data = b""
+                while len(data) < GREETING_SIZE:
+                    chunk = sock.recv(GREETING_SIZE - len(data))
+                    if not chunk:
+                        return False
+                    data += chunk
+                return data.startswith(b"Tarantool")
+        except OSError:
+            return False
+
+    def log_tail(self, lines=30):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def signal(self, signum):
+        self.process.send_signal(signum)
+
+    def kill(self):
+        """SIGKILL the server and reap it; the data directory stays for a restart."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self):
+        """Stop the server: SIGCONT (in case it was frozen), SIGTERM, then SIGKILL."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def cleanup(self):
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.cleanup()

@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="gtarantool",
+    version="2.0.0",
+    description="gevent connector for Tarantool: many greenlets, one socket",
+    long_description=open("README.rst").read(),
+    long_description_content_type="text/x-rst",
+    packages=find_packages(include=["gtarantool", "gtarantool.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        "tarantool>=1.2,<2",
+        "gevent>=22.10",
+        "greenlet>=2.0",
+        "msgpack>=1.0",
+    ],
+    extras_require={
+        "profile": ["yappi>=1.6"],
+        "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
+                  "matplotlib>=3.5"],
+        "test": ["pytest>=7", "hypothesis>=6.50", "psutil>=5.9"],
+    },
+    classifiers=[
+        "Framework :: gevent",
+        "Programming Language :: Python :: 3",
+        "Topic :: Database :: Front-Ends",
+    ],
+)

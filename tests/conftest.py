@@ -1,0 +1,32 @@
+"""One real Tarantool for the whole test session, started from Debian's binary."""
+import os
+
+import pytest
+
+from bench.server import TarantoolServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+USER, PASSWORD = "test", "secret"
+
+
+def _lua():
+    with open(os.path.join(HERE, "server.lua")) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The shared server: ``server.host``, ``server.port``; user test/secret."""
+    srv = TarantoolServer(_lua())
+    srv.start()
+    yield srv
+    srv.cleanup()
+
+
+@pytest.fixture
+def fresh_server():
+    """A private server for tests that kill, freeze or restart it."""
+    srv = TarantoolServer(_lua())
+    srv.start()
+    yield srv
+    srv.cleanup()
