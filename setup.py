@@ -18,7 +18,7 @@ setup(
         "profile": ["yappi>=1.6"],
         "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
                   "matplotlib>=3.5"],
-        "test": ["pytest>=7", "hypothesis>=6.50", "psutil>=5.9"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.50", "psutil>=5.9"],
     },
     classifiers=[
         "Framework :: gevent",
