@@ -1,0 +1,247 @@
+"""The clients under test, each behind the same small interface used by the worker:
+
+``open()`` connects (and loads the schema, so no schema request falls into a measured phase),
+``run(phase, recorder)`` keeps exactly ``concurrency`` requests going until the phase runs
+out, ``counters()`` returns the connection's socket counters (or None), ``close()``.
+
+Client libraries are imported inside the driver that uses them: gevent only ever gets imported
+in a gtarantool worker process, never in the parent.
+"""
+import threading
+import time
+
+import tarantool
+
+from bench.recorder import LockedRecorder, Recorder
+from bench.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
+
+UPDATE_OPS = [("+", 1, 1)]  # counter field (0-based field number, as iproto takes it)
+
+
+def error_kind(exc, server_error):
+    """The kind an exception is counted as: an error the server answered with (an exception
+    of exactly the class ``server_error``) by its code, anything else by its class name."""
+    if type(exc) is server_error:
+        return DUPLICATE_KEY if exc.code == ER_TUPLE_FOUND else "%s_%d" % (SERVER_ERROR, exc.code)
+    return type(exc).__name__
+
+
+def serve(take, record, calls, payloads, server_error):
+    """One request at a time until ``take()`` runs dry: the body of every greenlet and thread."""
+    clock = time.monotonic
+    while True:
+        item = take()
+        if item is None:
+            return
+        op, key = item
+        t0 = clock()
+        try:
+            rows = calls[op](key)
+        except Exception as exc:  # a failed request is a counted result, not a dead worker
+            record(op, t0, clock(), error_kind(exc, server_error))
+        else:
+            record(op, t0, clock(), check(op, key, rows, payloads))
+
+
+async def serve_async(take, record, calls, payloads, server_error):
+    """``serve`` for asyncio tasks."""
+    clock = time.monotonic
+    while True:
+        item = take()
+        if item is None:
+            return
+        op, key = item
+        t0 = clock()
+        try:
+            rows = await calls[op](key)
+        except Exception as exc:  # a failed request is a counted result, not a dead worker
+            record(op, t0, clock(), error_kind(exc, server_error))
+        else:
+            record(op, t0, clock(), check(op, key, rows, payloads))
+
+
+def tarantool_calls(conn, space, payloads):
+    """op -> function(key) -> list of tuples, for tarantool-python and its subclasses."""
+    return {
+        "insert": lambda key: conn.insert(space, (key, 0, payloads(key))).data,
+        "select": lambda key: conn.select(space, key).data,
+        "update": lambda key: conn.update(space, key, UPDATE_OPS).data,
+        "delete": lambda key: conn.delete(space, key).data,
+    }
+
+
+class CountingSocket:
+    """Stands in for a tarantool-python connection's socket and counts the calls made on it,
+    since tarantool-python keeps no counters of its own.  (Its per-request liveness probe is a
+    raw libc ``recv`` through ctypes and is not seen here.)"""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self.send_calls = self.recv_calls = self.bytes_out = self.bytes_in = 0
+
+    def send(self, data):
+        self.send_calls += 1
+        sent = self._sock.send(data)
+        self.bytes_out += sent
+        return sent
+
+    def sendall(self, data):
+        self.send_calls += 1
+        self._sock.sendall(data)
+        self.bytes_out += len(data)
+
+    def recv(self, size, *flags):
+        self.recv_calls += 1
+        data = self._sock.recv(size, *flags)
+        self.bytes_in += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def counters(self):
+        return {"send_calls": self.send_calls, "recv_calls": self.recv_calls,
+                "bytes_out": self.bytes_out, "bytes_in": self.bytes_in}
+
+
+class Driver:
+    recorder_class = Recorder
+    # tarantool-python raises exactly this class for an error response; its subclasses
+    # (NetworkError, SchemaError, ...) are client-side failures.
+    server_error = tarantool.error.DatabaseError
+
+    def __init__(self, config, host, port):
+        self.config = config
+        self.host, self.port = host, port
+        self.concurrency = config.concurrency
+        self.payloads = Payloads(config.size, config.seed)
+
+    def _tarantool_connection(self):
+        conn = tarantool.Connection(self.host, self.port, user=self.config.user,
+                                    password=self.config.password)
+        conn._socket = CountingSocket(conn._socket)
+        return conn
+
+
+class SyncDriver(Driver):
+    """tarantool-python, one blocking call at a time."""
+
+    def open(self):
+        self.conn = self._tarantool_connection()
+        self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
+
+    def run(self, phase, recorder):
+        serve(phase.take, recorder.record, self.calls, self.payloads, self.server_error)
+
+    def counters(self):
+        return self.conn._socket.counters()
+
+    def close(self):
+        self.conn.close()
+
+
+class ThreadsDriver(Driver):
+    """tarantool-python, ``greenlets`` threads with a connection each."""
+
+    recorder_class = LockedRecorder
+
+    def open(self):
+        self.conns = [self._tarantool_connection() for _ in range(self.concurrency)]
+
+    def run(self, phase, recorder):
+        lock = threading.Lock()
+
+        def take():
+            with lock:  # a generator must not be resumed by two threads at once
+                return phase.take()
+        threads = [threading.Thread(target=serve, args=(
+            take, recorder.record, tarantool_calls(conn, self.config.space, self.payloads),
+            self.payloads, self.server_error)) for conn in self.conns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def counters(self):
+        total = {}
+        for conn in self.conns:
+            for name, value in conn._socket.counters().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def close(self):
+        for conn in self.conns:
+            conn.close()
+
+
+class GeventDriver(Driver):
+    """gtarantool: ``greenlets`` greenlets sharing one connection."""
+
+    def open(self):
+        import gtarantool
+        self.conn = gtarantool.connect(self.host, self.port, user=self.config.user,
+                                       password=self.config.password)
+        self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
+
+    def run(self, phase, recorder):
+        import gevent
+        greenlets = [gevent.spawn(serve, phase.take, recorder.record, self.calls, self.payloads,
+                                  self.server_error) for _ in range(self.concurrency)]
+        gevent.joinall(greenlets, raise_error=True)
+
+    def counters(self):
+        return self.conn.stats.as_dict()
+
+    def close(self):
+        self.conn.close()
+
+
+class AsynctntDriver(Driver):
+    """asynctnt: ``greenlets`` asyncio tasks on one connection, on uvloop when installed."""
+
+    def open(self):
+        import asyncio
+
+        import asynctnt
+        self.server_error = asynctnt.exceptions.TarantoolDatabaseError
+        try:
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self.conn = asynctnt.Connection(host=self.host, port=self.port,
+                                        username=self.config.user,
+                                        password=self.config.password)
+        self.loop.run_until_complete(self.conn.connect())
+        conn, space, payloads = self.conn, self.config.space, self.payloads
+        # asynctnt responses are sequences of tuples already: check() reads them as they are.
+        self.calls = {
+            "insert": lambda key: conn.insert(space, [key, 0, payloads(key)]),
+            "select": lambda key: conn.select(space, [key]),
+            "update": lambda key: conn.update(space, [key], UPDATE_OPS),
+            "delete": lambda key: conn.delete(space, [key]),
+        }
+
+    def run(self, phase, recorder):
+        import asyncio
+
+        async def main():
+            await asyncio.gather(*(serve_async(phase.take, recorder.record, self.calls,
+                                               self.payloads, self.server_error)
+                                   for _ in range(self.concurrency)))
+        self.loop.run_until_complete(main())
+
+    def counters(self):
+        return None
+
+    def close(self):
+        self.loop.run_until_complete(self.conn.disconnect())
+        self.loop.close()
+
+
+DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
+           "asynctnt": AsynctntDriver}
+
+
+def make(config, host, port):
+    return DRIVERS[config.driver](config, host, port)

@@ -1,0 +1,32 @@
+"""gtarantool: a gevent connector for Tarantool.
+
+Many greenlets share one socket; a writer greenlet coalesces their requests
+into few ``send`` calls and a reader greenlet routes replies by sync id.  The
+API, errors and response objects are tarantool-python's.
+"""
+from tarantool.error import (  # noqa: F401 - re-exported for drop-in use
+    DatabaseError,
+    Error,
+    InterfaceError,
+    NetworkError,
+    SchemaError,
+)
+
+from gtarantool.connection import Connection
+from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.transport import Stats
+
+__version__ = "2.0.0"
+
+__all__ = ["connect", "Connection", "RequestTimeout", "ProtocolError", "ConnectionClosed",
+           "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
+           "SchemaError"]
+
+
+def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
+    """Open a :class:`Connection`; ``options`` are those of ``tarantool.Connection``
+    plus ``request_timeout``, ``max_in_flight`` and ``max_response_size``.
+
+    A Unix socket: ``connect(None, "/path/to/socket")``, as in tarantool-python.
+    """
+    return Connection(host, port, user=user, password=password, **options)

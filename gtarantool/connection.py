@@ -1,0 +1,502 @@
+"""The public connection: tarantool-python's API over the greenlet transport.
+
+``Connection`` subclasses ``tarantool.Connection`` and keeps its schema,
+auth, errors and response types.  It replaces the transport (one shared
+socket, see ``transport.py``), the request/response hot path (``protocol.py``)
+and the connection lifecycle: lazy reconnect under a lock with gevent sleeps,
+schema reload on error 109, and ownership checks for threads and forks.
+"""
+import itertools
+import os
+import socket
+import time
+import weakref
+
+import gevent
+import gevent.lock
+import gevent.socket
+import tarantool
+from gevent import Timeout
+from gevent.monkey import get_original
+from tarantool.const import (
+    IPROTO_EXPR,
+    IPROTO_FUNCTION_NAME,
+    IPROTO_GREETING_SIZE,
+    IPROTO_INDEX_ID,
+    IPROTO_ITERATOR,
+    IPROTO_KEY,
+    IPROTO_LIMIT,
+    IPROTO_OFFSET,
+    IPROTO_OPS,
+    IPROTO_SPACE_ID,
+    IPROTO_TUPLE,
+    ITERATOR_ALL,
+    ITERATOR_EQ,
+    REQUEST_TYPE_CALL,
+    REQUEST_TYPE_CALL16,
+    REQUEST_TYPE_DELETE,
+    REQUEST_TYPE_EVAL,
+    REQUEST_TYPE_INSERT,
+    REQUEST_TYPE_PING,
+    REQUEST_TYPE_REPLACE,
+    REQUEST_TYPE_SELECT,
+    REQUEST_TYPE_UPDATE,
+    REQUEST_TYPE_UPSERT,
+    SSL_TRANSPORT,
+)
+from tarantool.error import (
+    ConfigurationError,
+    DatabaseError,
+    NetworkError,
+    NotSupportedError,
+    SchemaReloadException,
+)
+from tarantool.response import Response
+from tarantool.schema import Schema
+from tarantool.utils import greeting_decode, wrap_key
+
+from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.protocol import body_unpacker, frame, iterator_code, make_response
+from gtarantool.transport import Stats, Transport
+
+_get_ident = get_original("_thread", "get_ident")
+
+DEFAULT_MAX_IN_FLIGHT = 10000
+DEFAULT_MAX_RESPONSE_SIZE = (1 << 31) - 1
+DEFAULT_CONNECTION_TIMEOUT = 10.0
+# A request that keeps meeting schema changes gives up after this many reloads.
+SCHEMA_RETRIES = 3
+
+_live = weakref.WeakSet()
+
+
+class Connection(tarantool.Connection):
+    """A gevent-aware ``tarantool.Connection`` shared by many greenlets.
+
+    Takes every argument of ``tarantool.Connection`` plus:
+
+    :param request_timeout: seconds a request may wait for its reply (queueing
+        for an in-flight slot included); ``None`` waits forever.  On expiry the
+        caller gets :class:`gtarantool.RequestTimeout` and the late reply is
+        discarded.
+    :param max_in_flight: most requests awaiting replies at once; further
+        callers wait for a slot.
+    :param max_response_size: largest reply frame accepted, in bytes.
+
+    ``connection_timeout`` (connect and greeting) defaults to 10 s rather than
+    forever, so connecting to a frozen server fails instead of hanging.
+    """
+
+    def __init__(self, host=tarantool.connection.DEFAULT_HOST,
+                 port=tarantool.connection.DEFAULT_PORT, *args,
+                 request_timeout=None, max_in_flight=DEFAULT_MAX_IN_FLIGHT,
+                 max_response_size=DEFAULT_MAX_RESPONSE_SIZE,
+                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT, **kwargs):
+        if request_timeout is not None and not (
+                isinstance(request_timeout, (int, float)) and request_timeout > 0):
+            raise ConfigurationError("request_timeout must be a positive number of "
+                                     "seconds or None, not %r" % (request_timeout,))
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ConfigurationError("max_in_flight must be a positive integer, not %r"
+                                     % (max_in_flight,))
+        if kwargs.get("transport") == SSL_TRANSPORT:
+            raise NotSupportedError("gtarantool does not support transport='ssl'")
+        # Our fields first: tarantool.Connection.__init__ may connect.
+        self.request_timeout = request_timeout
+        self.max_in_flight = max_in_flight
+        self.max_response_size = max_response_size
+        self.stats = Stats()
+        self._transport = None
+        self._syncs = itertools.count(1)
+        self._slots = gevent.lock.BoundedSemaphore(max_in_flight)
+        self._lock = gevent.lock.RLock()         # connect/reconnect
+        self._schema_lock = gevent.lock.RLock()  # reload on error 109
+        self._owner = _get_ident()
+        self._pid = os.getpid()
+        self._packer = None
+        self._unpack = None
+        self._connected_once = False
+        _live.add(self)
+        super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
+
+    # -- sockets: gevent's, whether or not the process is monkey-patched ----
+
+    def connect_tcp(self):
+        try:
+            sock = gevent.socket.create_connection((self.host, self.port),
+                                                   timeout=self.connection_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            raise NetworkError(exc) from exc
+        self._socket = sock
+
+    def connect_unix(self):
+        sock = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.connection_timeout)
+            sock.connect(self.port)
+        except OSError as exc:
+            sock.close()
+            raise NetworkError(exc) from exc
+        self._socket = sock
+
+    def connect_socket_fd(self):
+        self._socket = gevent.socket.socket(fileno=self.socket_fd)
+        self._socket.settimeout(self.connection_timeout)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def connect(self):
+        """(Re)connect: greeting, authentication, schema.  Fails every request
+        still waiting on the previous socket."""
+        self._check_owner()
+        with self._lock:
+            self._drop_transport(ConnectionClosed("connection re-established; "
+                                                  "requests on the old socket failed"))
+            try:
+                self.connect_basic()
+                greeting = self._read_greeting()
+                self._socket.settimeout(None)
+                self._transport = Transport(self._socket, self.stats, self.max_response_size,
+                                            name="tarantool-%s" % (self.port,))
+                self.connected = True
+                self._handshake(greeting)
+                if self.fetch_schema:
+                    self.schema = Schema(self)
+                    self._load_schema_versioned()
+                else:
+                    self.schema = None
+            except Exception as exc:
+                self._drop_transport(ConnectionClosed("connect failed: %s" % (exc,)))
+                if isinstance(exc, (NetworkError, ConfigurationError)):
+                    raise
+                raise NetworkError("cannot connect to %s:%s: %s"
+                                   % (self.host, self.port, _describe(exc))) from exc
+            if self._connected_once:
+                self.stats.reconnects += 1
+            self._connected_once = True
+
+    def _read_greeting(self):
+        data = b""
+        try:
+            while len(data) < IPROTO_GREETING_SIZE:
+                chunk = self._socket.recv(IPROTO_GREETING_SIZE - len(data))
+                if not chunk:
+                    raise NetworkError("the server closed the connection before its greeting")
+                data += chunk
+        except socket.timeout as exc:
+            raise NetworkError("no greeting from %s:%s within connection_timeout=%ss"
+                               % (self.host, self.port, self.connection_timeout)) from exc
+        except OSError as exc:
+            raise NetworkError(exc) from exc
+        if not data.startswith(b"Tarantool "):
+            raise ProtocolError("not a Tarantool server: greeting starts with %r" % data[:32])
+        try:
+            greeting = greeting_decode(data)
+        except Exception as exc:
+            raise ProtocolError("undecodable Tarantool greeting %r" % data[:64]) from exc
+        if greeting.protocol != "Binary":
+            raise ProtocolError("unsupported protocol %r" % (greeting.protocol,))
+        return greeting
+
+    def _handshake(self, greeting):
+        self.version_id = greeting.version_id
+        self.uuid = greeting.uuid
+        self._salt = greeting.salt
+        self._check_features()
+        if self.user:
+            self.authenticate(self.user, self.password)
+
+    def _load_schema_versioned(self):
+        # Load with version checks off, then send the version seen before the
+        # load: a change during the load makes the next request reload again.
+        self.schema_version = 0
+        version = self._request(REQUEST_TYPE_PING, None).schema_version or 0
+        self.load_schema()
+        self.schema_version = version
+
+    def _drop_transport(self, exc):
+        transport, self._transport = self._transport, None
+        self._socket = None
+        self.connected = False
+        if transport is not None:
+            transport.close(exc)
+
+    def close(self):
+        """Close the socket: waiting requests fail with ConnectionClosed; the reader
+        and writer greenlets are killed and joined.  A later request reconnects."""
+        self._drop_transport(ConnectionClosed("connection closed by close()"))
+
+    def is_closed(self):
+        return self._transport is None or self._transport.error is not None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _check_owner(self):
+        if self._owner == _get_ident():
+            return
+        if self._pid != os.getpid():
+            raise WrongOwner("this connection was opened in process %d and cannot be used "
+                             "in forked process %d; open a new connection after fork"
+                             % (self._pid, os.getpid()))
+        raise WrongOwner("this connection belongs to another OS thread (its gevent hub); "
+                         "open one connection per thread")
+
+    def _ensure_connected(self):
+        """The live transport, reconnecting first when the last one died."""
+        self._check_owner()
+        transport = self._transport
+        if transport is not None and transport.error is None:
+            return transport
+        with self._lock:
+            attempt = 0
+            while self._transport is None or self._transport.error is not None:
+                try:
+                    self.connect()
+                except NetworkError:
+                    if attempt >= self.reconnect_max_attempts:
+                        raise
+                    attempt += 1
+                    gevent.sleep(self.reconnect_delay)
+            return self._transport
+
+    def _opt_reconnect(self):
+        self._ensure_connected()
+
+    # -- the request path ----------------------------------------------------
+
+    def generate_sync(self):
+        return next(self._syncs)
+
+    def _packer_factory(self):
+        # Requests are packed without yielding, so one packer serves all greenlets.
+        if self._packer is None:
+            self._packer = self._packer_factory_impl(self)
+        return self._packer
+
+    def _send_request(self, request, on_push=None, on_push_ctx=None):
+        self._ensure_connected()
+        return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
+
+    def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None):
+        """Send a tarantool-python ``Request`` object (auth, SQL, id, ...)."""
+        for _ in range(SCHEMA_RETRIES):
+            data = bytes(request)   # a fresh sync and the current schema version
+            try:
+                return self._roundtrip(request.sync, data, request.response_class,
+                                       on_push, on_push_ctx)
+            except SchemaReloadException as exc:
+                self._reload_schema(exc.schema_version)
+        return self._roundtrip(request.sync, bytes(request), request.response_class,
+                               on_push, on_push_ctx)
+
+    def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
+        """Encode ``body`` (a dict or None) and return the server's reply."""
+        transport = self._transport
+        if transport is None or transport.error is not None or self._owner != _get_ident():
+            self._ensure_connected()
+        payload = self._packer.pack(body) if body is not None else b""
+        for attempt in range(SCHEMA_RETRIES + 1):
+            sync = next(self._syncs)
+            data = frame(code, sync, self.schema_version, payload)
+            try:
+                return self._roundtrip(sync, data, response_class, on_push, on_push_ctx)
+            except SchemaReloadException as exc:
+                if attempt == SCHEMA_RETRIES:
+                    raise
+                self._reload_schema(exc.schema_version)
+
+    def _roundtrip(self, sync, data, response_class, on_push, on_push_ctx):
+        transport = self._transport
+        if transport is None:
+            raise ConnectionClosed("connection is closed")
+        timer = None
+        if self.request_timeout is not None:
+            timer = Timeout(self.request_timeout)
+            timer.start()
+        try:
+            self._slots.acquire()
+            try:
+                waiter = transport.register(sync)
+                transport.write(data)
+                self.stats.requests += 1
+                done = False
+                try:
+                    value = waiter.get()
+                    done = True
+                finally:
+                    if not done:
+                        transport.abandon(sync)
+            finally:
+                self._slots.release()
+        except Timeout as exc:
+            if exc is not timer:
+                raise
+            raise RequestTimeout("no reply within request_timeout=%ss (sync %d); the request "
+                                 "may still execute on the server"
+                                 % (self.request_timeout, sync)) from None
+        finally:
+            if timer is not None:
+                timer.close()
+        if type(value) is not tuple:
+            raise value.with_traceback(None)
+        header, body, pushes = value
+        if pushes is not None:
+            self._run_pushes(pushes, on_push, on_push_ctx)
+        return make_response(response_class, self, header, body, self._unpack)
+
+    def _run_pushes(self, pushes, on_push, on_push_ctx):
+        for header, body in pushes:
+            push = make_response(Response, self, header, body, self._unpack)
+            if on_push is not None:
+                on_push(push.data, on_push_ctx)
+
+    def _reload_schema(self, version):
+        """Error 109: reload once for everyone, under a lock."""
+        with self._schema_lock:
+            if self.schema is None or self.schema_version == version:
+                self.schema_version = version
+                return
+            self.update_schema(version)
+
+    def update_schema(self, schema_version):
+        super().update_schema(schema_version)
+        self.stats.schema_reloads += 1
+
+    # -- the public API, on the fast path ------------------------------------
+
+    def _space_no(self, space_name):
+        self._schemaful_connection_check()
+        if isinstance(space_name, str):
+            return self.schema.get_space(space_name).sid
+        return space_name
+
+    def _index_no(self, space_no, index):
+        if isinstance(index, str):
+            return self.schema.get_index(space_no, index).iid
+        return index
+
+    def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        _check_args(values, on_push)
+        return self._request(REQUEST_TYPE_INSERT, {IPROTO_SPACE_ID: space_no,
+                                                   IPROTO_TUPLE: values},
+                             on_push, on_push_ctx)
+
+    def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        _check_args(values, on_push)
+        return self._request(REQUEST_TYPE_REPLACE, {IPROTO_SPACE_ID: space_no,
+                                                    IPROTO_TUPLE: values},
+                             on_push, on_push_ctx)
+
+    def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
+               iterator=None, on_push=None, on_push_ctx=None):
+        """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
+        or a number, and names are sent as numbers."""
+        space_no = self._space_no(space_name)
+        if iterator is None:
+            iterator = ITERATOR_EQ
+            if key is None or (isinstance(key, (list, tuple)) and len(key) == 0):
+                iterator = ITERATOR_ALL
+        else:
+            iterator = iterator_code(iterator)
+        key = wrap_key(key, select=True)
+        index = self._index_no(space_no, index)
+        _check_args((), on_push)
+        return self._request(REQUEST_TYPE_SELECT, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_OFFSET: offset,
+            IPROTO_LIMIT: limit, IPROTO_ITERATOR: iterator, IPROTO_KEY: key,
+        }, on_push, on_push_ctx)
+
+    def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        key = wrap_key(key)
+        index = self._index_no(space_no, index)
+        _check_args(op_list, on_push)
+        op_list = self._ops_process(space_no, op_list)
+        return self._request(REQUEST_TYPE_UPDATE, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
+            IPROTO_TUPLE: op_list,
+        }, on_push, on_push_ctx)
+
+    def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
+               on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        index = self._index_no(space_no, index)
+        _check_args(op_list, on_push)
+        op_list = self._ops_process(space_no, op_list)
+        return self._request(REQUEST_TYPE_UPSERT, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_TUPLE: tuple_value,
+            IPROTO_OPS: op_list,
+        }, on_push, on_push_ctx)
+
+    def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        key = wrap_key(key)
+        index = self._index_no(space_no, index)
+        _check_args((), on_push)
+        return self._request(REQUEST_TYPE_DELETE, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
+        }, on_push, on_push_ctx)
+
+    def call(self, func_name, *args, on_push=None, on_push_ctx=None):
+        if not isinstance(func_name, str):
+            raise TypeError("func_name must be a str, not %s" % type(func_name).__name__)
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            args = args[0]
+        _check_args(args, on_push)
+        code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
+        return self._request(code, {IPROTO_FUNCTION_NAME: func_name, IPROTO_TUPLE: args},
+                             on_push, on_push_ctx)
+
+    def eval(self, expr, *args, on_push=None, on_push_ctx=None):
+        if not isinstance(expr, str):
+            raise TypeError("expr must be a str, not %s" % type(expr).__name__)
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            args = args[0]
+        _check_args(args, on_push)
+        return self._request(REQUEST_TYPE_EVAL, {IPROTO_EXPR: expr, IPROTO_TUPLE: args},
+                             on_push, on_push_ctx)
+
+    def ping(self, notime=False):
+        start = time.time()
+        self._request(REQUEST_TYPE_PING, None)
+        if notime:
+            return "Success"
+        return time.time() - start
+
+    def _check_features(self):
+        super()._check_features()
+        # Set up the per-connection codec once the server version is known.
+        self._packer = None
+        self._packer_factory()
+        self._unpack = body_unpacker(self)
+
+
+def _check_args(values, on_push):
+    if not isinstance(values, (tuple, list)):
+        raise TypeError("expected a tuple or list, not %s" % type(values).__name__)
+    if on_push is not None and not callable(on_push):
+        raise TypeError("The on_push callback must be callable")
+
+
+def _describe(exc):
+    if isinstance(exc, DatabaseError) and getattr(exc, "message", None):
+        return "%s (code %s)" % (exc.message, exc.code)
+    return str(exc) or type(exc).__name__
+
+
+def _after_fork_in_child():
+    # The child must never read or write the parent's stream.
+    for conn in list(_live):
+        if conn._transport is not None:
+            conn._transport.detach_after_fork()
+        conn._owner = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

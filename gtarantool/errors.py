@@ -1,0 +1,25 @@
+"""Exceptions gtarantool adds to tarantool-python's.
+
+Both derive from ``tarantool.error.NetworkError`` so code written for
+tarantool-python keeps catching them as before.
+"""
+from tarantool.error import InterfaceError, NetworkError
+
+
+class RequestTimeout(NetworkError, TimeoutError):
+    """No reply within ``request_timeout``; the late reply will be discarded.
+
+    The request may still have been executed by the server.
+    """
+
+
+class ProtocolError(NetworkError):
+    """The server sent bytes that are not a valid IPROTO reply; the connection is closed."""
+
+
+class ConnectionClosed(NetworkError):
+    """The connection was closed (by ``close()`` or by a network failure) while a request waited."""
+
+
+class WrongOwner(InterfaceError):
+    """The connection was used from another OS thread or from a forked child process."""
