@@ -1,0 +1,52 @@
+"""``python -m bench``: run one load against Tarantool and report it (see --help)."""
+import argparse
+import json
+import sys
+
+from bench import config as options
+from bench import report, runner
+from bench.target import SetupError
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Multi-process load generator for Tarantool: P processes x G concurrent "
+                    "requests, latency percentiles from HDR histograms, client CPU, socket "
+                    "calls and the server's own box.stat() counters.")
+    options.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = options.from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if config.profile:
+        print("note: --profile is accepted but this version writes no profiles yet",
+              file=sys.stderr)
+    try:
+        results = runner.run(config)
+    except KeyboardInterrupt:
+        print("\ninterrupted; the server and the workers are stopped", file=sys.stderr)
+        return 130
+    except (SetupError, runner.BenchError) as exc:
+        print("bench: %s" % exc, file=sys.stderr)
+        return 1
+    print(report.final(results))
+    write_outputs(config, results)
+    return 0
+
+
+def write_outputs(config, results):
+    """--json and --plot."""
+    if config.json:
+        with open(config.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print("wrote %s" % config.json)
+    if config.plot:
+        from bench import plot
+        plot.draw(results, config.plot)
+        print("wrote %s" % config.plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Run one benchmark and return every figure as a dict: ``run(config[, target]) -> results``.
+
+The parent starts P worker processes (fork), each with its own pipe, and joins them at a
+barrier before every phase.  Between phases no request is in flight, so ``box.stat()`` read
+right before the barrier opens and right after the last worker reports covers exactly the
+phase's requests.  While a phase runs the parent merges the workers' per-second counts, samples
+the server's counters once a second and prints a line per second.
+"""
+import collections
+import math
+import multiprocessing
+import multiprocessing.connection
+import sys
+import time
+
+from bench import report, worker
+from bench.config import OPERATIONS
+from bench.recorder import decode_histogram, new_histogram
+from bench.target import open_target
+from bench.workloads import MISMATCH, NOT_FOUND, is_server_error
+
+PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
+SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
+PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts
+BARRIER_TIMEOUT = 120.0
+STAT_NAMES = {op: op.upper() for op in OPERATIONS}
+
+
+class BenchError(RuntimeError):
+    """A worker failed or the run could not go on; the message says where."""
+
+
+def run(config, target=None, out=sys.stdout):
+    """Run ``config`` against ``target`` (default: the server ``config`` names, or a new
+    embedded one) and return the results dict that ``--json`` writes."""
+    if target is None:
+        with open_target(config) as target:
+            return run(config, target, out)
+    target.prepare(config.space)
+    return _Run(config, target, out).execute()
+
+
+class _Run:
+    def __init__(self, config, target, out):
+        self.config, self.target, self.out = config, target, out
+        self.ticks = collections.defaultdict(
+            lambda: (collections.Counter(), collections.Counter()))  # (phase, second) -> ...
+        self.samples = []
+        self.t0 = None
+        self.printed = set()
+
+    def execute(self):
+        config = self.config
+        ctx = multiprocessing.get_context("fork")
+        barrier = ctx.Barrier(config.procs + 1)
+        self.pipes, self.procs = [], []
+        for index in range(config.procs):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=worker.main, daemon=True, name="bench-worker-%d" % index,
+                               args=(index, config, self.target.host, self.target.port,
+                                     writer, barrier))
+            proc.start()
+            writer.close()
+            self.pipes.append(reader)
+            self.procs.append(proc)
+        try:
+            self._collect("ready")
+            if not config.quiet:
+                print(report.banner(config, self.target.describe()), file=self.out, flush=True)
+            phases = [self._phase(name, barrier) for name in PHASE_NAMES[config.workload]]
+            self._collect("done")
+            for proc in self.procs:
+                proc.join(30)
+        except BaseException:
+            barrier.abort()
+            raise
+        finally:
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+        return self._results(phases)
+
+    def _collect(self, kind, phase=None):
+        """Read the pipes until every worker has sent ``kind``; returns their payloads.
+        Ticks are merged on the way; during a phase the server is sampled once a second."""
+        got = {}
+        next_sample = time.monotonic() + SAMPLE_INTERVAL
+        while len(got) < len(self.pipes):
+            waiting = [pipe for i, pipe in enumerate(self.pipes) if i not in got]
+            timeout = max(0.0, next_sample - time.monotonic()) if phase else 5.0
+            for pipe in multiprocessing.connection.wait(waiting, timeout):
+                index = self.pipes.index(pipe)
+                try:
+                    message = pipe.recv()
+                except EOFError:
+                    raise BenchError("worker %d exited (code %s) before sending %r"
+                                     % (index, self.procs[index].exitcode, kind)) from None
+                if message[0] == "tick":
+                    _, name, second, counts, errors = message
+                    ops, errs = self.ticks[name, second]
+                    ops.update(counts)
+                    errs.update(errors)
+                elif message[0] == "error":
+                    raise BenchError(message[1])
+                elif message[0] == kind:
+                    got[index] = message[1] if len(message) > 1 else None
+                else:
+                    raise BenchError("worker %d sent %r while %r was due"
+                                     % (index, message[0], kind))
+            if phase and time.monotonic() >= next_sample:
+                self._sample(phase)
+                next_sample += SAMPLE_INTERVAL
+                self._print_seconds(phase, math.floor(time.monotonic()) - PRINT_DELAY)
+        return [got[i] for i in range(len(self.pipes))]
+
+    def _phase(self, name, barrier):
+        """Open the barrier for one phase and gather it; returns the phase's results."""
+        stat_before = self.target.stat()
+        cpu_before = self.target.cpu_seconds()
+        barrier.wait(BARRIER_TIMEOUT)
+        started = time.monotonic()
+        if self.t0 is None:
+            self.t0 = started
+        self.samples.append({"t": started - self.t0, "phase": name, "stat": stat_before})
+        parts = self._collect("phase", name)
+        stat_after = self.target.stat()
+        cpu_after = self.target.cpu_seconds()
+        self._sample(name, stat_after)
+        self._print_seconds(name, math.inf)
+        server_cpu = None if cpu_before is None else cpu_after - cpu_before
+        return _phase_result(name, parts, stat_before, stat_after, server_cpu)
+
+    def _sample(self, phase, stat=None):
+        stat = stat or self.target.stat()
+        self.samples.append({"t": time.monotonic() - self.t0, "phase": phase, "stat": stat})
+
+    def _print_seconds(self, phase, upto):
+        """Print the per-second lines of ``phase`` up to monotonic second ``upto``."""
+        if self.config.quiet:
+            return
+        for (name, second) in sorted(self.ticks, key=lambda k: k[1]):
+            if name != phase or second > upto or (name, second) in self.printed:
+                continue
+            self.printed.add((name, second))
+            ops, errors = self.ticks[name, second]
+            print(report.second_line(second - math.floor(self.t0), phase, ops, errors,
+                                     self._server_rps(second)), file=self.out, flush=True)
+
+    def _server_rps(self, second):
+        """Requests/s of the four operations between the samples around ``second``."""
+        t = second - self.t0
+        before = [s for s in self.samples if s["t"] <= t]
+        after = [s for s in self.samples if s["t"] >= t + 1]
+        if not before or not after:
+            return None
+        a, b = before[-1], after[0]
+        total = sum(b["stat"][n] - a["stat"][n] for n in STAT_NAMES.values())
+        return total / (b["t"] - a["t"])
+
+    def _results(self, phases):
+        series = [{"t": second - math.floor(self.t0), "phase": name, "ops": dict(ops),
+                   "errors": dict(errors)}
+                  for (name, second), (ops, errors) in sorted(self.ticks.items(),
+                                                               key=lambda kv: kv[0][1])]
+        server_rps = []
+        for a, b in zip(self.samples, self.samples[1:]):
+            if b["t"] > a["t"]:
+                server_rps.append({"t": round(b["t"], 3), "phase": b["phase"], "rps": {
+                    op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
+                    for op, n in STAT_NAMES.items()}})
+        ops = sum(p["ops"] for p in phases)
+        seconds = sum(p["seconds"] for p in phases)
+        cpu = sum(p["client_cpu_seconds"] for p in phases)
+        return {
+            "config": self.config.as_dict(),
+            "server": self.target.describe(),
+            "concurrency": self.config.procs * self.config.concurrency,
+            "phases": phases,
+            "totals": {
+                "ops": ops, "seconds": seconds, "ops_per_sec": _rate(ops, seconds),
+                "client_cpu_seconds": cpu, "ops_per_client_cpu_second": _rate(ops, cpu),
+                "errors": sum(sum(p["errors"].values()) for p in phases),
+                "server_counts_match": all(p["server"]["match"] for p in phases),
+            },
+            "series": series,
+            "server_rps": server_rps,
+        }
+
+
+def _rate(n, seconds):
+    return n / seconds if seconds > 0 else None
+
+
+def latency_ms(hist):
+    """Percentiles, max and mean of a histogram of microseconds, in milliseconds."""
+    figures = {"p%g" % p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
+    figures["max"] = hist.get_max_value() / 1000
+    figures["mean"] = hist.get_mean_value() / 1000
+    return figures
+
+
+def _phase_result(name, parts, stat_before, stat_after, server_cpu):
+    """Merge the workers' results for one phase with the server's counters."""
+    seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    counts = collections.Counter()
+    errors = collections.defaultdict(collections.Counter)
+    hists = collections.defaultdict(new_histogram)
+    for part in parts:
+        counts.update(part["counts"])
+        for op, kind, n in part["errors"]:
+            errors[op][kind] += n
+        for op, encoded in part["histograms"].items():
+            hists[op].add(decode_histogram(encoded))
+    everything = new_histogram()
+    for hist in hists.values():
+        everything.add(hist)
+    ops = sum(counts.values())
+    cpu = sum(p["cpu_seconds"] for p in parts)
+
+    # Requests the server answered: all but those that failed in the client (network, timeout).
+    answered = {op: counts[op] - sum(n for kind, n in errors[op].items()
+                                     if not is_server_error(kind)
+                                     and kind not in (NOT_FOUND, MISMATCH))
+                for op in OPERATIONS}
+    server_requests = {op: stat_after[n] - stat_before[n] for op, n in STAT_NAMES.items()}
+    client_server_errors = sum(n for kinds in errors.values() for kind, n in kinds.items()
+                               if is_server_error(kind))
+    server_errors = stat_after["ERROR"] - stat_before["ERROR"]
+
+    connection = None
+    if all(p["connection"] is not None for p in parts):
+        connection = collections.Counter()
+        for part in parts:
+            for key, value in part["connection"].items():
+                if key == "max_in_flight":
+                    connection[key] = max(connection[key], value)
+                else:
+                    connection[key] += value
+        connection = dict(connection)
+        for key in ("send_calls", "recv_calls"):
+            if key in connection:
+                connection[key + "_per_1000_ops"] = 1000 * connection[key] / ops if ops else None
+
+    return {
+        "name": name,
+        "seconds": seconds,
+        "ops": ops,
+        "ops_per_sec": _rate(ops, seconds),
+        "latency_ms": latency_ms(everything),
+        "errors": dict(sum(errors.values(), collections.Counter())),
+        "operations": {op: {"ops": counts[op], "ops_per_sec": _rate(counts[op], seconds),
+                            "latency_ms": latency_ms(hists[op]), "errors": dict(errors[op])}
+                       for op in OPERATIONS if counts[op]},
+        "client_cpu_seconds": cpu,
+        "ops_per_client_cpu_second": _rate(ops, cpu),
+        "connection": connection,
+        "server": {
+            "requests": server_requests,
+            "client_requests": answered,
+            "errors": server_errors,
+            "client_errors": client_server_errors,
+            "match": server_requests == answered and server_errors == client_server_errors,
+            "cpu_seconds": server_cpu,
+        },
+    }

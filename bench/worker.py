@@ -1,0 +1,72 @@
+"""One worker process: connect, then run each phase when the start barrier opens.
+
+Messages to the parent, over this worker's own pipe:
+``("ready",)`` once connected; ``("tick", phase, second, counts, errors)`` about once a second;
+``("phase", result)`` when a phase is over; ``("done",)`` after closing; or
+``("error", traceback)``.
+"""
+import signal
+import threading
+import time
+import traceback
+
+from bench import drivers, workloads
+
+BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
+
+
+def main(index, config, host, port, pipe, barrier):
+    # Ctrl-C reaches the whole process group; the parent alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        driver = drivers.make(config, host, port)
+        driver.open()
+        pipe.send(("ready",))
+        inserted = 0
+        for build in workloads.plan(config, index):
+            phase = build(inserted)
+            barrier.wait(BARRIER_TIMEOUT)
+            pipe.send(("phase", measure(driver, phase, config, pipe.send)))
+            if phase.name == "insert":
+                inserted = phase.taken
+        driver.close()
+        pipe.send(("done",))
+    except threading.BrokenBarrierError:
+        pass  # the parent gave up on the run and says why
+    except Exception:
+        pipe.send(("error", "worker %d:\n%s" % (index, traceback.format_exc())))
+    finally:
+        pipe.close()
+
+
+def measure(driver, phase, config, send):
+    """Run one phase and return its figures; client CPU covers all threads of the process."""
+    recorder = driver.recorder_class(phase.name, send)
+    counters_before = driver.counters()
+    cpu_before = time.process_time()
+    start = time.monotonic()
+    phase.start(config.duration)
+    # The measured section: profiling (--profile) starts right before this call and stops
+    # right after it, so profiles hold the requests and nothing else.
+    driver.run(phase, recorder)
+    end = time.monotonic()
+    cpu = time.process_time() - cpu_before
+    recorder.flush(end)
+    counters_after = driver.counters()
+    connection = None
+    if counters_after is not None:
+        connection = {name: counters_after[name] - counters_before.get(name, 0)
+                      for name in counters_after}
+        # a high-water mark is not a difference
+        if "max_in_flight" in counters_after:
+            connection["max_in_flight"] = counters_after["max_in_flight"]
+    return {
+        "phase": phase.name,
+        "start": start,
+        "end": end,
+        "cpu_seconds": cpu,
+        "counts": dict(recorder.counts),
+        "errors": [[op, kind, n] for (op, kind), n in recorder.errors.items()],
+        "histograms": recorder.histograms(),
+        "connection": connection,
+    }
