@@ -1,0 +1,379 @@
+"""gtarantool.Connection against a real Tarantool, compared with tarantool.Connection."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import gevent
+import pytest
+import tarantool
+from tarantool.error import DatabaseError, NetworkError
+from tarantool.response import Response
+
+import gtarantool
+from gtarantool import ConnectionClosed, RequestTimeout
+
+from .conftest import PASSWORD, USER
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def conn(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def ref(server):
+    c = tarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    yield c
+    c.close()
+
+
+def outcome(fn):
+    """What a call gives: (response type, data, rowcount) or (error type, code)."""
+    try:
+        r = fn()
+    except DatabaseError as exc:
+        return ("error", type(exc).__name__, exc.code)
+    if isinstance(r, Response):
+        return (type(r).__name__, r.data, r.rowcount if r.data is not None else None)
+    return ("value", r)
+
+
+def test_is_a_tarantool_connection(conn):
+    assert isinstance(conn, tarantool.Connection)
+    assert isinstance(conn.ping(notime=True), str)
+    assert conn.ping() >= 0
+
+
+# Each case runs on a reference connection and on gtarantool with keys that do
+# not collide, then the outcomes are compared.  ``k`` is the key base.
+CASES = {
+    "insert": lambda c, k: c.insert("tester", (k, "a", {"x": [1, 2]})),
+    "insert_dup": lambda c, k: (c.insert("tester", (k, "a")), c.insert("tester", (k, "b")))[1],
+    "insert_by_id": lambda c, k: c.insert(c.schema.get_space("tester").sid, [k, "n"]),
+    "replace": lambda c, k: c.replace("tester", (k, "r", None)),
+    "select_pk": lambda c, k: (c.insert("tester", (k, "s")), c.select("tester", k))[1],
+    "select_missing": lambda c, k: c.select("tester", k),
+    "select_index_name": lambda c, k: (c.insert("tester", (k, "nm%d" % k)),
+                                       c.select("tester", "nm%d" % k, index="by_name"))[1],
+    "select_index_no": lambda c, k: (c.insert("tester", (k, "nn%d" % k)),
+                                     c.select("tester", ["nn%d" % k], index=1))[1],
+    "select_offset_limit": lambda c, k: ([c.insert("tester", (k + i, "o")) for i in range(5)],
+                                         c.select("tester", k, offset=1, limit=2,
+                                                  iterator=tarantool.const.ITERATOR_GE))[1],
+    "update": lambda c, k: (c.insert("tester", (k, "u", 1)),
+                            c.update("tester", k, [("+", 2, 5), ("=", 1, "v")]))[1],
+    "update_field_name": lambda c, k: (c.insert("tester", (k, "u", 1)),
+                                       c.update("tester", (k,), [("=", "name", "w")]))[1],
+    "update_missing": lambda c, k: c.update("tester", k, [("=", 1, "x")]),
+    "upsert": lambda c, k: (c.upsert("tester", (k, "up", 1), [("+", 2, 1)]),
+                            c.upsert("tester", (k, "up", 1), [("+", 2, 1)]),
+                            c.select("tester", k))[2],
+    "delete": lambda c, k: (c.insert("tester", (k, "d")), c.delete("tester", k))[1],
+    "delete_missing": lambda c, k: c.delete("tester", k),
+    "call": lambda c, k: c.call("echo", k, "two", [3]),
+    "call_list": lambda c, k: c.call("echo", [k, "x"]),
+    "call_nothing": lambda c, k: c.call("echo"),
+    "call_raise": lambda c, k: c.call("raise_error", "boom"),
+    "call_lua_error": lambda c, k: c.call("raise_lua", "oops"),
+    "call_missing": lambda c, k: c.call("no_such_function"),
+    "eval": lambda c, k: c.eval("return ...", k, {"a": 1}),
+    "eval_error": lambda c, k: c.eval("error('bad')"),
+    "space_obj": lambda c, k: (c.space("tester").insert((k, "so")),
+                               c.space("tester").select(k))[1],
+    "space_obj_update": lambda c, k: (c.space("tester").replace((k, "so")),
+                                      c.space("tester").update(k, [("=", 1, "z")]))[1],
+    "bad_space": lambda c, k: c.select("no_such_space", k),
+    "sql_insert": lambda c, k: c.execute("INSERT INTO sqltest VALUES (?, ?)", [k, "q"]),
+    "sql_select": lambda c, k: (c.execute("INSERT INTO sqltest VALUES (:id, :n)",
+                                          {"id": k, "n": "p"}),
+                                c.execute("SELECT name FROM sqltest WHERE id = ?", [k]))[1],
+    "sql_error": lambda c, k: c.execute("SELEKT 1"),
+    "binary": lambda c, k: c.insert("tester", (k, "b", b"\x00\xff")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_results_as_tarantool_python(name, conn, ref):
+    base = 1_000_000 + sorted(CASES).index(name) * 1000
+    case = CASES[name]
+    expected = outcome(lambda: case(ref, base))
+    got = outcome(lambda: case(conn, base + 500))
+
+    def normalize(o, start):
+        # Same shape with each side's key offset removed.
+        if isinstance(o, (list, tuple)):
+            return [normalize(x, start) for x in o]
+        if isinstance(o, int) and not isinstance(o, bool) and start <= o < start + 500:
+            return ("key", o - start)
+        if isinstance(o, str):
+            return o.replace(str(start), "K")
+        return o
+
+    assert normalize(got, base + 500) == normalize(expected, base)
+
+
+def test_sql_response_fields(conn, ref):
+    a = ref.execute("INSERT INTO sqltest VALUES (?, ?)", [5001, "z"])
+    b = conn.execute("INSERT INTO sqltest VALUES (?, ?)", [5002, "z"])
+    assert type(a) is type(b)
+    assert b.affected_row_count == a.affected_row_count == 1
+    c = conn.execute("SELECT id, name FROM sqltest WHERE id BETWEEN ? AND ? ORDER BY id",
+                     [5001, 5002])
+    assert c.rowcount == 2 and c.data == [[5001, "z"], [5002, "z"]]
+
+
+def test_iterator_names_are_sent_as_numbers(conn):
+    for i in range(3):
+        conn.replace("tester", (2_000_000 + i, "it"))
+    got = conn.select("tester", 2_000_000, iterator="GE", limit=3)
+    assert [t[0] for t in got] == [2_000_000, 2_000_001, 2_000_002]
+    got = conn.select("tester", 2_000_002, iterator="lt", limit=2)
+    assert [t[0] for t in got] == [2_000_001, 2_000_000]
+    with pytest.raises(ValueError, match="unknown iterator"):
+        conn.select("tester", 1, iterator="SIDEWAYS")
+
+
+def test_response_is_sequence(conn):
+    conn.replace("tester", (3_000_000, "seq", 1))
+    r = conn.select("tester", 3_000_000)
+    assert r[0] == [3_000_000, "seq", 1]
+    assert list(r) == r.data and len(r) == r.rowcount == 1
+    assert r.return_code == 0 and r.sync > 0
+
+
+def test_server_error_reaches_only_the_caller(conn):
+    results = {}
+
+    def good(i):
+        results[i] = conn.call("echo", i)[0]
+
+    def bad():
+        with pytest.raises(DatabaseError) as info:
+            conn.call("raise_error", "only me")
+        results["bad"] = (info.value.code, info.value.message)
+
+    gevent.joinall([gevent.spawn(good, i) for i in range(50)] + [gevent.spawn(bad)],
+                   raise_error=True)
+    assert results["bad"] == (555, "only me")
+    assert all(results[i] == i for i in range(50))
+    assert conn.ping(notime=True) == "Success"
+
+
+def test_push_messages_reach_on_push(conn, ref):
+    mine, theirs = [], []
+    r = conn.call("push_three", "p", on_push=lambda data, ctx: ctx.append(data), on_push_ctx=mine)
+    ref.call("push_three", "p", on_push=lambda data, ctx: ctx.append(data), on_push_ctx=theirs)
+    assert r.data == ["done"]
+    assert mine == theirs == [[[1, "p"]], [[2, "p"]], [[3, "p"]]]
+    with pytest.raises(TypeError):
+        conn.call("push_three", 1, on_push=42)
+
+
+def test_many_greenlets_share_one_socket(conn):
+    """5,000 greenlets, mixed operations on their own keys, every result checked."""
+    base = 10_000_000
+    before = conn.stats.as_dict()
+    errors = []
+
+    def worker(i):
+        key = base + i
+        try:
+            assert conn.insert("tester", (key, "g%d" % i, i))[0] == [key, "g%d" % i, i]
+            assert conn.select("tester", key)[0] == [key, "g%d" % i, i]
+            assert conn.update("tester", key, [("+", 2, 1)])[0][2] == i + 1
+            assert conn.select("tester", "g%d" % i, index="by_name")[0][0] == key
+            assert conn.delete("tester", key)[0] == [key, "g%d" % i, i + 1]
+            assert len(conn.select("tester", key)) == 0
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(exc))
+
+    gevent.joinall([gevent.spawn(worker, i) for i in range(5000)])
+    assert errors == []
+    after = conn.stats.as_dict()
+    requests = after["requests"] - before["requests"]
+    sends = after["send_calls"] - before["send_calls"]
+    recvs = after["recv_calls"] - before["recv_calls"]
+    assert requests == 30000
+    assert after["responses"] - before["responses"] == requests
+    assert sends < requests / 20, (sends, requests)
+    assert recvs < requests / 10, (recvs, requests)
+    assert after["max_in_flight"] > 1000
+
+
+def test_context_manager_closes(server):
+    with gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD) as c:
+        assert c.ping(notime=True) == "Success"
+        transport = c._transport
+    assert c.is_closed()
+    assert transport._reader.dead and transport._writer.dead
+
+
+def test_wrong_and_right_password(server):
+    with pytest.raises(NetworkError) as info:
+        gtarantool.connect(server.host, server.port, user=USER, password="wrong")
+    assert "credentials" in str(info.value) or "password" in str(info.value).lower()
+    with pytest.raises(NetworkError):
+        tarantool.connect(server.host, server.port, user=USER, password="wrong")
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    assert c.eval("return box.session.user()")[0] == USER
+    c.authenticate("guest", None)
+    assert c.eval("return box.session.user()")[0] == "guest"
+    c.close()
+
+
+def test_guest_without_user(server):
+    c = gtarantool.connect(server.host, server.port)
+    assert c.eval("return box.session.user()")[0] == "guest"
+    c.close()
+
+
+def test_unix_socket():
+    from bench.server import TarantoolServer
+    with TarantoolServer("box.schema.user.grant('guest', 'execute', 'universe')",
+                         unix_socket=True) as srv:
+        c = gtarantool.connect(None, srv.port)
+        ref = tarantool.connect(None, srv.port)
+        assert c.eval("return 1 + 1").data == ref.eval("return 1 + 1").data == [2]
+        c.close()
+        ref.close()
+
+
+def test_connect_refused_is_network_error():
+    from bench.server import free_port
+    with pytest.raises(NetworkError):
+        gtarantool.connect("127.0.0.1", free_port())
+
+
+def test_bad_options():
+    with pytest.raises(tarantool.error.ConfigurationError):
+        gtarantool.connect("127.0.0.1", 1, request_timeout=-1)
+    with pytest.raises(tarantool.error.ConfigurationError):
+        gtarantool.connect("127.0.0.1", 1, max_in_flight=0)
+
+
+def test_request_timeout_discards_late_reply(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           request_timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(RequestTimeout) as info:
+        c.call("sleep_and_return", 0.6, "late")
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert isinstance(info.value, NetworkError) and isinstance(info.value, TimeoutError)
+    assert c.call("echo", "after")[0] == "after"
+    gevent.sleep(0.6)
+    assert c.call("echo", "still")[0] == "still"
+    assert c.stats.discarded == 1
+    assert c._transport.in_flight == 0 and not c._transport._abandoned
+    c.close()
+
+
+def test_caller_timeout_and_kill_leave_connection_healthy(conn):
+    with pytest.raises(gevent.Timeout):
+        with gevent.Timeout(0.1):
+            conn.call("sleep_and_return", 0.4, 1)
+    g = gevent.spawn(conn.call, "sleep_and_return", 0.4, 2)
+    gevent.sleep(0.05)
+    g.kill()
+    assert g.dead
+    results = gevent.joinall([gevent.spawn(conn.call, "echo", i) for i in range(100)])
+    assert [r.value[0] for r in results] == list(range(100))
+    gevent.sleep(0.5)
+    assert conn._transport.in_flight == 0 and not conn._transport._abandoned
+    assert conn.ping(notime=True) == "Success"
+
+
+def test_close_fails_requests_in_flight(conn):
+    greenlets = [gevent.spawn(conn.call, "sleep_and_return", 1, i) for i in range(20)]
+    gevent.sleep(0.1)
+    transport = conn._transport
+    started = time.monotonic()
+    conn.close()
+    gevent.joinall(greenlets, timeout=2)
+    assert time.monotonic() - started < 0.5
+    assert all(isinstance(g.exception, ConnectionClosed) for g in greenlets)
+    assert transport._reader.dead and transport._writer.dead
+    assert conn.is_closed()
+    # As in tarantool-python, the next request reconnects.
+    assert conn.call("echo", 1)[0] == 1
+
+
+def test_server_killed_then_restarted(fresh_server):
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           reconnect_max_attempts=2, reconnect_delay=0.05)
+    greenlets = [gevent.spawn(c.call, "sleep_and_return", 5, i) for i in range(50)]
+    gevent.sleep(0.2)
+    started = time.monotonic()
+    fresh_server.kill()
+    gevent.joinall(greenlets, timeout=3)
+    assert time.monotonic() - started < 1.0
+    assert all(isinstance(g.exception, NetworkError) for g in greenlets), \
+        [g.exception for g in greenlets]
+    with pytest.raises(NetworkError):
+        c.ping()
+    fresh_server.start()
+    assert c.call("echo", "back")[0] == "back"
+    assert c.stats.reconnects == 1
+    c.close()
+
+
+def test_schema_change_reloads_once_and_retries(server, conn):
+    admin = tarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    before = conn.stats.schema_reloads
+    admin.eval("box.schema.space.create('late_space'):create_index('pk')")
+    try:
+        results = gevent.joinall([gevent.spawn(conn.insert, "tester", (4_000_000 + i, "s"))
+                                  for i in range(100)], raise_error=True)
+        assert all(r.value.rowcount == 1 for r in results)
+        assert conn.stats.schema_reloads == before + 1
+        assert conn.insert("late_space", (1,)).data == [[1]]
+    finally:
+        admin.eval("box.space.late_space:drop()")
+        admin.close()
+
+
+def test_fetch_schema_false(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           fetch_schema=False)
+    assert c.eval("return 7")[0] == 7
+    with pytest.raises(tarantool.error.NotSupportedError):
+        c.select("tester", 1)
+    c.close()
+
+
+def test_bad_arguments_raise_in_caller(conn):
+    with pytest.raises(TypeError):
+        conn.insert("tester", "not a tuple")
+    with pytest.raises(TypeError):
+        conn.insert("tester", (5_000_000, object()))
+    with pytest.raises(tarantool.error.SchemaError):
+        conn.select("tester", 1, index="no_such_index")
+    assert conn.insert("tester", (5_000_001, "ok"))[0] == [5_000_001, "ok"]
+
+
+def _run_script(body):
+    script = textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_runs_with_and_without_monkey_patching(server, patched):
+    out = _run_script("""
+        %s
+        import gevent, gevent.monkey, socket, threading
+        import gtarantool
+        c = gtarantool.connect(%r, %d, user=%r, password=%r)
+        rs = gevent.joinall([gevent.spawn(c.call, "echo", i) for i in range(200)])
+        assert [r.value[0] for r in rs] == list(range(200))
+        assert c.stats.send_calls < 50
+        print("patched" if gevent.monkey.is_module_patched("socket") else "plain", "ok")
+    """ % ("import gevent.monkey; gevent.monkey.patch_all()" if patched else "",
+           server.host, server.port, USER, PASSWORD))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("patched ok" if patched else "plain ok")

@@ -1,0 +1,126 @@
+"""Framing through a fake peer: the one place a real server cannot be made to
+split its greeting and replies at every byte boundary on demand."""
+import base64
+import os
+
+import gevent
+import gevent.server
+import msgpack
+import pytest
+from tarantool.const import IPROTO_DATA, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
+
+import gtarantool
+
+GREETING = (b"Tarantool 2.6.0 (Binary) 7e4f4a14-3a2b-4b4e-9d0a-4b1e4f0c5a10").ljust(63) + b"\n" \
+    + base64.b64encode(os.urandom(32)).ljust(63) + b"\n"
+assert len(GREETING) == 128
+
+
+def reply(sync, value):
+    header = msgpack.packb({IPROTO_REQUEST_TYPE: 0, IPROTO_SYNC: sync, IPROTO_SCHEMA_ID: 1})
+    body = msgpack.packb({IPROTO_DATA: [value]})
+    return msgpack.packb(len(header) + len(body)) + header + body
+
+
+class EchoPeer:
+    """Answers each request with its own sync, writing the byte stream in the
+    pieces ``cut(stream)`` returns.  ``batch`` requests are answered at once."""
+
+    def __init__(self, greeting_cut=None, cut=None, batch=1, pause=0):
+        self.greeting_cut = greeting_cut
+        self.cut = cut or (lambda data: [data])
+        self.batch = batch
+        self.pause = pause
+        self.server = gevent.server.StreamServer(("127.0.0.1", 0), self.handle)
+        self.server.start()
+        self.port = self.server.server_port
+
+    def handle(self, sock, _address):
+        g = self.greeting_cut
+        pieces = [GREETING] if g is None else [GREETING[:g], GREETING[g:]]
+        for piece in pieces:
+            sock.sendall(piece)
+            gevent.sleep(0.001)
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        syncs = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return
+            unpacker.feed(data)
+            for obj in unpacker:
+                if isinstance(obj, dict) and IPROTO_SYNC in obj:
+                    syncs.append(obj[IPROTO_SYNC])
+            while len(syncs) >= self.batch:
+                stream = b"".join(reply(s, s * 10) for s in syncs[:self.batch])
+                del syncs[:self.batch]
+                for piece in self.cut(stream):
+                    sock.sendall(piece)
+                    gevent.sleep(self.pause)
+
+    def close(self):
+        self.server.stop()
+
+
+def connect(peer):
+    return gtarantool.connect("127.0.0.1", peer.port, fetch_schema=False,
+                              request_timeout=5)
+
+
+@pytest.mark.parametrize("cut_at", range(1, 128, 3))
+def test_greeting_split_anywhere(cut_at):
+    peer = EchoPeer(greeting_cut=cut_at)
+    try:
+        c = connect(peer)
+        assert c.version_id is not None
+        r = c.eval("ping")
+        assert r.data == [r.sync * 10]
+        c.close()
+    finally:
+        peer.close()
+
+
+def test_reply_split_at_every_byte_boundary():
+    frame_len = len(reply(1, 10))
+    for cut_at in range(1, frame_len + 8):
+        peer = EchoPeer(cut=lambda data, n=cut_at: [data[:n], data[n:]] if n < len(data)
+                        else [data])
+        try:
+            c = connect(peer)
+            for _ in range(3):
+                r = c.eval("x")
+                assert r.data == [r.sync * 10]
+            c.close()
+        finally:
+            peer.close()
+
+
+def test_reply_trickled_byte_by_byte():
+    peer = EchoPeer(cut=lambda data: [data[i:i + 1] for i in range(len(data))], batch=4,
+                    pause=0.001)
+    try:
+        c = connect(peer)
+        results = gevent.joinall([gevent.spawn(c.eval, "x") for _ in range(8)],
+                                 raise_error=True)
+        assert all(g.value.data == [g.value.sync * 10] for g in results)
+        assert c.stats.recv_calls > 8
+        c.close()
+    finally:
+        peer.close()
+
+
+def test_many_replies_in_one_chunk_wake_every_waiter():
+    peer = EchoPeer(batch=200)
+    try:
+        c = connect(peer)
+        results = gevent.joinall([gevent.spawn(c.eval, "x") for _ in range(1000)],
+                                 raise_error=True)
+        assert sorted(g.value.sync for g in results) == list(range(
+            min(g.value.sync for g in results), max(g.value.sync for g in results) + 1))
+        assert all(g.value.data == [g.value.sync * 10] for g in results)
+        # 1,000 replies arrived in a handful of reads, requests left in few sends.
+        assert c.stats.recv_calls <= 50
+        assert c.stats.send_calls <= 50
+        c.close()
+    finally:
+        peer.close()
