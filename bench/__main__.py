@@ -44,7 +44,7 @@ def write_outputs(config, results):
         print("wrote %s" % config.json)
     if config.plot:
         from bench import plot
-        plot.draw(results, config.plot)
+        plot.draw({config.driver: results}, config.plot)
         print("wrote %s" % config.plot)
 
 

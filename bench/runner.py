@@ -21,6 +21,7 @@ from bench.workloads import MISMATCH, NOT_FOUND, is_server_error
 
 PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
 SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
+MIN_SAMPLE_INTERVAL = 0.25
 PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts
 BARRIER_TIMEOUT = 120.0
 STAT_NAMES = {op: op.upper() for op in OPERATIONS}
@@ -30,9 +31,11 @@ class BenchError(RuntimeError):
     """A worker failed or the run could not go on; the message says where."""
 
 
-def run(config, target=None, out=sys.stdout):
+def run(config, target=None, out=None):
     """Run ``config`` against ``target`` (default: the server ``config`` names, or a new
-    embedded one) and return the results dict that ``--json`` writes."""
+    embedded one) and return the results dict that ``--json`` writes.  Progress lines go to
+    ``out`` (default stdout) unless ``config.quiet``."""
+    out = out or sys.stdout
     if target is None:
         with open_target(config) as target:
             return run(config, target, out)
@@ -164,9 +167,10 @@ class _Run:
                   for (name, second), (ops, errors) in sorted(self.ticks.items(),
                                                                key=lambda kv: kv[0][1])]
         server_rps = []
-        for a, b in zip(self.samples, self.samples[1:]):
-            if b["t"] > a["t"]:
-                server_rps.append({"t": round(b["t"], 3), "phase": b["phase"], "rps": {
+        for name in PHASE_NAMES[self.config.workload]:
+            points = _spaced([s for s in self.samples if s["phase"] == name])
+            for a, b in zip(points, points[1:]):
+                server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": {
                     op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
                     for op, n in STAT_NAMES.items()}})
         ops = sum(p["ops"] for p in phases)
@@ -186,6 +190,21 @@ class _Run:
             "series": series,
             "server_rps": server_rps,
         }
+
+
+def _spaced(samples):
+    """A phase's samples, first and last kept, none closer than MIN_SAMPLE_INTERVAL to the
+    one before: rps over a sliver of a second is noise."""
+    kept = samples[:1]
+    for sample in samples[1:]:
+        if sample["t"] - kept[-1]["t"] >= MIN_SAMPLE_INTERVAL:
+            kept.append(sample)
+        elif sample is samples[-1]:  # the phase's end replaces the sample just before it
+            if len(kept) > 1:
+                kept[-1] = sample
+            else:
+                kept.append(sample)
+    return kept
 
 
 def _rate(n, seconds):

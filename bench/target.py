@@ -70,11 +70,12 @@ class Target:
             self._eval(lua, space)
         except tarantool.error.DatabaseError as exc:
             raise SetupError(
-                "cannot create or truncate space %r as user %r: %s. On the server, either "
-                "create it (box.schema.space.create(%r); box.space.%s:create_index('primary', "
-                "{parts = {1, 'unsigned'}})) and grant box.schema.user.grant(%r, 'read,write', "
-                "'space', %r), or grant box.schema.user.grant(%r, 'create', 'space')"
-                % (space, self.user, exc, space, space, self.user, space, self.user)) from exc
+                "cannot set up space %r as user %r: %s. On the server, either create it as "
+                "admin: box.schema.space.create(%r):create_index('primary', {parts = {1, "
+                "'unsigned'}}); box.schema.user.grant(%r, 'read,write', 'space', %r) "
+                "or let the user create it: box.schema.user.grant(%r, 'read,write,create', "
+                "'universe')" % (space, self.user, exc, space, self.user, space, self.user)
+            ) from exc
         self.admin.flush_schema()
 
     def stat(self):
@@ -103,7 +104,8 @@ def open_target(config):
         finally:
             target.close()
         return
-    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal)
+    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal,
+                             late_listen=True)
     try:
         server.start()
         target = Target(server.host, server.port, config, server)

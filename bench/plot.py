@@ -1,0 +1,28 @@
+"""``--plot``: ops/s over time per operation, one panel per run, server rps dashed."""
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+
+from bench.config import OPERATIONS  # noqa: E402
+
+
+def draw(runs, path):
+    """``runs``: {title: results of bench.runner.run}; writes a PNG to ``path``."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
+    for ax, (title, results) in zip(axes[:, 0], runs.items()):
+        for op in OPERATIONS:
+            points = [(s["t"], s["ops"][op]) for s in results["series"] if op in s["ops"]]
+            if points:
+                ax.plot(*zip(*points), label=op, marker=".")
+        server = [(s["t"], sum(s["rps"].values())) for s in results["server_rps"]]
+        if server:
+            ax.plot(*zip(*server), "k--", linewidth=0.8, label="server rps")
+        ax.set_title(title)
+        ax.set_ylabel("ops/s")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize="small")
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

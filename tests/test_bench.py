@@ -1,0 +1,163 @@
+"""The load generator on small runs: totals add up, the server counted what the client sent,
+and the JSON report holds every figure."""
+import json
+import re
+
+import pytest
+
+from bench import runner
+from bench.__main__ import main as bench_main
+from bench.config import OPERATIONS, Config
+from bench.server import TarantoolServer
+from bench.target import SetupError
+from bench.workloads import DUPLICATE_KEY, NOT_FOUND
+
+EXISTING_LUA = """
+box.schema.user.create('loader', {password = 'pw'})
+box.schema.user.grant('loader', 'read,write,execute,create', 'universe')
+box.schema.user.create('noexec', {password = 'pw'})
+box.schema.user.create('nocreate', {password = 'pw'})
+box.schema.user.grant('nocreate', 'execute', 'universe')
+"""
+
+SMALL = dict(procs=2, greenlets=10, ops=2000, size=1536, quiet=True)
+LATENCY = ("p50", "p90", "p99", "p99.9", "max", "mean")
+
+
+def check_phase(phase, expected_ops):
+    assert phase["ops"] == expected_ops
+    assert sum(op["ops"] for op in phase["operations"].values()) == expected_ops
+    assert phase["seconds"] > 0 and phase["ops_per_sec"] > 0
+    assert phase["client_cpu_seconds"] > 0 and phase["ops_per_client_cpu_second"] > 0
+    assert set(phase["latency_ms"]) == set(LATENCY)
+    assert 0 < phase["latency_ms"]["p50"] <= phase["latency_ms"]["p99"] \
+        <= phase["latency_ms"]["max"]
+    server = phase["server"]
+    assert server["requests"] == server["client_requests"]
+    assert server["errors"] == server["client_errors"]
+    assert server["match"]
+
+
+def series_total(results, phase):
+    return sum(sum(s["ops"].values()) for s in results["series"] if s["phase"] == phase)
+
+
+def check_phases(results, ops):
+    assert [p["name"] for p in results["phases"]] == list(OPERATIONS)
+    for phase in results["phases"]:
+        check_phase(phase, ops)
+        assert list(phase["operations"]) == [phase["name"]]
+        assert phase["errors"] == {}
+        assert phase["server"]["requests"][phase["name"]] == ops
+        assert series_total(results, phase["name"]) == ops
+    assert results["totals"]["ops"] == 4 * ops
+    assert results["totals"]["errors"] == 0
+    assert results["totals"]["server_counts_match"]
+
+
+def check_mix(results, ops):
+    (phase,) = results["phases"]
+    check_phase(phase, ops)
+    # Every operation ran, and the only errors are those a mix makes by design.
+    assert set(phase["operations"]) == set(OPERATIONS)
+    assert set(phase["errors"]) <= {DUPLICATE_KEY, NOT_FOUND}
+    assert sum(phase["server"]["requests"].values()) == ops
+    assert series_total(results, "mix") == ops
+
+
+def test_phases_gtarantool_json(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    assert bench_main(["--driver", "gtarantool", "--procs", "2", "--greenlets", "10",
+                       "--ops", "2000", "--workload", "phases", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "[   0s] insert" in out and "server counts equal the client's" in out
+    results = json.loads(path.read_text())
+    check_phases(results, 2000)
+    assert results["config"]["driver"] == "gtarantool"
+    assert results["config"]["procs"] == 2 and results["config"]["greenlets"] == 10
+    assert results["server"]["embedded"] and results["server"]["wal"] == "write"
+    assert results["concurrency"] == 20
+    for phase in results["phases"]:
+        conn = phase["connection"]
+        # Greenlets share a socket: far fewer than one recv per request.
+        assert 0 < conn["send_calls_per_1000_ops"] and 0 < conn["recv_calls_per_1000_ops"] < 1000
+        assert conn["requests"] == 2000 and 1 <= conn["max_in_flight"] <= 10
+        assert phase["server"]["cpu_seconds"] > 0
+        assert set(phase["operations"][phase["name"]]["latency_ms"]) == set(LATENCY)
+    assert results["series"] and all({"t", "phase", "ops", "errors"} <= set(s)
+                                     for s in results["series"])
+    assert {s["phase"] for s in results["server_rps"]} == set(OPERATIONS)
+    assert all(set(s["rps"]) == set(OPERATIONS) for s in results["server_rps"])
+
+
+@pytest.fixture(scope="module")
+def existing():
+    """A server the bench did not start, with users holding more or fewer grants."""
+    with TarantoolServer(EXISTING_LUA, late_listen=True) as srv:
+        yield srv
+
+
+def test_mix_gtarantool_on_existing_server(existing):
+    config = Config(driver="gtarantool", workload="mix", keys=500, host=existing.host,
+                    port=existing.port, user="loader", password="pw", **SMALL)
+    results = runner.run(config)
+    check_mix(results, 2000)
+    assert not results["server"]["embedded"]
+    assert results["phases"][0]["server"]["cpu_seconds"] is None
+
+
+@pytest.mark.parametrize("user, grant", [
+    ("noexec", "box.schema.user.grant('noexec', 'execute', 'universe')"),
+    ("nocreate", "box.schema.user.grant('nocreate', 'read,write,create', 'universe')"),
+])
+def test_missing_grant_is_named(existing, user, grant):
+    config = Config(driver="sync", host=existing.host, port=existing.port, user=user,
+                    password="pw", space="other", **SMALL)
+    with pytest.raises(SetupError, match=re.escape(grant)):
+        runner.run(config)
+
+
+def test_mix_gaussian_gtarantool_no_wal():
+    results = runner.run(Config(driver="gtarantool", workload="mix", keys=200,
+                                distribution="gaussian", wal="none",
+                                mix={"insert": 40, "select": 40, "update": 10, "delete": 10},
+                                **SMALL))
+    check_mix(results, 2000)
+    ops = results["phases"][0]["operations"]
+    assert ops["insert"]["ops"] > ops["update"]["ops"]
+    assert ops["insert"]["errors"].get(DUPLICATE_KEY, 0) > 0
+
+
+@pytest.mark.parametrize("workload", ["phases", "mix"])
+def test_sync(workload):
+    results = runner.run(Config(driver="sync", workload=workload, **SMALL))
+    if workload == "phases":
+        check_phases(results, 2000)
+        # tarantool-python: one send and two recv calls per request
+        conn = results["phases"][0]["connection"]
+        assert conn["send_calls_per_1000_ops"] == 1000
+        assert conn["recv_calls_per_1000_ops"] == 2000
+    else:
+        check_mix(results, 2000)
+    assert results["concurrency"] == 2
+
+
+def test_duration_bounds_each_phase():
+    results = runner.run(Config(driver="gtarantool", duration=0.5,
+                                **dict(SMALL, ops=10)))
+    phases = {p["name"]: p for p in results["phases"]}
+    inserted = phases["insert"]["ops"]
+    assert inserted > 10  # the count is ignored when a duration is given
+    for phase in results["phases"]:
+        assert phase["errors"] == {} and phase["server"]["match"]
+        assert phase["seconds"] < 3
+    assert phases["delete"]["ops"] <= inserted
+
+
+def test_mismatch_is_reported():
+    """A select that reads bytes other than those written is an error, not a pass."""
+    from bench.workloads import MISMATCH, Payloads, check
+    payloads = Payloads(16)
+    assert check("select", 7, [[7, 0, payloads(7)]], payloads) is None
+    assert check("select", 7, [[7, 0, payloads(8)]], payloads) == MISMATCH
+    assert check("delete", 7, [], payloads) == NOT_FOUND
