@@ -1,0 +1,767 @@
+"""Reliability: faults, bad input and overload (issue 5).
+
+Each test injects one kind of trouble and checks the guarantees: no greenlet
+waits longer than its timeout (or at all, once the connection is known dead),
+no acknowledged write is lost, no reply reaches the wrong caller, memory stays
+bounded, and the same Connection object serves requests again afterwards.
+
+A real Tarantool is used everywhere except for replies no real server sends
+(``fakepeer.FakePeer``); network faults go through ``bench.faults.FaultProxy``.
+"""
+import itertools
+import os
+import signal
+import socket
+import threading
+import time
+
+import gevent
+import msgpack
+import psutil
+import pytest
+from gevent.event import Event
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tarantool.error import DatabaseError, NetworkError, SchemaError
+
+import gtarantool
+from bench.faults import FaultProxy
+from gtarantool import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.transport import Stats, Transport
+
+from . import fakepeer
+from .conftest import PASSWORD, USER
+
+MB = 1 << 20
+_ids = itertools.count(1_000_000)
+
+
+def rss():
+    return psutil.Process().memory_info().rss
+
+
+def connect(host, port, **kw):
+    kw.setdefault("user", USER)
+    kw.setdefault("password", PASSWORD)
+    # A just-started server greets before box.cfg has finished (ER_LOADING).
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return gtarantool.connect(host, port, **kw)
+        except NetworkError:
+            if time.monotonic() > deadline:
+                raise
+            gevent.sleep(0.05)
+
+
+def timed(fn, *args, **kw):
+    """(seconds, result or exception) of one call."""
+    t0 = time.monotonic()
+    try:
+        value = fn(*args, **kw)
+    except Exception as exc:  # noqa: BLE001 - the outcome is what we test
+        value = exc
+    return time.monotonic() - t0, value
+
+
+def in_thread(fn, *args):
+    """Run a blocking function in a real OS thread without blocking the hub."""
+    return gevent.get_hub().threadpool.apply(fn, args)
+
+
+def wait_until(pred, timeout, step=0.02):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        gevent.sleep(step)
+    return True
+
+
+@pytest.fixture
+def proxy(server):
+    p = FaultProxy(server.host, server.port)
+    yield p
+    p.close()
+
+
+# -- the server dies under load -------------------------------------------------
+
+def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
+    """1,000 greenlets write while the server is SIGKILLed and restarted from its
+    WAL: every call ends within request_timeout + 1 s, every insert that
+    returned success is in the restarted server, and the same connection object
+    serves requests again on its own."""
+    timeout = 2.0
+    conn = connect(fresh_server.host, fresh_server.port, request_timeout=timeout,
+                   reconnect_max_attempts=3, reconnect_delay=0.1, connection_timeout=2.0)
+    acked = []
+    durations = []
+    errors = {}
+    ok_after_restart = [0]
+    restarted = Event()
+    stop = Event()
+    ids = itertools.count(1)
+
+    def worker(n):
+        while not stop.is_set():
+            op = next(ids)
+            t0 = time.monotonic()
+            try:
+                if op % 4:
+                    conn.insert("tester", (op, "w%d" % n, "x" * 100))
+                    acked.append(op)
+                elif op % 8:
+                    conn.replace("kv", ("k%d" % n, op))
+                else:
+                    conn.select("tester", op - 1)
+                if restarted.is_set():
+                    ok_after_restart[0] += 1
+            except NetworkError as exc:
+                kind = type(exc).__name__
+                errors[kind] = errors.get(kind, 0) + 1
+                gevent.sleep(0.05)
+            finally:
+                durations.append(time.monotonic() - t0)
+
+    workers = [gevent.spawn(worker, n) for n in range(1000)]
+    gevent.sleep(1.0)
+    acked_before_kill = len(acked)
+    fresh_server.kill()
+    gevent.sleep(1.0)
+    in_thread(fresh_server.start)
+    restarted.set()
+    assert wait_until(lambda: ok_after_restart[0] > 1000, 15), errors
+    gevent.sleep(0.5)
+    stop.set()
+    gevent.joinall(workers, timeout=timeout + 2, raise_error=True)
+    assert all(w.dead for w in workers)
+
+    assert acked_before_kill > 1000
+    assert errors, "the kill was not noticed"
+    assert max(durations) < timeout + 1.0, (max(durations), errors)
+    assert set(errors) <= {"NetworkError", "ConnectionClosed", "RequestTimeout"}, errors
+    conn.ping()
+    assert conn.stats.reconnects >= 1
+    assert conn._transport.in_flight == 0
+    stored = {t[0] for t in conn.select("tester", None, iterator="ALL")}
+    lost = sorted(set(acked) - stored)
+    print("\nkill -9 under load: %d acknowledged inserts, %d lost, errors %s, max call %.2fs"
+          % (len(acked), len(lost), errors, max(durations)))
+    assert lost == []
+    conn.close()
+
+
+# -- the server freezes ----------------------------------------------------------
+
+def test_server_frozen_requests_time_out_on_time_and_late_replies_are_discarded(
+        fresh_server):
+    timeout = 0.5
+    conn = connect(fresh_server.host, fresh_server.port, request_timeout=timeout)
+    conn.ping()
+    transport = conn._transport
+    fresh_server.signal(signal.SIGSTOP)
+    try:
+        calls = [gevent.spawn(timed, conn.insert, "tester", (next(_ids), "frozen"))
+                 for _ in range(50)]
+        calls.append(gevent.spawn(timed, conn.call, "sleep_and_return", 0, 1))
+        gevent.joinall(calls, timeout=timeout + 2)
+        outcomes = [c.value for c in calls]
+    finally:
+        fresh_server.signal(signal.SIGCONT)
+    for elapsed, value in outcomes:
+        assert isinstance(value, RequestTimeout), value
+        assert timeout - 0.05 <= elapsed < timeout + 0.3, elapsed
+    assert transport.in_flight == 0
+    # The frozen server replies late: every reply is discarded, none leaks.
+    assert wait_until(lambda: conn.stats.discarded >= 51, 5), conn.stats
+    assert not transport._abandoned
+    assert transport.in_flight == 0
+    assert conn._transport is transport and transport.alive
+    assert conn.call("echo", "after").data == ["after"]
+    assert conn.stats.reconnects == 0
+    conn.close()
+
+
+# -- network faults through a proxy ----------------------------------------------
+
+def test_proxy_delayed_replies(proxy):
+    conn = connect(proxy.host, proxy.port, request_timeout=1.0)
+    proxy.delay = 0.3
+    elapsed, value = timed(conn.call, "echo", 1)
+    assert value.data == [1] and 0.3 <= elapsed < 1.0
+    proxy.delay = 1.5
+    calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(20)]
+    gevent.joinall(calls)
+    for c in calls:
+        elapsed, value = c.value
+        assert isinstance(value, RequestTimeout) and elapsed < 1.3, c.value
+    assert conn._transport.in_flight == 0
+    proxy.delay = 0
+    assert wait_until(lambda: conn.stats.discarded >= 20, 5)
+    assert [conn.call("echo", i).data for i in range(3)] == [[0], [1], [2]]
+    conn.close()
+
+
+def test_proxy_reset_in_the_middle_of_a_frame(proxy):
+    conn = connect(proxy.host, proxy.port, request_timeout=10.0)
+    big = "y" * 300_000
+    conn.call("echo", "warm")
+    proxy.reset_mid_frame()
+    calls = [gevent.spawn(timed, conn.call, "echo", big) for _ in range(10)]
+    gevent.joinall(calls, timeout=5)
+    for c in calls:
+        elapsed, value = c.value
+        # Failed at once with a network error, not by waiting for the timeout.
+        assert isinstance(value, NetworkError) and not isinstance(value, RequestTimeout), value
+        assert elapsed < 2.0
+    assert proxy.resets == 1
+    # The same object reconnects and the stream is in sync again.
+    assert conn.call("echo", big).data == [big]
+    assert conn.stats.reconnects == 1
+    conn.close()
+
+
+def test_proxy_stops_reading_writer_does_not_block_callers(proxy):
+    conn = connect(proxy.host, proxy.port, request_timeout=1.0)
+    conn.ping()
+    proxy.stop_reading()
+    ticks = []
+    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.05)) for _ in range(40)])
+    payload = "z" * (1 * MB)
+    calls = [gevent.spawn(timed, conn.eval, "return 1", payload) for _ in range(20)]
+    gevent.joinall(calls, timeout=5)
+    for c in calls:
+        elapsed, value = c.value
+        assert isinstance(value, RequestTimeout) and elapsed < 1.4, c.value
+    ticker.join()
+    assert len(ticks) == 40          # the hub never stalled behind the blocked writer
+    elapsed, value = timed(conn.close)
+    assert elapsed < 1.0 and value is None
+    proxy.resume_reading()
+    assert conn.call("echo", 7).data == [7]
+    conn.close()
+
+
+def test_proxy_half_closed_connection_fails_waiters_at_once(proxy):
+    conn = connect(proxy.host, proxy.port, request_timeout=10.0)
+    conn.ping()
+    calls = [gevent.spawn(timed, conn.call, "sleep_and_return", 1, i) for i in range(10)]
+    gevent.sleep(0.1)
+    proxy.half_close()           # the client reads EOF; the proxy still reads
+    gevent.joinall(calls, timeout=5)
+    for c in calls:
+        elapsed, value = c.value
+        assert isinstance(value, NetworkError) and not isinstance(value, RequestTimeout)
+        assert elapsed < 1.0
+    assert conn.call("echo", 1).data == [1]      # reconnected
+    conn.close()
+
+
+def test_proxy_silent_partition_times_out_and_recovers(proxy):
+    conn = connect(proxy.host, proxy.port, request_timeout=0.5)
+    conn.ping()
+    proxy.blackhole()
+    calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(10)]
+    gevent.joinall(calls, timeout=3)
+    for c in calls:
+        elapsed, value = c.value
+        assert isinstance(value, RequestTimeout) and elapsed < 0.8, c.value
+    assert conn._transport.in_flight == 0
+    elapsed, value = timed(conn.close)
+    assert elapsed < 1.0 and value is None
+    proxy.resume()
+    assert conn.call("echo", 2).data == [2]
+    conn.close()
+
+
+# -- a hostile or broken server (fake peer) ------------------------------------
+
+def _misbehave_after(n, payload, then_close=False):
+    """A handler answering nothing, then sending ``payload(syncs)`` once ``n``
+    requests arrived on the connection."""
+    def handler(peer, sock):
+        sock.sendall(fakepeer.greeting())
+        syncs = [peer.read_request(sock)[0][fakepeer.IPROTO_SYNC] for _ in range(n)]
+        sock.sendall(payload(syncs))
+        if then_close:
+            sock.close()
+            return
+        while True:
+            peer.read_request(sock)
+    return handler
+
+
+def _valid(syncs):
+    return fakepeer.reply(syncs[0], [1])
+
+
+HOSTILE = {
+    "garbage": (lambda s: b"\xc1" * 64, False, ProtocolError),
+    "string_as_length": (lambda s: msgpack.packb("hello") * 4, False, ProtocolError),
+    "negative_length": (lambda s: msgpack.packb(-5) + b"\x00" * 8, False, ProtocolError),
+    "zero_length": (lambda s: msgpack.packb(0), False, ProtocolError),
+    "header_not_a_map": (lambda s: fakepeer.frame([1, 2, 3]), False, ProtocolError),
+    "header_without_sync": (lambda s: fakepeer.frame({0: 0}), False, ProtocolError),
+    "length_4_gib": (lambda s: b"\xce\xff\xff\xff\xff" + b"\x00" * 1000, False, ProtocolError),
+    "length_2_pow_40": (lambda s: b"\xcf" + (1 << 40).to_bytes(8, "big") + b"\x00" * 10,
+                        False, ProtocolError),
+    "unknown_sync": (lambda s: fakepeer.reply(max(s) + 1000, [1]), False, ProtocolError),
+    "push_for_unknown_sync": (lambda s: fakepeer.reply(max(s) + 1000, [1], code=0x80),
+                              False, ProtocolError),
+    "header_claims_huge_array": (
+        lambda s: msgpack.packb(12) + b"\x82\x00\x00\x01\xdd\x7f\xff\xff\xff" + b"\x00" * 3,
+        False, ProtocolError),
+    "truncated_frame_then_close": (lambda s: fakepeer.reply(s[0], ["x" * 100])[:40], True,
+                                   NetworkError),
+    "valid_reply_then_close": (_valid, True, NetworkError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_peer_fails_waiters_at_once(case):
+    payload, then_close, expected = HOSTILE[case]
+    n = 5
+    with fakepeer.FakePeer(_misbehave_after(n, payload, then_close)) as peer:
+        conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False,
+                                  request_timeout=10.0, reconnect_max_attempts=0)
+        before = rss()
+        calls = [gevent.spawn(timed, conn.call, "f", i) for i in range(n)]
+        gevent.joinall(calls, timeout=5)
+        outcomes = [c.value for c in calls]
+        assert all(c.dead for c in calls), "a waiter hangs"
+        failed = [v for _, v in outcomes if isinstance(v, Exception)]
+        # Every waiter failed promptly (or, for a valid reply, got it) with a clear error.
+        assert len(failed) >= n - 1
+        for elapsed, value in outcomes:
+            assert elapsed < 2.0
+            if isinstance(value, Exception):
+                assert isinstance(value, expected), repr(value)
+                assert not isinstance(value, RequestTimeout)
+        assert conn.is_closed()
+        assert conn._transport.in_flight == 0
+        assert rss() - before < 50 * MB
+        assert not peer.errors
+        conn.close()
+
+
+def test_huge_but_allowed_length_prefix_allocates_nothing():
+    """A length prefix of ~2 GiB under the limit, then a trickle: the reader waits
+    for the bytes instead of allocating them; callers time out, memory stays flat."""
+    def handler(peer, sock):
+        sock.sendall(fakepeer.greeting())
+        peer.read_request(sock)
+        sock.sendall(b"\xce\x7f\x00\x00\x00" + b"\x81\x00" + b"a" * (4 * MB))
+        while True:
+            peer.read_request(sock)
+
+    with fakepeer.FakePeer(handler) as peer:
+        conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False,
+                                  request_timeout=0.5, reconnect_max_attempts=0)
+        before = rss()
+        elapsed, value = timed(conn.call, "f")
+        assert isinstance(value, RequestTimeout) and elapsed < 1.0
+        assert rss() - before < 50 * MB
+        elapsed, _ = timed(conn.close)
+        assert elapsed < 1.0
+
+
+@pytest.mark.parametrize("greeting,expected", [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n".ljust(128), ProtocolError),
+    (b"Tarantool 2.6.0 (Text) x".ljust(63) + b"\n" + b"y" * 63 + b"\n", ProtocolError),
+    (b"Tarantool garbage".ljust(128, b"\xff"), ProtocolError),
+    (b"SSH-2.0-OpenSSH_9.2\r\n", NetworkError),       # short, then silence
+    (b"", NetworkError),                              # silence
+])
+def test_not_a_tarantool_greeting(greeting, expected):
+    def handler(peer, sock):
+        sock.sendall(greeting)
+        time.sleep(3)
+
+    with fakepeer.FakePeer(handler) as peer:
+        elapsed, value = timed(gtarantool.connect, peer.host, peer.port,
+                               connection_timeout=0.5, fetch_schema=False)
+        assert isinstance(value, expected), repr(value)
+        assert elapsed < 1.5
+
+
+def test_peer_closes_before_greeting():
+    def handler(peer, sock):
+        sock.sendall(b"Tarantool 2.6")
+        sock.close()
+
+    with fakepeer.FakePeer(handler) as peer:
+        elapsed, value = timed(gtarantool.connect, peer.host, peer.port, fetch_schema=False)
+        assert isinstance(value, NetworkError) and elapsed < 1.0, repr(value)
+
+
+# -- fuzzing the frame reader -------------------------------------------------
+
+class _FeedHarness:
+    """A Transport over a socketpair whose peer never writes: the test feeds it."""
+
+    def __init__(self, max_response_size=(1 << 31) - 1):
+        self.a, self.b = socket.socketpair()
+        import gevent.socket as gsocket
+        self.transport = Transport(gsocket.socket(fileno=os.dup(self.a.fileno())), Stats(),
+                                   max_response_size, name="fuzz")
+
+    def close(self):
+        self.transport.close()
+        self.a.close()
+        self.b.close()
+
+
+_body = st.one_of(
+    st.just(b""),
+    st.builds(lambda v: msgpack.packb({0x30: v}),
+              st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1)
+                           | st.text(max_size=20) | st.binary(max_size=300),
+                           lambda c: st.lists(c, max_size=4), max_leaves=10)),
+)
+
+
+def _stream(frames):
+    out = []
+    for sync, code, body, extra in frames:
+        header = {0: code, 1: sync, 5: 42}
+        header.update(extra)
+        payload = msgpack.packb(header) + body
+        out.append(msgpack.packb(len(payload)) + payload)
+    return b"".join(out)
+
+
+@st.composite
+def frames_and_splits(draw):
+    n = draw(st.integers(1, 12))
+    syncs = draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n, unique=True))
+    frames = []
+    for sync in syncs:
+        for _ in range(draw(st.integers(0, 2))):       # push messages first
+            frames.append((sync, 0x80, draw(_body), {}))
+        code = draw(st.sampled_from([0, 0, 0x8000 | 3, 0x8000 | 109]))
+        extra = draw(st.sampled_from([{}, {0x36: 7}]))
+        frames.append((sync, code, draw(_body), extra))
+    data = _stream(frames)
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=20)))
+    return syncs, frames, data, cuts
+
+
+def _chunks(data, cuts):
+    bounds = [0] + cuts + [len(data)]
+    return [data[i:j] for i, j in zip(bounds, bounds[1:])]
+
+
+@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(frames_and_splits())
+def test_fuzz_frame_reader_any_split_delivers_every_frame_once(case):
+    syncs, frames, data, cuts = case
+    h = _FeedHarness()
+    try:
+        waiters = {s: h.transport.register(s) for s in syncs}
+        for chunk in _chunks(data, cuts):
+            h.transport.feed(chunk)
+        gevent.sleep(0)
+        for sync, waiter in waiters.items():
+            assert waiter.ready(), sync
+            header, body, pushes = waiter.get()
+            mine = [f for f in frames if f[0] == sync]
+            assert header[1] == sync and header[0] == mine[-1][1]
+            assert body == mine[-1][2]
+            assert [(ph[0], pb) for ph, pb in (pushes or [])] == [(0x80, f[2]) for f in mine[:-1]]
+        assert h.transport.in_flight == 0
+        assert h.transport.stats.responses == len(frames)
+    finally:
+        h.close()
+
+
+@st.composite
+def corrupted(draw):
+    syncs, frames, data, cuts = draw(frames_and_splits())
+    data = bytearray(data)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "insert", "delete", "truncate", "prefix"]))
+        pos = draw(st.integers(0, max(0, len(data) - 1)))
+        if kind == "flip" and data:
+            data[pos] = draw(st.integers(0, 255))
+        elif kind == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=9))
+        elif kind == "delete" and data:
+            del data[pos:pos + draw(st.integers(1, 9))]
+        elif kind == "truncate":
+            del data[pos:]
+        elif kind == "prefix":
+            data[0:0] = draw(st.sampled_from([b"\xc1", b"\xce\xff\xff\xff\xff", b"\xa3abc",
+                                              b"\xff", b"\x00", b"\xcf" + b"\x7f" * 8,
+                                              b"\x05\x93\x01\x02\x03\xc0"]))
+    cuts = sorted(set(min(c, len(data)) for c in cuts))
+    return syncs, bytes(data), cuts
+
+
+@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(corrupted(), st.sampled_from([(1 << 31) - 1, 4096]))
+def test_fuzz_frame_reader_corruption_is_a_protocol_error_never_a_misdelivery(case, limit):
+    syncs, data, cuts = case
+    h = _FeedHarness(limit)
+    try:
+        waiters = {s: h.transport.register(s) for s in syncs}
+        before = rss()
+        try:
+            for chunk in _chunks(data, cuts):
+                h.transport.feed(chunk)
+        except ProtocolError:
+            pass                       # the reader would now close the connection
+        assert rss() - before < 64 * MB
+        gevent.sleep(0)
+        for sync, waiter in waiters.items():
+            if waiter.ready():
+                header, body, pushes = waiter.get()
+                assert header[1] == sync                       # never someone else's
+                for ph, _ in pushes or []:
+                    assert ph[1] == sync
+        delivered = sum(w.ready() for w in waiters.values())
+        assert delivered + h.transport.in_flight == len(syncs)
+    finally:
+        h.close()
+
+
+# -- bad input from the caller ------------------------------------------------
+
+def _self_ref():
+    x = []
+    x.append(x)
+    return x
+
+
+def _deep(n):
+    x = []
+    for _ in range(n):
+        x = [x]
+    return x
+
+
+# Rejected before anything is written: (call, exception type).
+CLIENT_REJECTS = [
+    (lambda c: c.insert("tester", (next(_ids), object())), TypeError),
+    (lambda c: c.insert("tester", (next(_ids), "a", 1 + 2j)), TypeError),
+    (lambda c: c.insert("tester", (next(_ids), "a", 2 ** 70)), (TypeError, OverflowError)),
+    (lambda c: c.insert("tester", (next(_ids), "\ud800")), UnicodeEncodeError),
+    (lambda c: c.insert("tester", (next(_ids), "a", _self_ref())), ValueError),
+    (lambda c: c.insert("tester", (next(_ids), "a", _deep(2000))), ValueError),
+    (lambda c: c.insert("tester", "not a tuple"), TypeError),
+    (lambda c: c.insert("tester", None), TypeError),
+    (lambda c: c.replace("tester", 42), TypeError),
+    (lambda c: c.call(42), TypeError),
+    (lambda c: c.eval(None), TypeError),
+    (lambda c: c.select("tester", object()), TypeError),
+    (lambda c: c.select("tester", 1, iterator="SIDEWAYS"), ValueError),
+    (lambda c: c.insert("no_such_space", (1, "a")), SchemaError),
+    (lambda c: c.select("tester", 1, index="no_such_index"), SchemaError),
+    (lambda c: c.update("tester", 1, [("=", "no_such_field", 1)]), Exception),
+    (lambda c: c.call("echo", (1,), on_push=42), TypeError),
+    (lambda c: c.execute("SELECT ?", [object()]), TypeError),
+]
+
+# Sent, and refused by the server: (call, exception type).
+SERVER_REJECTS = [
+    (lambda c: c.insert("tester", ("not an int", "a")), DatabaseError),
+    (lambda c: c.insert("tester", (next(_ids), "a", "x" * (2 * MB))), DatabaseError),
+    (lambda c: c.select("tester", "wrong key type"), DatabaseError),
+    (lambda c: c.update("tester", 1, [("!", 99, 1)]), DatabaseError),
+    (lambda c: c.call("no_such_function"), DatabaseError),
+    (lambda c: c.call("raise_error", "boom"), DatabaseError),
+    (lambda c: c.eval("error('lua boom')"), DatabaseError),
+    (lambda c: c.execute("SELEC 1"), DatabaseError),
+    (lambda c: c.execute("SELECT * FROM no_such_table"), DatabaseError),
+    (lambda c: c.execute("INSERT INTO sqltest VALUES (?, ?)", ["x", 1]), DatabaseError),
+]
+
+
+@pytest.fixture
+def conn(server):
+    c = connect(server.host, server.port)
+    yield c
+    c.close()
+
+
+def test_bad_input_rejected_before_the_socket(conn):
+    transport = conn._transport
+    for i, (call, exc_type) in enumerate(CLIENT_REJECTS):
+        requests, bytes_out = conn.stats.requests, conn.stats.bytes_out
+        with pytest.raises(exc_type):
+            call(conn)
+        gevent.sleep(0)
+        assert (conn.stats.requests, conn.stats.bytes_out) == (requests, bytes_out), i
+        assert not transport._wbuf, i
+    # The stream is intact: the packer kept no half-packed leftovers.
+    value = {"k": [1, "two", None, 3.5]}
+    assert conn.call("echo", value).data == [value]
+    assert conn._transport is transport and conn.stats.reconnects == 0
+
+
+def test_bad_input_fails_only_its_caller(conn):
+    good = {"ok": 0, "bad": 0}
+    stop = Event()
+
+    def background(n):
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                assert conn.call("echo", [n, i]).data == [[n, i]]
+                good["ok"] += 1
+            except Exception:  # noqa: BLE001
+                good["bad"] += 1
+                raise
+
+    bg = [gevent.spawn(background, n) for n in range(20)]
+    transport = conn._transport
+    outcomes = []
+    for _ in range(3):
+        for call, exc_type in CLIENT_REJECTS + SERVER_REJECTS:
+            before = good["ok"]
+            with pytest.raises(exc_type):
+                call(conn)
+            outcomes.append(good["ok"] > before or gevent.sleep(0.01) or good["ok"] > before)
+    stop.set()
+    gevent.joinall(bg, raise_error=True)
+    assert good["bad"] == 0 and good["ok"] > 100
+    assert all(outcomes)
+    assert conn._transport is transport and conn.stats.reconnects == 0
+    assert conn.execute("SELECT 1").data == [[1]]
+
+
+# -- overload ---------------------------------------------------------------------
+
+def test_100k_greenlets_at_once_bounded_in_flight_and_memory(server):
+    conn = connect(server.host, server.port)
+    conn.ping()
+    start_rss = peak = rss()
+    done = Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, rss())
+            gevent.sleep(0.05)
+
+    sampler = gevent.spawn(sample)
+    errors = []
+
+    def one(i):
+        try:
+            r = conn.call("echo", i)
+            if r.data != [i]:
+                errors.append(("wrong reply", i, r.data))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t0 = time.monotonic()
+    greenlets = [gevent.spawn(one, i) for i in range(100_000)]
+    gevent.joinall(greenlets)
+    elapsed = time.monotonic() - t0
+    done.set()
+    sampler.join()
+    peak = max(peak, rss())
+    del greenlets
+    print("\n100,000 greenlets: %.1fs, RSS start %.0f MB, peak %.0f MB (+%.0f MB), "
+          "max in flight %d" % (elapsed, start_rss / MB, peak / MB, (peak - start_rss) / MB,
+                                conn.stats.max_in_flight))
+    assert errors == []
+    assert conn.stats.max_in_flight <= conn.max_in_flight == 10000
+    assert conn._transport.in_flight == 0
+    assert peak - start_rss < 1024 * MB
+    conn.close()
+
+
+def test_max_in_flight_bound_queues_callers(server):
+    conn = connect(server.host, server.port, max_in_flight=8, request_timeout=5)
+    calls = [gevent.spawn(conn.call, "sleep_and_return", 0.05, i) for i in range(64)]
+    gevent.joinall(calls, raise_error=True)
+    assert [c.value.data for c in calls] == [[i] for i in range(64)]
+    assert conn.stats.max_in_flight == 8
+    conn.close()
+
+
+# -- threads and forks -----------------------------------------------------------
+
+def test_use_from_another_thread_is_refused(conn):
+    results = []
+
+    def other():
+        for fn in (conn.ping, lambda: conn.call("echo", 1), lambda: conn.select("tester", 1),
+                   conn.close):
+            try:
+                fn()
+                results.append(None)
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert all(isinstance(r, WrongOwner) for r in results), results
+    assert conn.call("echo", "still mine").data == ["still mine"]
+    assert conn.stats.reconnects == 0
+
+
+def test_use_in_forked_child_is_refused_and_parent_keeps_working(conn):
+    conn.ping()
+    calls = [gevent.spawn(conn.call, "sleep_and_return", 0.3, i) for i in range(10)]
+    gevent.sleep(0.05)                # the ten requests are in flight at fork time
+    responses_before = conn.stats.responses
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                      # the child
+        code = 0
+        try:
+            os.close(r)
+            try:
+                conn.ping()
+                code |= 1
+            except WrongOwner:
+                pass
+            try:
+                conn.call("echo", 1)
+                code |= 2
+            except WrongOwner:
+                pass
+            gevent.sleep(0.6)         # give the copied reader every chance to run
+            if conn.stats.responses != responses_before:
+                code |= 4             # the child read the parent's replies
+            if any(c.ready() and c.successful() for c in calls):
+                code |= 8
+            os.write(w, bytes([code]))
+        finally:
+            os._exit(0)
+    os.close(w)
+    gevent.joinall(calls, timeout=5, raise_error=True)
+    assert [c.value.data for c in calls] == [[i] for i in range(10)]
+    got = b""
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        gevent.get_hub().threadpool.apply(lambda: None)
+        got = os.read(r, 1) if _readable(r) else b""
+        gevent.sleep(0.05)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"\x00", "child outcome flags %r" % (got,)
+    assert conn.call("echo", "parent").data == ["parent"]
+    assert conn.stats.reconnects == 0
+
+
+def _readable(fd):
+    import select
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_close_fails_in_flight_requests_with_connection_closed(conn):
+    calls = [gevent.spawn(timed, conn.call, "sleep_and_return", 1, i) for i in range(10)]
+    gevent.sleep(0.1)
+    conn.close()
+    gevent.joinall(calls, timeout=2)
+    for c in calls:
+        elapsed, value = c.value
+        assert isinstance(value, ConnectionClosed) and elapsed < 0.5
+    assert conn.call("echo", 1).data == [1]
