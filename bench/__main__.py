@@ -20,9 +20,6 @@ def main(argv=None):
         config = options.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if config.profile:
-        print("note: --profile is accepted but this version writes no profiles yet",
-              file=sys.stderr)
     try:
         results = runner.run(config)
     except KeyboardInterrupt:
@@ -32,6 +29,9 @@ def main(argv=None):
         print("bench: %s" % exc, file=sys.stderr)
         return 1
     print(report.final(results))
+    if config.profile:
+        from bench import profiling
+        print(profiling.summary(config))
     write_outputs(config, results)
     return 0
 

@@ -154,9 +154,9 @@ class ThreadsDriver(Driver):
         def take():
             with lock:  # a generator must not be resumed by two threads at once
                 return phase.take()
-        threads = [threading.Thread(target=serve, args=(
+        threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
             take, recorder.record, tarantool_calls(conn, self.config.space, self.payloads),
-            self.payloads, self.server_error)) for conn in self.conns]
+            self.payloads, self.server_error)) for i, conn in enumerate(self.conns)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -187,6 +187,8 @@ class GeventDriver(Driver):
         import gevent
         greenlets = [gevent.spawn(serve, phase.take, recorder.record, self.calls, self.payloads,
                                   self.server_error) for _ in range(self.concurrency)]
+        for i, glet in enumerate(greenlets):
+            glet.name = "worker-%d" % i          # what profiles and tracebacks show
         gevent.joinall(greenlets, raise_error=True)
 
     def counters(self):

@@ -10,7 +10,7 @@ import threading
 import time
 import traceback
 
-from bench import drivers, workloads
+from bench import drivers, profiling, workloads
 
 BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
 
@@ -20,16 +20,22 @@ def main(index, config, host, port, pipe, barrier):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         driver = drivers.make(config, host, port)
-        driver.open()
+        profile = profiling.WorkerProfile(config, index)
+        with profile.section():
+            driver.open()
         pipe.send(("ready",))
         inserted = 0
         for build in workloads.plan(config, index):
             phase = build(inserted)
             barrier.wait(BARRIER_TIMEOUT)
-            pipe.send(("phase", measure(driver, phase, config, pipe.send)))
+            result = measure(driver, phase, config, pipe.send, profile)
+            profile.ops += sum(result["counts"].values())
+            pipe.send(("phase", result))
             if phase.name == "insert":
                 inserted = phase.taken
-        driver.close()
+        with profile.section():
+            driver.close()
+        profile.save()
         pipe.send(("done",))
     except threading.BrokenBarrierError:
         pass  # the parent gave up on the run and says why
@@ -39,16 +45,17 @@ def main(index, config, host, port, pipe, barrier):
         pipe.close()
 
 
-def measure(driver, phase, config, send):
+def measure(driver, phase, config, send, profile):
     """Run one phase and return its figures; client CPU covers all threads of the process."""
     recorder = driver.recorder_class(phase.name, send)
     counters_before = driver.counters()
     cpu_before = time.process_time()
     start = time.monotonic()
     phase.start(config.duration)
-    # The measured section: profiling (--profile) starts right before this call and stops
-    # right after it, so profiles hold the requests and nothing else.
-    driver.run(phase, recorder)
+    # The measured section: profiling (--profile) resumes right before this call and pauses
+    # right after it, so profiles hold the requests (and the connection's open and close).
+    with profile.section():
+        driver.run(phase, recorder)
     end = time.monotonic()
     cpu = time.process_time() - cpu_before
     recorder.flush(end)
