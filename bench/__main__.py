@@ -4,7 +4,7 @@ import json
 import sys
 
 from bench import config as options
-from bench import report, runner
+from bench import drivers, report, runner
 from bench.target import SetupError
 
 
@@ -29,6 +29,10 @@ def main(argv=None):
         print("bench: %s" % exc, file=sys.stderr)
         return 1
     print(report.final(results))
+    module = drivers.missing(config.driver)
+    if module:
+        parser.error("driver %s needs the %r module: pip install %s"
+                     % (config.driver, module, module))
     if config.profile:
         from bench import profiling
         print(profiling.summary(config))

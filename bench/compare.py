@@ -5,6 +5,7 @@ import json
 import sys
 
 from bench import config as options
+from bench import drivers as clients
 from bench import report, runner
 from bench.target import SetupError, open_target
 
@@ -27,6 +28,14 @@ def main(argv=None):
         config = options.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    for name in list(drivers):
+        module = clients.missing(name)
+        if module:
+            print("skipping %s: the %r module is not installed (pip install %s)"
+                  % (name, module, module), file=sys.stderr)
+            drivers.remove(name)
+    if not drivers:
+        return 1
 
     runs = {}
     try:

@@ -7,6 +7,7 @@ out, ``counters()`` returns the connection's socket counters (or None), ``close(
 Client libraries are imported inside the driver that uses them: gevent only ever gets imported
 in a gtarantool worker process, never in the parent.
 """
+import importlib.util
 import threading
 import time
 
@@ -243,6 +244,18 @@ class AsynctntDriver(Driver):
 
 DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
            "asynctnt": AsynctntDriver}
+
+
+# What each driver imports beyond tarantool-python (uvloop is used when present).
+REQUIRES = {"gtarantool": ("gevent", "gtarantool"), "asynctnt": ("asynctnt",)}
+
+
+def missing(name):
+    """The first module driver ``name`` needs that is not installed, or None."""
+    for module in REQUIRES.get(name, ()):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
 
 
 def make(config, host, port):

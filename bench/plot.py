@@ -6,13 +6,17 @@ import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 from bench.config import OPERATIONS  # noqa: E402
 
+MIN_COVERED = 0.2  # seconds
+
 
 def draw(runs, path):
     """``runs``: {title: results of bench.runner.run}; writes a PNG to ``path``."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
     for ax, (title, results) in zip(axes[:, 0], runs.items()):
         for op in OPERATIONS:
-            points = [(s["t"], s["ops"][op]) for s in results["series"] if op in s["ops"]]
+            # Rates over the part of each second the phase ran; slivers are noise.
+            points = [(s["t"], s["ops"][op] / s["covered"]) for s in results["series"]
+                      if op in s["ops"] and s["covered"] >= MIN_COVERED]
             if points:
                 ax.plot(*zip(*points), label=op, marker=".")
         server = [(s["t"], sum(s["rps"].values())) for s in results["server_rps"]]

@@ -132,7 +132,7 @@ class _Run:
         self._sample(name, stat_after)
         self._print_seconds(name, math.inf)
         server_cpu = None if cpu_before is None else cpu_after - cpu_before
-        return _phase_result(name, parts, stat_before, stat_after, server_cpu)
+        return _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
 
     def _sample(self, phase, stat=None):
         stat = stat or self.target.stat()
@@ -162,10 +162,14 @@ class _Run:
         return total / (b["t"] - a["t"])
 
     def _results(self, phases):
-        series = [{"t": second - math.floor(self.t0), "phase": name, "ops": dict(ops),
-                   "errors": dict(errors)}
-                  for (name, second), (ops, errors) in sorted(self.ticks.items(),
-                                                               key=lambda kv: kv[0][1])]
+        spans = {phase["name"]: (phase["start"], phase["end"]) for phase in phases}
+        series = []
+        for (name, second), (ops, errors) in sorted(self.ticks.items(), key=lambda kv: kv[0][1]):
+            # A phase's first and last seconds are partial: "covered" is the part it ran.
+            start, end = spans[name]
+            covered = min(second + 1 - self.t0, end) - max(second - self.t0, start)
+            series.append({"t": second - math.floor(self.t0), "phase": name,
+                           "covered": covered, "ops": dict(ops), "errors": dict(errors)})
         server_rps = []
         for name in PHASE_NAMES[self.config.workload]:
             points = _spaced([s for s in self.samples if s["phase"] == name])
@@ -219,9 +223,11 @@ def latency_ms(hist):
     return figures
 
 
-def _phase_result(name, parts, stat_before, stat_after, server_cpu):
-    """Merge the workers' results for one phase with the server's counters."""
-    seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
+    """Merge the workers' results for one phase with the server's counters; times are
+    seconds since ``t0``, the start of the first phase."""
+    start, end = min(p["start"] for p in parts), max(p["end"] for p in parts)
+    seconds = end - start
     counts = collections.Counter()
     errors = collections.defaultdict(collections.Counter)
     hists = collections.defaultdict(new_histogram)
@@ -263,6 +269,8 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu):
 
     return {
         "name": name,
+        "start": start - t0,
+        "end": end - t0,
         "seconds": seconds,
         "ops": ops,
         "ops_per_sec": _rate(ops, seconds),

@@ -1,7 +1,8 @@
 """What each worker process does: which operation on which key, and what a correct answer is.
 
-Tuples are ``(key, counter, payload)``.  The payload is a pure function of the key, so any
-select/update/delete can check the bytes it gets back; updates only add 1 to the counter.
+Tuples are ``(key, counter, payload)``.  The payload is a pure function of the key, so every
+request checks the tuple it gets back (insert and delete return theirs too); updates only add
+1 to the counter.
 
 ``phases``: worker ``w`` of ``P`` owns keys ``w, w+P, w+2P, ...`` and inserts, selects,
 updates and deletes its own keys, one phase after another, so no two workers touch the same
@@ -46,8 +47,6 @@ def is_server_error(kind):
 def check(op, key, rows, payloads):
     """None when ``rows`` (the tuples a request returned) are right for ``op`` on ``key``,
     otherwise the kind of error."""
-    if op == "insert":
-        return None
     if not rows:
         return NOT_FOUND
     row = rows[0]

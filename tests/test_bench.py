@@ -82,7 +82,7 @@ def test_phases_gtarantool_json(tmp_path, capsys):
         # Greenlets share a socket: far fewer than one recv per request.
         assert 0 < conn["send_calls_per_1000_ops"] and 0 < conn["recv_calls_per_1000_ops"] < 1000
         assert conn["requests"] == 2000 and 1 <= conn["max_in_flight"] <= 10
-        assert phase["server"]["cpu_seconds"] > 0
+        assert phase["server"]["cpu_seconds"] >= 0  # ticks of 10 ms: a short phase may show 0
         assert set(phase["operations"][phase["name"]]["latency_ms"]) == set(LATENCY)
     assert results["series"] and all({"t", "phase", "ops", "errors"} <= set(s)
                                      for s in results["series"])
