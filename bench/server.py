@@ -60,6 +60,7 @@ class TarantoolServer:
             self.port = port or free_port()
         self.process = None
         self.log_path = os.path.join(self.workdir, "tarantool.log")
+        self._ready_path = os.path.join(self.workdir, "ready")
 
     @property
     def listen(self):
@@ -82,14 +83,19 @@ class TarantoolServer:
             f.write("\n")
             if self.late_listen:
                 f.write("box.cfg{%s}\n" % listen.rstrip(", "))
+            # box.cfg returns after recovery; before that the port may already
+            # answer with "bootstrap hasn't finished yet".
+            f.write("io = require('fio').open(%s, {'O_CREAT', 'O_WRONLY'}, tonumber('644', 8))"
+                    " io:close()\n" % _lua_str(self._ready_path))
         return path
 
     def start(self, timeout=30.0):
         """Start (or restart) the server and wait for its greeting."""
         binary = find_binary()
         init = self._write_init()
-        if self.host is None and os.path.exists(self.port):
-            os.unlink(self.port)
+        for stale in ([self.port] if self.host is None else []) + [self._ready_path]:
+            if os.path.exists(stale):
+                os.unlink(stale)
         self.process = subprocess.Popen([binary, init], cwd=self.workdir,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.STDOUT, start_new_session=True)
@@ -98,7 +104,7 @@ class TarantoolServer:
             if self.process.poll() is not None:
                 raise RuntimeError("tarantool exited with code %s during start-up; log:\n%s"
                                    % (self.process.returncode, self.log_tail()))
-            if self._answers():
+            if os.path.exists(self._ready_path) and self._answers():
                 return self
             if time.monotonic() > deadline:
                 self.stop()

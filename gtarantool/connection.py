@@ -107,7 +107,8 @@ class Connection(tarantool.Connection):
         self.max_response_size = max_response_size
         self.stats = Stats()
         self._transport = None
-        self._syncs = itertools.count(1)
+        # Syncs >= 2**32 make the server's reply headers one fixed layout.
+        self._syncs = itertools.count(1 << 32)
         self._slots = gevent.lock.BoundedSemaphore(max_in_flight)
         self._lock = gevent.lock.RLock()         # connect/reconnect
         self._schema_lock = gevent.lock.RLock()  # reload on error 109
@@ -224,7 +225,16 @@ class Connection(tarantool.Connection):
 
     def close(self):
         """Close the socket: waiting requests fail with ConnectionClosed; the reader
-        and writer greenlets are killed and joined.  A later request reconnects."""
+        and writer greenlets are killed and joined.  A later request reconnects.
+
+        From another OS thread: WrongOwner.  In a forked child: only forgets the
+        parent's socket (already detached), never touching the parent's stream."""
+        if self._owner != _get_ident():
+            if self._pid == os.getpid():
+                self._check_owner()
+            self._transport = self._socket = None
+            self.connected = False
+            return
         self._drop_transport(ConnectionClosed("connection closed by close()"))
 
     def is_closed(self):
@@ -284,33 +294,41 @@ class Connection(tarantool.Connection):
 
     def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None):
         """Send a tarantool-python ``Request`` object (auth, SQL, id, ...)."""
-        for _ in range(SCHEMA_RETRIES):
+        for attempt in range(SCHEMA_RETRIES + 1):
             data = bytes(request)   # a fresh sync and the current schema version
             try:
-                return self._roundtrip(request.sync, data, request.response_class,
-                                       on_push, on_push_ctx)
-            except SchemaReloadException as exc:
-                self._reload_schema(exc.schema_version)
-        return self._roundtrip(request.sync, bytes(request), request.response_class,
-                               on_push, on_push_ctx)
-
-    def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
-        """Encode ``body`` (a dict or None) and return the server's reply."""
-        transport = self._transport
-        if transport is None or transport.error is not None or self._owner != _get_ident():
-            self._ensure_connected()
-        payload = self._packer.pack(body) if body is not None else b""
-        for attempt in range(SCHEMA_RETRIES + 1):
-            sync = next(self._syncs)
-            data = frame(code, sync, self.schema_version, payload)
-            try:
-                return self._roundtrip(sync, data, response_class, on_push, on_push_ctx)
+                return self._exchange(request.sync, data, request.response_class,
+                                      on_push, on_push_ctx)
             except SchemaReloadException as exc:
                 if attempt == SCHEMA_RETRIES:
                     raise
                 self._reload_schema(exc.schema_version)
 
-    def _roundtrip(self, sync, data, response_class, on_push, on_push_ctx):
+    def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
+        """Encode ``body`` (a dict or None), send it, return the server's reply."""
+        transport = self._transport
+        if transport is None or transport.error is not None or self._owner != _get_ident():
+            self._ensure_connected()
+        payload = self._packer.pack(body) if body is not None else b""
+        sync = next(self._syncs)
+        try:
+            return self._exchange(sync, frame(code, sync, self.schema_version, payload),
+                                  response_class, on_push, on_push_ctx)
+        except SchemaReloadException as exc:
+            for attempt in range(SCHEMA_RETRIES):
+                self._reload_schema(exc.schema_version)
+                sync = next(self._syncs)
+                try:
+                    return self._exchange(sync, frame(code, sync, self.schema_version, payload),
+                                          response_class, on_push, on_push_ctx)
+                except SchemaReloadException as again:
+                    if attempt == SCHEMA_RETRIES - 1:
+                        raise
+                    exc = again
+
+    def _exchange(self, sync, data, response_class, on_push, on_push_ctx):
+        """Send one encoded request, wait for its reply and decode it here, in the
+        calling greenlet."""
         transport = self._transport
         if transport is None:
             raise ConnectionClosed("connection is closed")
@@ -318,21 +336,18 @@ class Connection(tarantool.Connection):
         if self.request_timeout is not None:
             timer = Timeout(self.request_timeout)
             timer.start()
+        slots = self._slots
         try:
-            self._slots.acquire()
+            slots.acquire()
             try:
-                waiter = transport.register(sync)
-                transport.write(data)
-                self.stats.requests += 1
-                done = False
+                waiter = transport.send(sync, data)
                 try:
                     value = waiter.get()
-                    done = True
-                finally:
-                    if not done:
-                        transport.abandon(sync)
+                except BaseException:
+                    transport.abandon(sync)
+                    raise
             finally:
-                self._slots.release()
+                slots.release()
         except Timeout as exc:
             if exc is not timer:
                 raise
@@ -344,14 +359,14 @@ class Connection(tarantool.Connection):
                 timer.close()
         if type(value) is not tuple:
             raise value.with_traceback(None)
-        header, body, pushes = value
+        code, schema, body, pushes = value
         if pushes is not None:
-            self._run_pushes(pushes, on_push, on_push_ctx)
-        return make_response(response_class, self, header, body, self._unpack)
+            self._run_pushes(sync, pushes, on_push, on_push_ctx)
+        return make_response(response_class, self, sync, code, schema, body, self._unpack)
 
-    def _run_pushes(self, pushes, on_push, on_push_ctx):
-        for header, body in pushes:
-            push = make_response(Response, self, header, body, self._unpack)
+    def _run_pushes(self, sync, pushes, on_push, on_push_ctx):
+        for code, schema, body in pushes:
+            push = make_response(Response, self, sync, code, schema, body, self._unpack)
             if on_push is not None:
                 on_push(push.data, on_push_ctx)
 
@@ -370,7 +385,10 @@ class Connection(tarantool.Connection):
     # -- the public API, on the fast path ------------------------------------
 
     def _space_no(self, space_name):
-        self._schemaful_connection_check()
+        if self.schema is None:
+            self._schemaful_connection_check()
+        if type(space_name) is int:
+            return space_name
         if isinstance(space_name, str):
             return self.schema.get_space(space_name).sid
         return space_name
@@ -399,15 +417,15 @@ class Connection(tarantool.Connection):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers."""
         space_no = self._space_no(space_name)
+        key = _wrap_key(key, True)
         if iterator is None:
-            iterator = ITERATOR_EQ
-            if key is None or (isinstance(key, (list, tuple)) and len(key) == 0):
-                iterator = ITERATOR_ALL
+            iterator = ITERATOR_EQ if key else ITERATOR_ALL
         else:
             iterator = iterator_code(iterator)
-        key = wrap_key(key, select=True)
-        index = self._index_no(space_no, index)
-        _check_args((), on_push)
+        if index:
+            index = self._index_no(space_no, index)
+        if on_push is not None:
+            _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, {
             IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_OFFSET: offset,
             IPROTO_LIMIT: limit, IPROTO_ITERATOR: iterator, IPROTO_KEY: key,
@@ -415,8 +433,9 @@ class Connection(tarantool.Connection):
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
         space_no = self._space_no(space_name)
-        key = wrap_key(key)
-        index = self._index_no(space_no, index)
+        key = _wrap_key(key, False)
+        if index:
+            index = self._index_no(space_no, index)
         _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
         return self._request(REQUEST_TYPE_UPDATE, {
@@ -427,7 +446,8 @@ class Connection(tarantool.Connection):
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
         space_no = self._space_no(space_name)
-        index = self._index_no(space_no, index)
+        if index:
+            index = self._index_no(space_no, index)
         _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
         return self._request(REQUEST_TYPE_UPSERT, {
@@ -437,9 +457,11 @@ class Connection(tarantool.Connection):
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
         space_no = self._space_no(space_name)
-        key = wrap_key(key)
-        index = self._index_no(space_no, index)
-        _check_args((), on_push)
+        key = _wrap_key(key, False)
+        if index:
+            index = self._index_no(space_no, index)
+        if on_push is not None:
+            _check_args((), on_push)
         return self._request(REQUEST_TYPE_DELETE, {
             IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
         }, on_push, on_push_ctx)
@@ -478,8 +500,16 @@ class Connection(tarantool.Connection):
         self._unpack = body_unpacker(self)
 
 
+def _wrap_key(key, select):
+    kind = type(key)
+    if kind is int or kind is str:
+        return [key]
+    return wrap_key(key, select=select)
+
+
 def _check_args(values, on_push):
-    if not isinstance(values, (tuple, list)):
+    kind = type(values)
+    if kind is not tuple and kind is not list and not isinstance(values, (tuple, list)):
         raise TypeError("expected a tuple or list, not %s" % type(values).__name__)
     if on_push is not None and not callable(on_push):
         raise TypeError("The on_push callback must be callable")

@@ -14,9 +14,6 @@ from tarantool.const import (
     IPROTO_DATA,
     IPROTO_ERROR,
     IPROTO_ERROR_24,
-    IPROTO_REQUEST_TYPE,
-    IPROTO_SCHEMA_ID,
-    IPROTO_SYNC,
     ITERATOR_ALL,
     ITERATOR_BITSET_ALL_NOT_SET,
     ITERATOR_BITSET_ALL_SET,
@@ -67,32 +64,29 @@ def frame(code, sync, schema_id, body):
                         0x05, 0xce, schema_id) + body
 
 
-def make_response(cls, conn, header, body, unpack):
-    """Build ``cls`` (a tarantool ``Response`` class) from a decoded header and
-    raw body bytes, raising what ``Response.__init__`` raises."""
+def make_response(cls, conn, sync, code, schema_version, body, unpack):
+    """Build ``cls`` (a tarantool ``Response`` class) from a reply's header fields
+    and raw body bytes, raising what ``Response.__init__`` raises."""
+    body = unpack(body) if body else {}
     resp = cls.__new__(cls)
-    resp.conn = conn
-    resp._sync = header.get(IPROTO_SYNC, 0)
-    code = resp._code = header[IPROTO_REQUEST_TYPE]
-    resp._schema_version = header.get(IPROTO_SCHEMA_ID, None)
-    body = resp._body = unpack(body) if body else {}
     if code < REQUEST_TYPE_ERROR:
-        resp._return_code = 0
         data = body.get(IPROTO_DATA, None)
-        if data is not None and not isinstance(data, (list, tuple)):
+        if data is not None and type(data) is not list and not isinstance(data, (list, tuple)):
             data = [data]
-        resp._data = data
+        resp.__dict__ = {"conn": conn, "_sync": sync, "_code": code, "_body": body,
+                         "_schema_version": schema_version, "_return_code": 0, "_data": data}
         return resp
-    resp._return_message = body.get(IPROTO_ERROR_24, "")
-    resp._return_code = code & (REQUEST_TYPE_ERROR - 1)
+    return_code = code & (REQUEST_TYPE_ERROR - 1)
+    message = body.get(IPROTO_ERROR_24, "")
     error_map = body.get(IPROTO_ERROR)
-    resp._return_error = decode_box_error(error_map) if error_map is not None else None
-    resp._data = []
-    if resp._return_code == 109:
-        raise SchemaReloadException(resp._return_message, resp._schema_version)
+    error = decode_box_error(error_map) if error_map is not None else None
+    resp.__dict__ = {"conn": conn, "_sync": sync, "_code": code, "_body": body,
+                     "_schema_version": schema_version, "_return_code": return_code,
+                     "_return_message": message, "_return_error": error, "_data": []}
+    if return_code == 109:
+        raise SchemaReloadException(message, schema_version)
     if conn.error:
-        raise DatabaseError(resp._return_code, resp._return_message,
-                            extra_info=resp._return_error)
+        raise DatabaseError(return_code, message, extra_info=error)
     return resp
 
 

@@ -13,19 +13,23 @@ connection's decision.
 import errno
 import os
 import socket
+import struct
 
 import msgpack
 from gevent import Greenlet, getcurrent
 from gevent.event import Event
 from gevent.hub import Waiter, get_hub
-from tarantool.const import IPROTO_CHUNK, IPROTO_REQUEST_TYPE, IPROTO_SYNC
+from tarantool.const import IPROTO_CHUNK, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
 from tarantool.error import NetworkError
 
 from gtarantool.errors import ConnectionClosed, ProtocolError
 
 RECV_SIZE = 256 * 1024
-# A valid length prefix is a msgpack uint: at most 9 bytes.
-MAX_PREFIX = 9
+_LEN = struct.Struct(">I")
+_SYNC = struct.Struct(">Q")
+_UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
+# fixmap(3) {0: 0 (OK), 1: uint64 ...}
+_OK_SYNC64 = b"\x83\x00\x00\x01\xcf"
 
 
 class Stats:
@@ -52,9 +56,9 @@ class Stats:
 class Transport:
     """A connected socket with its reader and writer greenlets.
 
-    ``register(sync)`` returns a gevent ``Waiter`` whose value is
-    ``(header, body, pushes)`` or an exception instance; ``write(data)`` queues
-    bytes.  ``close()`` kills and joins both greenlets.
+    ``send(sync, data)`` queues a request and returns a gevent ``Waiter``
+    whose value is ``(code, schema version, body bytes, pushes)`` or an
+    exception instance.  ``close()`` kills and joins both greenlets.
     """
 
     def __init__(self, sock, stats, max_response_size, name="tarantool"):
@@ -68,11 +72,8 @@ class Transport:
         self._pushes = {}                 # sync -> [(header, body)] of IPROTO_CHUNK messages
         self._wbuf = []
         self._wakeup = Event()
-        self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False,
-                                          max_buffer_size=max_response_size + RECV_SIZE)
-        self._fed = 0                     # bytes fed to the unpacker, to know what it holds
-        self._frame_start = None          # unpacker offset of the frame being assembled
-        self._frame_len = 0
+        self._buf = bytearray()           # an incomplete frame carried to the next read
+        self._need = 0                    # bytes _buf must reach before parsing again
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -90,23 +91,27 @@ class Transport:
 
     # -- the caller's side ---------------------------------------------------
 
-    def register(self, sync):
-        """Reserve ``sync`` and return the Waiter its reply will be delivered to."""
+    def send(self, sync, data, waiter=None):
+        """Queue one complete request and return the waiter its reply goes to.
+
+        ``waiter`` is anything with a ``switch(value)`` called from the hub; by
+        default a new gevent ``Waiter`` for the current greenlet.
+        """
         if self.error is not None:
             raise self.error
-        waiter = Waiter(self._hub)
-        self._pending[sync] = waiter
-        n = len(self._pending)
-        if n > self.stats.max_in_flight:
-            self.stats.max_in_flight = n
-        return waiter
-
-    def write(self, data):
-        """Queue one complete request; the writer greenlet sends it."""
+        if waiter is None:
+            waiter = Waiter(self._hub)
+        pending = self._pending
+        pending[sync] = waiter
+        stats = self.stats
+        stats.requests += 1
+        if len(pending) > stats.max_in_flight:
+            stats.max_in_flight = len(pending)
         buf = self._wbuf
         buf.append(data)
         if len(buf) == 1:
             self._wakeup.set()
+        return waiter
 
     def abandon(self, sync):
         """The caller stopped waiting (timeout, kill): discard its reply when it comes."""
@@ -153,54 +158,48 @@ class Transport:
 
     def feed(self, data):
         """Cut ``data`` (any piece of the stream) into frames and deliver them."""
-        unpacker = self._unpacker
-        unpacker.feed(data)
-        self._fed += len(data)
-        ready = []
-        while True:
-            if self._frame_start is None:
-                try:
-                    length = unpacker.unpack()
-                except msgpack.OutOfData:
-                    if self._fed - unpacker.tell() > MAX_PREFIX:
-                        raise ProtocolError("garbage where a frame length was expected")
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return
+            data = bytes(buf)
+            buf.clear()
+        frames = []
+        pos = 0
+        end = len(data)
+        while pos < end:
+            if data[pos] == 0xce and end - pos >= 5:
+                length = _LEN.unpack_from(data, pos + 1)[0]
+                start = pos + 5
+            else:
+                length, start = _slow_prefix(data, pos, end)
+                if length is None:
                     break
-                except Exception as exc:
-                    raise ProtocolError("undecodable frame length: %r" % (exc,)) from exc
-                if type(length) is not int or not 0 < length <= self.max_response_size:
-                    raise ProtocolError("bad frame length %r (limit %d bytes)"
-                                        % (length, self.max_response_size))
-                self._frame_start = unpacker.tell()
-                self._frame_len = length
-            start = self._frame_start
-            if self._fed - start < self._frame_len:
+            if not 0 < length <= self.max_response_size:
+                raise ProtocolError("bad frame length %d (limit %d bytes)"
+                                    % (length, self.max_response_size))
+            stop = start + length
+            if stop > end:
                 break
-            self._frame_start = None
-            end = start + self._frame_len
-            try:
-                header = unpacker.unpack()
-            except Exception as exc:
-                raise ProtocolError("undecodable reply header: %r" % (exc,)) from exc
-            body_len = end - unpacker.tell()
-            if (type(header) is not dict or body_len < 0
-                    or type(header.get(IPROTO_SYNC)) is not int
-                    or type(header.get(IPROTO_REQUEST_TYPE)) is not int):
-                raise ProtocolError("malformed reply header %r" % (header,))
-            body = unpacker.read_bytes(body_len) if body_len else b""
-            ready.append((header, body))
-        if ready:
-            self._deliver(ready)
+            frames.append(_parse_header(data, start, stop))
+            pos = stop
+        if pos < end:
+            buf += memoryview(data)[pos:]
+            # Nothing to parse until the frame being assembled is complete.
+            self._need = 0 if length is None else stop - pos
+        if frames:
+            self._deliver(frames)
 
     def _deliver(self, frames):
         pending = self._pending
         wake = []
-        for header, body in frames:
-            sync = header[IPROTO_SYNC]
-            self.stats.responses += 1
-            if header[IPROTO_REQUEST_TYPE] == IPROTO_CHUNK:
+        for sync, code, schema, body in frames:
+            if code == IPROTO_CHUNK:
                 if sync in pending:
-                    self._pushes.setdefault(sync, []).append((header, body))
+                    self._pushes.setdefault(sync, []).append((code, schema, body))
                 elif sync not in self._abandoned:
+                    _wake_before_error(self._hub, wake)
                     raise ProtocolError("push message for unknown sync %d" % sync)
                 continue
             waiter = pending.pop(sync, None)
@@ -209,9 +208,11 @@ class Transport:
                     self._abandoned.discard(sync)
                     self.stats.discarded += 1
                     continue
+                _wake_before_error(self._hub, wake)
                 raise ProtocolError("reply for unknown sync %d" % sync)
             pushes = self._pushes.pop(sync, None) if self._pushes else None
-            wake.append((waiter, (header, body, pushes)))
+            wake.append((waiter, (code, schema, body, pushes)))
+        self.stats.responses += len(frames)
         if wake:
             # One hub callback wakes every waiter of this chunk in turn.
             self._hub.loop.run_callback(_wake_all, wake)
@@ -258,6 +259,52 @@ class Transport:
         finally:
             a.close()
             b.close()
+
+
+def _slow_prefix(data, pos, end):
+    """A length prefix in any msgpack uint encoding: (length, body start), or
+    (None, None) when more bytes are needed."""
+    first = data[pos]
+    if first <= 0x7f:
+        return first, pos + 1
+    size = _UINT_SIZES.get(first)
+    if size is None:
+        raise ProtocolError("garbage where a frame length was expected: byte 0x%02x" % first)
+    if end - pos < 1 + size:
+        return None, None
+    return int.from_bytes(data[pos + 1:pos + 1 + size], "big"), pos + 1 + size
+
+
+def _parse_header(data, start, stop):
+    """(sync, code, schema version, body bytes) of the frame data[start:stop]."""
+    # Tarantool's OK replies to our syncs (>= 2**32) have one fixed layout.
+    if stop - start >= 15 and data[start:start + 5] == _OK_SYNC64 and data[start + 13] == 0x05:
+        sync = _SYNC.unpack_from(data, start + 5)[0]
+        kind = data[start + 14]
+        if kind <= 0x7f:
+            return sync, 0, kind, data[start + 15:stop]
+        size = _UINT_SIZES.get(kind, 8)
+        if size < 8 and stop - start >= 15 + size:
+            return (sync, 0, int.from_bytes(data[start + 15:start + 15 + size], "big"),
+                    data[start + 15 + size:stop])
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(data[start:stop])
+    try:
+        header = unpacker.unpack()
+    except Exception as exc:
+        raise ProtocolError("undecodable reply header: %r" % (exc,)) from exc
+    if (type(header) is not dict or type(header.get(IPROTO_SYNC)) is not int
+            or type(header.get(IPROTO_REQUEST_TYPE)) is not int):
+        raise ProtocolError("malformed reply header %r" % (header,))
+    return (header[IPROTO_SYNC], header[IPROTO_REQUEST_TYPE], header.get(IPROTO_SCHEMA_ID),
+            data[start + unpacker.tell():stop])
+
+
+def _wake_before_error(hub, wake):
+    # Replies cut before a bad frame were already popped from the pending table:
+    # hand them over, or their callers would never wake (_fail cannot see them).
+    if wake:
+        hub.loop.run_callback(_wake_all, wake)
 
 
 def _wake_all(pairs):
