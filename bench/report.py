@@ -31,11 +31,14 @@ def banner(config, server):
                             config.size, where))
 
 
-def second_line(t, phase, ops, errors, server_rps):
-    parts = ["%s %s" % (op, _n(ops[op])) for op in OPERATIONS if ops.get(op)]
-    line = "[%4ds] %-6s %8s ops/s  (%s)" % (t, phase, _n(sum(ops.values())), ", ".join(parts))
+def second_line(t, phase, ops, errors, seconds, server_rps):
+    """One progress line: counts in second ``t`` as rates over the ``seconds`` that ran."""
+    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in OPERATIONS if ops.get(op)]
+    line = "[%4ds] %-6s %8s ops/s  (%s)" % (t, phase, _n(sum(ops.values()) / seconds),
+                                           ", ".join(parts))
     if errors:
-        line += "  errors: " + ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(errors.items()))
+        line += "  errors/s: " + ", ".join("%s %s" % (k, _n(v / seconds))
+                                           for k, v in sorted(errors.items()))
     if server_rps is not None:
         line += "  server %s rps" % _n(server_rps)
     return line

@@ -50,6 +50,7 @@ class _Run:
             lambda: (collections.Counter(), collections.Counter()))  # (phase, second) -> ...
         self.samples = []
         self.t0 = None
+        self.span = None  # (start, end) of the running phase, monotonic
         self.printed = set()
 
     def execute(self):
@@ -126,10 +127,12 @@ class _Run:
         if self.t0 is None:
             self.t0 = started
         self.samples.append({"t": started - self.t0, "phase": name, "stat": stat_before})
+        self.span = (started, math.inf)
         parts = self._collect("phase", name)
         stat_after = self.target.stat()
         cpu_after = self.target.cpu_seconds()
         self._sample(name, stat_after)
+        self.span = (started, max(p["end"] for p in parts))
         self._print_seconds(name, math.inf)
         server_cpu = None if cpu_before is None else cpu_after - cpu_before
         return _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
@@ -147,7 +150,10 @@ class _Run:
                 continue
             self.printed.add((name, second))
             ops, errors = self.ticks[name, second]
+            # The phase's first and last seconds are partial: a rate over the part it ran.
+            covered = min(second + 1, self.span[1]) - max(second, self.span[0])
             print(report.second_line(second - math.floor(self.t0), phase, ops, errors,
+                                     max(covered, MIN_SAMPLE_INTERVAL),
                                      self._server_rps(second)), file=self.out, flush=True)
 
     def _server_rps(self, second):
