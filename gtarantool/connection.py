@@ -18,32 +18,7 @@ import gevent.socket
 import tarantool
 from gevent import Timeout
 from gevent.monkey import get_original
-from tarantool.const import (
-    IPROTO_EXPR,
-    IPROTO_FUNCTION_NAME,
-    IPROTO_GREETING_SIZE,
-    IPROTO_INDEX_ID,
-    IPROTO_ITERATOR,
-    IPROTO_KEY,
-    IPROTO_LIMIT,
-    IPROTO_OFFSET,
-    IPROTO_OPS,
-    IPROTO_SPACE_ID,
-    IPROTO_TUPLE,
-    ITERATOR_ALL,
-    ITERATOR_EQ,
-    REQUEST_TYPE_CALL,
-    REQUEST_TYPE_CALL16,
-    REQUEST_TYPE_DELETE,
-    REQUEST_TYPE_EVAL,
-    REQUEST_TYPE_INSERT,
-    REQUEST_TYPE_PING,
-    REQUEST_TYPE_REPLACE,
-    REQUEST_TYPE_SELECT,
-    REQUEST_TYPE_UPDATE,
-    REQUEST_TYPE_UPSERT,
-    SSL_TRANSPORT,
-)
+from tarantool.const import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING, SSL_TRANSPORT
 from tarantool.error import (
     ConfigurationError,
     DatabaseError,
@@ -53,10 +28,12 @@ from tarantool.error import (
 )
 from tarantool.response import Response
 from tarantool.schema import Schema
-from tarantool.utils import greeting_decode, wrap_key
+from tarantool.utils import greeting_decode
 
+from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
-from gtarantool.protocol import body_unpacker, frame, iterator_code, make_response
+from gtarantool.pipeline import Pipeline
+from gtarantool.protocol import body_unpacker, frame, make_response
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -70,7 +47,7 @@ SCHEMA_RETRIES = 3
 _live = weakref.WeakSet()
 
 
-class Connection(tarantool.Connection):
+class Connection(RequestMethods, tarantool.Connection):
     """A gevent-aware ``tarantool.Connection`` shared by many greenlets.
 
     Takes every argument of ``tarantool.Connection`` plus:
@@ -109,7 +86,7 @@ class Connection(tarantool.Connection):
         self._transport = None
         # Syncs >= 2**32 make the server's reply headers one fixed layout.
         self._syncs = itertools.count(1 << 32)
-        self._slots = gevent.lock.BoundedSemaphore(max_in_flight)
+        self._slots = gevent.lock.Semaphore(max_in_flight)
         self._lock = gevent.lock.RLock()         # connect/reconnect
         self._schema_lock = gevent.lock.RLock()  # reload on error 109
         self._owner = _get_ident()
@@ -117,6 +94,8 @@ class Connection(tarantool.Connection):
         self._packer = None
         self._unpack = None
         self._connected_once = False
+        self._connect_failures = 0               # reconnect cycles that gave up
+        self._connect_error = None
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -262,17 +241,34 @@ class Connection(tarantool.Connection):
         transport = self._transport
         if transport is not None and transport.error is None:
             return transport
-        with self._lock:
+        # Callers queued behind a reconnect wait for it at most request_timeout,
+        # and fail at once if it fails instead of each retrying in turn.
+        failures = self._connect_failures
+        if not self._lock.acquire(timeout=self.request_timeout):
+            raise RequestTimeout("no connection within request_timeout=%ss: still reconnecting"
+                                 % (self.request_timeout,))
+        try:
+            dead = self._transport is None or self._transport.error is not None
+            if dead and self._connect_failures != failures:
+                raise NetworkError("reconnect failed: %s" % (self._connect_error,))
+            deadline = (None if self.request_timeout is None
+                        else time.monotonic() + self.request_timeout)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
                 try:
                     self.connect()
-                except NetworkError:
-                    if attempt >= self.reconnect_max_attempts:
+                except NetworkError as exc:
+                    if attempt >= self.reconnect_max_attempts or (
+                            deadline is not None
+                            and time.monotonic() + self.reconnect_delay > deadline):
+                        self._connect_failures += 1
+                        self._connect_error = exc
                         raise
                     attempt += 1
                     gevent.sleep(self.reconnect_delay)
             return self._transport
+        finally:
+            self._lock.release()
 
     def _opt_reconnect(self):
         self._ensure_connected()
@@ -382,115 +378,10 @@ class Connection(tarantool.Connection):
         super().update_schema(schema_version)
         self.stats.schema_reloads += 1
 
-    # -- the public API, on the fast path ------------------------------------
-
-    def _space_no(self, space_name):
-        if self.schema is None:
-            self._schemaful_connection_check()
-        if type(space_name) is int:
-            return space_name
-        if isinstance(space_name, str):
-            return self.schema.get_space(space_name).sid
-        return space_name
-
-    def _index_no(self, space_no, index):
-        if isinstance(index, str):
-            return self.schema.get_index(space_no, index).iid
-        return index
-
-    def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, {IPROTO_SPACE_ID: space_no,
-                                                   IPROTO_TUPLE: values},
-                             on_push, on_push_ctx)
-
-    def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, {IPROTO_SPACE_ID: space_no,
-                                                    IPROTO_TUPLE: values},
-                             on_push, on_push_ctx)
-
-    def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
-               iterator=None, on_push=None, on_push_ctx=None):
-        """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
-        or a number, and names are sent as numbers."""
-        space_no = self._space_no(space_name)
-        key = _wrap_key(key, True)
-        if iterator is None:
-            iterator = ITERATOR_EQ if key else ITERATOR_ALL
-        else:
-            iterator = iterator_code(iterator)
-        if index:
-            index = self._index_no(space_no, index)
-        if on_push is not None:
-            _check_args((), on_push)
-        return self._request(REQUEST_TYPE_SELECT, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_OFFSET: offset,
-            IPROTO_LIMIT: limit, IPROTO_ITERATOR: iterator, IPROTO_KEY: key,
-        }, on_push, on_push_ctx)
-
-    def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        key = _wrap_key(key, False)
-        if index:
-            index = self._index_no(space_no, index)
-        _check_args(op_list, on_push)
-        op_list = self._ops_process(space_no, op_list)
-        return self._request(REQUEST_TYPE_UPDATE, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
-            IPROTO_TUPLE: op_list,
-        }, on_push, on_push_ctx)
-
-    def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
-               on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        if index:
-            index = self._index_no(space_no, index)
-        _check_args(op_list, on_push)
-        op_list = self._ops_process(space_no, op_list)
-        return self._request(REQUEST_TYPE_UPSERT, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_TUPLE: tuple_value,
-            IPROTO_OPS: op_list,
-        }, on_push, on_push_ctx)
-
-    def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        key = _wrap_key(key, False)
-        if index:
-            index = self._index_no(space_no, index)
-        if on_push is not None:
-            _check_args((), on_push)
-        return self._request(REQUEST_TYPE_DELETE, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
-        }, on_push, on_push_ctx)
-
-    def call(self, func_name, *args, on_push=None, on_push_ctx=None):
-        if not isinstance(func_name, str):
-            raise TypeError("func_name must be a str, not %s" % type(func_name).__name__)
-        if len(args) == 1 and isinstance(args[0], (list, tuple)):
-            args = args[0]
-        _check_args(args, on_push)
-        code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
-        return self._request(code, {IPROTO_FUNCTION_NAME: func_name, IPROTO_TUPLE: args},
-                             on_push, on_push_ctx)
-
-    def eval(self, expr, *args, on_push=None, on_push_ctx=None):
-        if not isinstance(expr, str):
-            raise TypeError("expr must be a str, not %s" % type(expr).__name__)
-        if len(args) == 1 and isinstance(args[0], (list, tuple)):
-            args = args[0]
-        _check_args(args, on_push)
-        return self._request(REQUEST_TYPE_EVAL, {IPROTO_EXPR: expr, IPROTO_TUPLE: args},
-                             on_push, on_push_ctx)
-
-    def ping(self, notime=False):
-        start = time.time()
-        self._request(REQUEST_TYPE_PING, None)
-        if notime:
-            return "Success"
-        return time.time() - start
+    def pipeline(self):
+        """A :class:`gtarantool.pipeline.Pipeline` on this connection: queue many
+        requests from one greenlet, then collect every reply in order."""
+        return Pipeline(self)
 
     def _check_features(self):
         super()._check_features()
@@ -498,21 +389,6 @@ class Connection(tarantool.Connection):
         self._packer = None
         self._packer_factory()
         self._unpack = body_unpacker(self)
-
-
-def _wrap_key(key, select):
-    kind = type(key)
-    if kind is int or kind is str:
-        return [key]
-    return wrap_key(key, select=select)
-
-
-def _check_args(values, on_push):
-    kind = type(values)
-    if kind is not tuple and kind is not list and not isinstance(values, (tuple, list)):
-        raise TypeError("expected a tuple or list, not %s" % type(values).__name__)
-    if on_push is not None and not callable(on_push):
-        raise TypeError("The on_push callback must be callable")
 
 
 def _describe(exc):

@@ -9,7 +9,6 @@ results are tarantool-python's own ``Response`` classes, filled exactly as
 """
 import struct
 
-import msgpack
 from tarantool.const import (
     IPROTO_DATA,
     IPROTO_ERROR,

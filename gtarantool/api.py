@@ -1,0 +1,167 @@
+"""The data methods of tarantool-python's API, on gtarantool's fast path.
+
+``RequestMethods`` turns each call's arguments into an IPROTO request code and
+body, exactly as tarantool-python reads them, and hands both to
+``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
+"""
+import time
+
+from tarantool.const import (
+    IPROTO_EXPR,
+    IPROTO_FUNCTION_NAME,
+    IPROTO_INDEX_ID,
+    IPROTO_ITERATOR,
+    IPROTO_KEY,
+    IPROTO_LIMIT,
+    IPROTO_OFFSET,
+    IPROTO_OPS,
+    IPROTO_SPACE_ID,
+    IPROTO_TUPLE,
+    ITERATOR_ALL,
+    ITERATOR_EQ,
+    REQUEST_TYPE_CALL,
+    REQUEST_TYPE_CALL16,
+    REQUEST_TYPE_DELETE,
+    REQUEST_TYPE_EVAL,
+    REQUEST_TYPE_INSERT,
+    REQUEST_TYPE_PING,
+    REQUEST_TYPE_REPLACE,
+    REQUEST_TYPE_SELECT,
+    REQUEST_TYPE_UPDATE,
+    REQUEST_TYPE_UPSERT,
+)
+from tarantool.utils import wrap_key
+
+from gtarantool.protocol import iterator_code
+
+
+class RequestMethods:
+    """insert, replace, select, update, upsert, delete, call, eval, ping.
+
+    The class using it provides ``_request(code, body, on_push, on_push_ctx)``,
+    ``schema``, ``call_16``, ``_ops_process`` and ``_schemaful_connection_check``.
+    """
+
+    def _space_no(self, space_name):
+        if self.schema is None:
+            self._schemaful_connection_check()
+        if type(space_name) is int:
+            return space_name
+        if isinstance(space_name, str):
+            return self.schema.get_space(space_name).sid
+        return space_name
+
+    def _index_no(self, space_no, index):
+        if isinstance(index, str):
+            return self.schema.get_index(space_no, index).iid
+        return index
+
+    def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        _check_args(values, on_push)
+        return self._request(REQUEST_TYPE_INSERT, {IPROTO_SPACE_ID: space_no,
+                                                   IPROTO_TUPLE: values},
+                             on_push, on_push_ctx)
+
+    def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        _check_args(values, on_push)
+        return self._request(REQUEST_TYPE_REPLACE, {IPROTO_SPACE_ID: space_no,
+                                                    IPROTO_TUPLE: values},
+                             on_push, on_push_ctx)
+
+    def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
+               iterator=None, on_push=None, on_push_ctx=None):
+        """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
+        or a number, and names are sent as numbers."""
+        space_no = self._space_no(space_name)
+        key = _wrap_key(key, True)
+        if iterator is None:
+            iterator = ITERATOR_EQ if key else ITERATOR_ALL
+        else:
+            iterator = iterator_code(iterator)
+        if index:
+            index = self._index_no(space_no, index)
+        if on_push is not None:
+            _check_args((), on_push)
+        return self._request(REQUEST_TYPE_SELECT, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_OFFSET: offset,
+            IPROTO_LIMIT: limit, IPROTO_ITERATOR: iterator, IPROTO_KEY: key,
+        }, on_push, on_push_ctx)
+
+    def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        key = _wrap_key(key, False)
+        if index:
+            index = self._index_no(space_no, index)
+        _check_args(op_list, on_push)
+        op_list = self._ops_process(space_no, op_list)
+        return self._request(REQUEST_TYPE_UPDATE, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
+            IPROTO_TUPLE: op_list,
+        }, on_push, on_push_ctx)
+
+    def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
+               on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        if index:
+            index = self._index_no(space_no, index)
+        _check_args(op_list, on_push)
+        op_list = self._ops_process(space_no, op_list)
+        return self._request(REQUEST_TYPE_UPSERT, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_TUPLE: tuple_value,
+            IPROTO_OPS: op_list,
+        }, on_push, on_push_ctx)
+
+    def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
+        space_no = self._space_no(space_name)
+        key = _wrap_key(key, False)
+        if index:
+            index = self._index_no(space_no, index)
+        if on_push is not None:
+            _check_args((), on_push)
+        return self._request(REQUEST_TYPE_DELETE, {
+            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
+        }, on_push, on_push_ctx)
+
+    def call(self, func_name, *args, on_push=None, on_push_ctx=None):
+        if not isinstance(func_name, str):
+            raise TypeError("func_name must be a str, not %s" % type(func_name).__name__)
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            args = args[0]
+        _check_args(args, on_push)
+        code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
+        return self._request(code, {IPROTO_FUNCTION_NAME: func_name, IPROTO_TUPLE: args},
+                             on_push, on_push_ctx)
+
+    def eval(self, expr, *args, on_push=None, on_push_ctx=None):
+        if not isinstance(expr, str):
+            raise TypeError("expr must be a str, not %s" % type(expr).__name__)
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            args = args[0]
+        _check_args(args, on_push)
+        return self._request(REQUEST_TYPE_EVAL, {IPROTO_EXPR: expr, IPROTO_TUPLE: args},
+                             on_push, on_push_ctx)
+
+    def ping(self, notime=False):
+        start = time.time()
+        self._request(REQUEST_TYPE_PING, None)
+        if notime:
+            return "Success"
+        return time.time() - start
+
+
+
+def _wrap_key(key, select):
+    kind = type(key)
+    if kind is int or kind is str:
+        return [key]
+    return wrap_key(key, select=select)
+
+
+def _check_args(values, on_push):
+    kind = type(values)
+    if kind is not tuple and kind is not list and not isinstance(values, (tuple, list)):
+        raise TypeError("expected a tuple or list, not %s" % type(values).__name__)
+    if on_push is not None and not callable(on_push):
+        raise TypeError("The on_push callback must be callable")

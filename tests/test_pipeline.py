@@ -1,0 +1,103 @@
+"""Pipelines: many requests from one greenlet, replies matched in order."""
+import gevent
+import pytest
+import tarantool
+from tarantool.error import DatabaseError, NetworkError
+from tarantool.response import Response
+
+import gtarantool
+
+from .conftest import PASSWORD, USER
+
+
+@pytest.fixture
+def conn(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    yield c
+    c.close()
+
+
+def test_replies_in_request_order_with_errors_in_place(conn):
+    base = 20_000_000
+    with conn.pipeline() as p:
+        for i in range(1000):
+            p.insert("tester", (base + i, "p"))
+        p.insert("tester", (base, "duplicate"))
+        p.select("tester", base + 5)
+        p.call("raise_error", "in pipeline")
+        p.update("tester", base + 7, [("=", 1, "u")])
+        p.delete("tester", base + 8)
+        p.eval("return ...", "e")
+        p.ping()
+    results = p.results()
+    assert len(results) == 1007
+    assert all(isinstance(r, Response) for r in results[:1000])
+    assert [r[0][0] for r in results[:1000]] == [base + i for i in range(1000)]
+    assert isinstance(results[1000], DatabaseError) and results[1000].code == 3
+    assert results[1001].data == [[base + 5, "p"]]
+    assert isinstance(results[1002], DatabaseError) and results[1002].code == 555
+    assert results[1003].data == [[base + 7, "u"]]
+    assert results[1004].data == [[base + 8, "p"]]
+    assert results[1005].data == ["e"]
+    assert conn.select("tester", base + 999)[0] == [base + 999, "p"]
+
+
+def test_pipeline_respects_max_in_flight(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=50)
+    p = c.pipeline()
+    for i in range(3000):
+        p.replace("tester", (21_000_000 + i, "w"))
+    assert c.stats.max_in_flight <= 50
+    results = p.results()
+    assert len(results) == 3000 and all(r.rowcount == 1 for r in results)
+    before = c.stats.send_calls
+    p = c.pipeline()
+    for i in range(3000):
+        p.select("tester", 21_000_000 + i)
+    assert [r[0][0] for r in p.results()] == [21_000_000 + i for i in range(3000)]
+    assert c.stats.send_calls - before < 3000 / 20
+    c.close()
+
+
+def test_pipeline_and_other_greenlets_share_the_connection(conn):
+    def single(i):
+        return conn.call("echo", i)[0]
+
+    others = [gevent.spawn(single, i) for i in range(200)]
+    p = conn.pipeline()
+    for i in range(2000):
+        p.call("echo", i)
+    assert [r[0] for r in p.results()] == list(range(2000))
+    assert [g.get() for g in others] == list(range(200))
+
+
+def test_pipeline_timeout_and_connection_loss(fresh_server):
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           request_timeout=0.3)
+    p = c.pipeline()
+    p.call("echo", 1)
+    p.call("sleep_and_return", 2, "slow")
+    with pytest.raises(gtarantool.RequestTimeout):
+        p.wait()
+    results = p.results()
+    assert results[0][0] == 1
+    assert isinstance(results[1], gtarantool.RequestTimeout)
+    assert c._transport.in_flight == 0
+
+    p = c.pipeline()
+    p.call("sleep_and_return", 5, "x")
+    gevent.sleep(0.1)
+    fresh_server.kill()
+    results = p.results()
+    assert isinstance(results[0], NetworkError)
+
+
+def test_bad_argument_raises_at_queue_time(conn):
+    p = conn.pipeline()
+    with pytest.raises(TypeError):
+        p.insert("tester", "nope")
+    with pytest.raises(tarantool.error.SchemaError):
+        p.select("no_such_space", 1)
+    p.ping()
+    assert len(p.results()) == 1
