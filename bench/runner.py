@@ -21,7 +21,7 @@ from bench.workloads import MISMATCH, NOT_FOUND, is_server_error
 
 PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
 SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
-MIN_SAMPLE_INTERVAL = 0.25
+MIN_SAMPLE_INTERVAL = 0.25  # shortest interval a server rps is computed over
 PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts
 BARRIER_TIMEOUT = 120.0
 STAT_NAMES = {op: op.upper() for op in OPERATIONS}
