@@ -43,10 +43,8 @@ class TarantoolServer:
     """One local ``tarantool`` process.  Use as a context manager or call start/stop."""
 
     def __init__(self, lua="", *, port=None, unix_socket=False, wal_mode="write",
-                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None, late_listen=False):
+                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None):
         self.lua = lua
-        # Open the port only after ``lua`` has run, so no client sees a half-done set-up.
-        self.late_listen = late_listen
         self.wal_mode = wal_mode
         self.memtx_memory = memtx_memory
         self.readahead = readahead
@@ -72,17 +70,13 @@ class TarantoolServer:
 
     def _write_init(self):
         path = os.path.join(self.workdir, "init.lua")
-        listen = "listen=%s, " % _lua_str(self.listen)
         with open(path, "w") as f:
-            f.write("box.cfg{%swork_dir=%s, wal_mode=%s, memtx_memory=%d, "
+            f.write("box.cfg{listen=%s, work_dir=%s, wal_mode=%s, memtx_memory=%d, "
                     "readahead=%d, log=%s, net_msg_max=%d}\n"
-                    % ("" if self.late_listen else listen, _lua_str(self.workdir),
-                       _lua_str(self.wal_mode), self.memtx_memory, self.readahead,
-                       _lua_str(self.log_path), 1 << 16))
+                    % (_lua_str(self.listen), _lua_str(self.workdir), _lua_str(self.wal_mode),
+                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16))
             f.write(self.lua)
             f.write("\n")
-            if self.late_listen:
-                f.write("box.cfg{%s}\n" % listen.rstrip(", "))
             # box.cfg returns after recovery; before that the port may already
             # answer with "bootstrap hasn't finished yet".
             f.write("io = require('fio').open(%s, {'O_CREAT', 'O_WRONLY'}, tonumber('644', 8))"

@@ -104,8 +104,7 @@ def open_target(config):
         finally:
             target.close()
         return
-    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal,
-                             late_listen=True)
+    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal)
     try:
         server.start()
         target = Target(server.host, server.port, config, server)

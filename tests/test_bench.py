@@ -93,7 +93,7 @@ def test_phases_gtarantool_json(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def existing():
     """A server the bench did not start, with users holding more or fewer grants."""
-    with TarantoolServer(EXISTING_LUA, late_listen=True) as srv:
+    with TarantoolServer(EXISTING_LUA) as srv:
         yield srv
 
 
