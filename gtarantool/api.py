@@ -1,21 +1,14 @@
 """The data methods of tarantool-python's API, on gtarantool's fast path.
 
 ``RequestMethods`` turns each call's arguments into an IPROTO request code and
-body, exactly as tarantool-python reads them, and hands both to
-``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
+encoded body, reading them exactly as tarantool-python does, and hands both
+to ``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
 """
 import time
 
 from tarantool.const import (
     IPROTO_EXPR,
     IPROTO_FUNCTION_NAME,
-    IPROTO_INDEX_ID,
-    IPROTO_ITERATOR,
-    IPROTO_KEY,
-    IPROTO_LIMIT,
-    IPROTO_OFFSET,
-    IPROTO_OPS,
-    IPROTO_SPACE_ID,
     IPROTO_TUPLE,
     ITERATOR_ALL,
     ITERATOR_EQ,
@@ -38,8 +31,9 @@ from gtarantool.protocol import iterator_code
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
-    The class using it provides ``_request(code, body, on_push, on_push_ctx)``,
-    ``schema``, ``call_16``, ``_ops_process`` and ``_schemaful_connection_check``.
+    The class using it provides ``_request(code, body bytes, on_push, on_push_ctx)``,
+    ``_encoder`` (a ``protocol.Encoder``), ``schema``, ``call_16``, ``_ops_process``
+    and ``_schemaful_connection_check``.
     """
 
     def _space_no(self, space_name):
@@ -57,24 +51,26 @@ class RequestMethods:
         return index
 
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
+        if type(space_name) is not int or self.schema is None:
+            space_name = self._space_no(space_name)
         _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, {IPROTO_SPACE_ID: space_no,
-                                                   IPROTO_TUPLE: values},
+        return self._request(REQUEST_TYPE_INSERT, self._encoder.insert(space_name, values),
                              on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
+        if type(space_name) is not int or self.schema is None:
+            space_name = self._space_no(space_name)
         _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, {IPROTO_SPACE_ID: space_no,
-                                                    IPROTO_TUPLE: values},
+        return self._request(REQUEST_TYPE_REPLACE, self._encoder.insert(space_name, values),
                              on_push, on_push_ctx)
 
     def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
                iterator=None, on_push=None, on_push_ctx=None):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers."""
-        space_no = self._space_no(space_name)
+        space_no = space_name
+        if type(space_name) is not int or self.schema is None:
+            space_no = self._space_no(space_name)
         key = _wrap_key(key, True)
         if iterator is None:
             iterator = ITERATOR_EQ if key else ITERATOR_ALL
@@ -84,10 +80,8 @@ class RequestMethods:
             index = self._index_no(space_no, index)
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_SELECT, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_OFFSET: offset,
-            IPROTO_LIMIT: limit, IPROTO_ITERATOR: iterator, IPROTO_KEY: key,
-        }, on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_SELECT, self._encoder.select(
+            space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
         space_no = self._space_no(space_name)
@@ -96,10 +90,8 @@ class RequestMethods:
             index = self._index_no(space_no, index)
         _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
-        return self._request(REQUEST_TYPE_UPDATE, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
-            IPROTO_TUPLE: op_list,
-        }, on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_UPDATE, self._encoder.update(
+            space_no, index, key, op_list), on_push, on_push_ctx)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
@@ -108,10 +100,8 @@ class RequestMethods:
             index = self._index_no(space_no, index)
         _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
-        return self._request(REQUEST_TYPE_UPSERT, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_TUPLE: tuple_value,
-            IPROTO_OPS: op_list,
-        }, on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
+            space_no, index, tuple_value, op_list), on_push, on_push_ctx)
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
         space_no = self._space_no(space_name)
@@ -120,9 +110,8 @@ class RequestMethods:
             index = self._index_no(space_no, index)
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_DELETE, {
-            IPROTO_SPACE_ID: space_no, IPROTO_INDEX_ID: index, IPROTO_KEY: key,
-        }, on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_DELETE, self._encoder.delete(space_no, index, key),
+                             on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
         if not isinstance(func_name, str):
@@ -131,7 +120,8 @@ class RequestMethods:
             args = args[0]
         _check_args(args, on_push)
         code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
-        return self._request(code, {IPROTO_FUNCTION_NAME: func_name, IPROTO_TUPLE: args},
+        return self._request(code, self._encoder.pack({IPROTO_FUNCTION_NAME: func_name,
+                                                       IPROTO_TUPLE: args}),
                              on_push, on_push_ctx)
 
     def eval(self, expr, *args, on_push=None, on_push_ctx=None):
@@ -140,16 +130,16 @@ class RequestMethods:
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)
-        return self._request(REQUEST_TYPE_EVAL, {IPROTO_EXPR: expr, IPROTO_TUPLE: args},
+        return self._request(REQUEST_TYPE_EVAL, self._encoder.pack({IPROTO_EXPR: expr,
+                                                                    IPROTO_TUPLE: args}),
                              on_push, on_push_ctx)
 
     def ping(self, notime=False):
         start = time.time()
-        self._request(REQUEST_TYPE_PING, None)
+        self._request(REQUEST_TYPE_PING, b"")
         if notime:
             return "Success"
         return time.time() - start
-
 
 
 def _wrap_key(key, select):

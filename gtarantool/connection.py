@@ -33,7 +33,7 @@ from tarantool.utils import greeting_decode
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import body_unpacker, frame, make_response
+from gtarantool.protocol import Encoder, frame, make_response
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -86,13 +86,13 @@ class Connection(RequestMethods, tarantool.Connection):
         self._transport = None
         # Syncs >= 2**32 make the server's reply headers one fixed layout.
         self._syncs = itertools.count(1 << 32)
-        self._slots = gevent.lock.Semaphore(max_in_flight)
         self._lock = gevent.lock.RLock()         # connect/reconnect
         self._schema_lock = gevent.lock.RLock()  # reload on error 109
         self._owner = _get_ident()
         self._pid = os.getpid()
         self._packer = None
-        self._unpack = None
+        self._encoder = None
+        self._unpacker = None
         self._connected_once = False
         self._connect_failures = 0               # reconnect cycles that gave up
         self._connect_error = None
@@ -137,7 +137,8 @@ class Connection(RequestMethods, tarantool.Connection):
                 self.connect_basic()
                 greeting = self._read_greeting()
                 self._socket.settimeout(None)
-                self._transport = Transport(self._socket, self.stats, self.max_response_size,
+                self._transport = Transport(self._socket, self.stats, self.max_in_flight,
+                                            self.max_response_size,
                                             name="tarantool-%s" % (self.port,))
                 self.connected = True
                 self._handshake(greeting)
@@ -191,7 +192,7 @@ class Connection(RequestMethods, tarantool.Connection):
         # Load with version checks off, then send the version seen before the
         # load: a change during the load makes the next request reload again.
         self.schema_version = 0
-        version = self._request(REQUEST_TYPE_PING, None).schema_version or 0
+        version = self._request(REQUEST_TYPE_PING, b"").schema_version or 0
         self.load_schema()
         self.schema_version = version
 
@@ -270,6 +271,12 @@ class Connection(RequestMethods, tarantool.Connection):
         finally:
             self._lock.release()
 
+    def _live_transport(self):
+        transport = self._transport
+        if transport is None or transport.error is not None or self._owner != _get_ident():
+            transport = self._ensure_connected()
+        return transport
+
     def _opt_reconnect(self):
         self._ensure_connected()
 
@@ -301,21 +308,20 @@ class Connection(RequestMethods, tarantool.Connection):
                 self._reload_schema(exc.schema_version)
 
     def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
-        """Encode ``body`` (a dict or None), send it, return the server's reply."""
+        """Send a request with the encoded ``body`` and return the server's reply."""
         transport = self._transport
         if transport is None or transport.error is not None or self._owner != _get_ident():
             self._ensure_connected()
-        payload = self._packer.pack(body) if body is not None else b""
         sync = next(self._syncs)
         try:
-            return self._exchange(sync, frame(code, sync, self.schema_version, payload),
+            return self._exchange(sync, frame(code, sync, self.schema_version, body),
                                   response_class, on_push, on_push_ctx)
         except SchemaReloadException as exc:
             for attempt in range(SCHEMA_RETRIES):
                 self._reload_schema(exc.schema_version)
                 sync = next(self._syncs)
                 try:
-                    return self._exchange(sync, frame(code, sync, self.schema_version, payload),
+                    return self._exchange(sync, frame(code, sync, self.schema_version, body),
                                           response_class, on_push, on_push_ctx)
                 except SchemaReloadException as again:
                     if attempt == SCHEMA_RETRIES - 1:
@@ -328,22 +334,42 @@ class Connection(RequestMethods, tarantool.Connection):
         transport = self._transport
         if transport is None:
             raise ConnectionClosed("connection is closed")
-        timer = None
-        if self.request_timeout is not None:
-            timer = Timeout(self.request_timeout)
-            timer.start()
-        slots = self._slots
-        try:
-            slots.acquire()
+        if self.request_timeout is None:
+            waiter = transport.send(sync, data)
             try:
-                waiter = transport.send(sync, data)
-                try:
-                    value = waiter.get()
-                except BaseException:
-                    transport.abandon(sync)
-                    raise
-            finally:
-                slots.release()
+                value = waiter.get()
+            except BaseException:
+                transport.abandon(sync)
+                raise
+        else:
+            value = self._exchange_with_timeout(transport, sync, data)
+        if type(value) is not tuple:
+            raise value.with_traceback(None)
+        _, code, schema, body, pushes = value
+        unpacker = self._unpacker
+        if body:
+            unpacker.feed(body)
+            try:
+                body = unpacker.unpack()
+            except BaseException:
+                self._unpacker = self._unpacker_factory()  # drop the undecoded rest
+                raise
+        else:
+            body = {}
+        if pushes is not None:
+            self._run_pushes(sync, pushes, on_push, on_push_ctx)
+        return make_response(response_class, self, sync, code, schema, body)
+
+    def _exchange_with_timeout(self, transport, sync, data):
+        timer = Timeout(self.request_timeout)
+        timer.start()
+        try:
+            waiter = transport.send(sync, data)
+            try:
+                return waiter.get()
+            except BaseException:
+                transport.abandon(sync)
+                raise
         except Timeout as exc:
             if exc is not timer:
                 raise
@@ -351,18 +377,22 @@ class Connection(RequestMethods, tarantool.Connection):
                                  "may still execute on the server"
                                  % (self.request_timeout, sync)) from None
         finally:
-            if timer is not None:
-                timer.close()
-        if type(value) is not tuple:
-            raise value.with_traceback(None)
-        code, schema, body, pushes = value
-        if pushes is not None:
-            self._run_pushes(sync, pushes, on_push, on_push_ctx)
-        return make_response(response_class, self, sync, code, schema, body, self._unpack)
+            timer.close()
+
+    def decode(self, data):
+        """Decode msgpack ``data`` with this connection's unpacker options."""
+        unpacker = self._unpacker
+        unpacker.feed(data)
+        try:
+            return unpacker.unpack()
+        except BaseException:
+            self._unpacker = self._unpacker_factory()
+            raise
 
     def _run_pushes(self, sync, pushes, on_push, on_push_ctx):
         for code, schema, body in pushes:
-            push = make_response(Response, self, sync, code, schema, body, self._unpack)
+            push = make_response(Response, self, sync, code, schema,
+                                 self.decode(body) if body else {})
             if on_push is not None:
                 on_push(push.data, on_push_ctx)
 
@@ -387,8 +417,8 @@ class Connection(RequestMethods, tarantool.Connection):
         super()._check_features()
         # Set up the per-connection codec once the server version is known.
         self._packer = None
-        self._packer_factory()
-        self._unpack = body_unpacker(self)
+        self._encoder = Encoder(self._packer_factory())
+        self._unpacker = self._unpacker_factory()
 
 
 def _describe(exc):

@@ -11,6 +11,14 @@ import struct
 
 from tarantool.const import (
     IPROTO_DATA,
+    IPROTO_INDEX_ID,
+    IPROTO_ITERATOR,
+    IPROTO_KEY,
+    IPROTO_LIMIT,
+    IPROTO_OFFSET,
+    IPROTO_OPS,
+    IPROTO_SPACE_ID,
+    IPROTO_TUPLE,
     IPROTO_ERROR,
     IPROTO_ERROR_24,
     ITERATOR_ALL,
@@ -63,10 +71,60 @@ def frame(code, sync, schema_id, body):
                         0x05, 0xce, schema_id) + body
 
 
-def make_response(cls, conn, sync, code, schema_version, body, unpack):
+class Encoder:
+    """Request bodies as bytes, with one packer per connection.
+
+    The fixed part of a body (map header, space, index, iterator...) is packed
+    once per distinct combination and cached; each call packs only the key,
+    tuple or operations.  Field order is tarantool-python's.
+    """
+
+    CACHE_LIMIT = 1024
+
+    def __init__(self, packer):
+        self.pack = packer.pack
+        self._prefixes = {}
+
+    def _prefix(self, *fields):
+        """``fields`` = (n, k1, v1, ..., km): the header of an n-entry map, then
+        every field up to km, whose value the caller appends."""
+        prefix = self._prefixes.get(fields)
+        if prefix is None:
+            if len(self._prefixes) >= self.CACHE_LIMIT:
+                self._prefixes.clear()
+            prefix = bytes([0x80 | fields[0]]) + b"".join(map(self.pack, fields[1:]))
+            self._prefixes[fields] = prefix
+        return prefix
+
+    def insert(self, space, values):
+        """Also the body of replace."""
+        return self._prefix(2, IPROTO_SPACE_ID, space, IPROTO_TUPLE) + self.pack(values)
+
+    def select(self, space, index, offset, limit, iterator, key):
+        return self._prefix(6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index, IPROTO_OFFSET,
+                            offset, IPROTO_LIMIT, limit, IPROTO_ITERATOR, iterator,
+                            IPROTO_KEY) + self.pack(key)
+
+    def update(self, space, index, key, ops):
+        return b"".join((self._prefix(4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                      IPROTO_KEY), self.pack(key), _TUPLE_KEY, self.pack(ops)))
+
+    def upsert(self, space, index, values, ops):
+        return b"".join((self._prefix(4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                      IPROTO_TUPLE), self.pack(values), _OPS_KEY, self.pack(ops)))
+
+    def delete(self, space, index, key):
+        return self._prefix(3, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                            IPROTO_KEY) + self.pack(key)
+
+
+_TUPLE_KEY = bytes([IPROTO_TUPLE])
+_OPS_KEY = bytes([IPROTO_OPS])
+
+
+def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (a tarantool ``Response`` class) from a reply's header fields
-    and raw body bytes, raising what ``Response.__init__`` raises."""
-    body = unpack(body) if body else {}
+    and decoded body, raising what ``Response.__init__`` raises."""
     resp = cls.__new__(cls)
     if code < REQUEST_TYPE_ERROR:
         data = body.get(IPROTO_DATA, None)
@@ -87,23 +145,3 @@ def make_response(cls, conn, sync, code, schema_version, body, unpack):
     if conn.error:
         raise DatabaseError(return_code, message, extra_info=error)
     return resp
-
-
-def body_unpacker(conn):
-    """A function bytes -> object honouring the connection's unpacker options.
-
-    One ``Unpacker`` is reused: decoding never yields to another greenlet.
-    """
-    unpacker = conn._unpacker_factory()
-
-    def unpack(data):
-        nonlocal unpacker
-        unpacker.feed(data)
-        try:
-            return unpacker.unpack()
-        except BaseException:
-            # Leftover bytes of a failed decode must not poison the next reply.
-            unpacker = conn._unpacker_factory()
-            raise
-
-    return unpack

@@ -28,8 +28,9 @@ RECV_SIZE = 256 * 1024
 _LEN = struct.Struct(">I")
 _SYNC = struct.Struct(">Q")
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
-# fixmap(3) {0: 0 (OK), 1: uint64 ...}
-_OK_SYNC64 = b"\x83\x00\x00\x01\xcf"
+# {0: uint32 code, 1: uint64 sync, 5: uint32 schema version}: how Tarantool
+# encodes reply headers; anything else goes through msgpack.
+_TNT_HEADER = struct.Struct(">3sI2sQ2sI")
 
 
 class Stats:
@@ -61,17 +62,20 @@ class Transport:
     exception instance.  ``close()`` kills and joins both greenlets.
     """
 
-    def __init__(self, sock, stats, max_response_size, name="tarantool"):
+    def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool"):
         self._sock = sock
         self.stats = stats
+        self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.error = None                 # set once: why the transport died
         self._hub = get_hub()
         self._pending = {}                # sync -> Waiter
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
-        self._pushes = {}                 # sync -> [(header, body)] of IPROTO_CHUNK messages
+        self._pushes = {}                 # sync -> [(code, schema, body)] of IPROTO_CHUNK
         self._wbuf = []
-        self._wakeup = Event()
+        self._wakeup = Event()            # the writer's: something to send
+        self._room = Event()              # a slot below max_in_flight came free
+        self._room_wanted = 0
         self._buf = bytearray()           # an incomplete frame carried to the next read
         self._need = 0                    # bytes _buf must reach before parsing again
         self._reader = Greenlet(self._read_loop)
@@ -97,11 +101,11 @@ class Transport:
         ``waiter`` is anything with a ``switch(value)`` called from the hub; by
         default a new gevent ``Waiter`` for the current greenlet.
         """
-        if self.error is not None:
-            raise self.error
+        pending = self._pending
+        if self.error is not None or len(pending) >= self.max_in_flight:
+            self._wait_for_room()
         if waiter is None:
             waiter = Waiter(self._hub)
-        pending = self._pending
         pending[sync] = waiter
         stats = self.stats
         stats.requests += 1
@@ -113,10 +117,24 @@ class Transport:
             self._wakeup.set()
         return waiter
 
+    def _wait_for_room(self):
+        """Block while ``max_in_flight`` requests await replies (raise if dead)."""
+        while self.error is None and len(self._pending) >= self.max_in_flight:
+            self._room_wanted += 1
+            try:
+                self._room.clear()
+                self._room.wait()
+            finally:
+                self._room_wanted -= 1
+        if self.error is not None:
+            raise self.error
+
     def abandon(self, sync):
         """The caller stopped waiting (timeout, kill): discard its reply when it comes."""
         if self._pending.pop(sync, None) is not None and self.error is None:
             self._abandoned.add(sync)
+            if self._room_wanted:
+                self._room.set()
         self._pushes.pop(sync, None)
 
     # -- the writer greenlet -------------------------------------------------
@@ -157,7 +175,8 @@ class Transport:
             self._fail(_network_error(exc, "read"), killer=self._reader)
 
     def feed(self, data):
-        """Cut ``data`` (any piece of the stream) into frames and deliver them."""
+        """Cut ``data`` (any piece of the stream) into frames and hand each reply
+        to its waiter; the bodies stay undecoded."""
         buf = self._buf
         if buf:
             buf += data
@@ -165,57 +184,76 @@ class Transport:
                 return
             data = bytes(buf)
             buf.clear()
-        frames = []
+        wake = []
+        try:
+            pos = self._cut(data, wake)
+        finally:
+            # Even when a later frame is bad, the replies already taken out of
+            # the pending table must reach their callers.
+            if wake:
+                self._hub.loop.run_callback(_wake_all, wake)
+        if pos < len(data):
+            buf += memoryview(data)[pos:]
+
+    def _cut(self, data, wake):
+        pending = self._pending
         pos = 0
         end = len(data)
-        while pos < end:
-            if data[pos] == 0xce and end - pos >= 5:
-                length = _LEN.unpack_from(data, pos + 1)[0]
-                start = pos + 5
-            else:
-                length, start = _slow_prefix(data, pos, end)
-                if length is None:
+        frames = 0
+        try:
+            while pos < end:
+                if data[pos] == 0xce and end - pos >= 5:
+                    length = _LEN.unpack_from(data, pos + 1)[0]
+                    start = pos + 5
+                else:
+                    length, start = _slow_prefix(data, pos, end)
+                    if length is None:
+                        self._need = 0
+                        break
+                if not 0 < length <= self.max_response_size:
+                    raise ProtocolError("bad frame length %d (limit %d bytes)"
+                                        % (length, self.max_response_size))
+                stop = start + length
+                if stop > end:
+                    self._need = stop - pos   # nothing to parse before the frame is whole
                     break
-            if not 0 < length <= self.max_response_size:
-                raise ProtocolError("bad frame length %d (limit %d bytes)"
-                                    % (length, self.max_response_size))
-            stop = start + length
-            if stop > end:
-                break
-            frames.append(_parse_header(data, start, stop))
-            pos = stop
-        if pos < end:
-            buf += memoryview(data)[pos:]
-            # Nothing to parse until the frame being assembled is complete.
-            self._need = 0 if length is None else stop - pos
-        if frames:
-            self._deliver(frames)
-
-    def _deliver(self, frames):
-        pending = self._pending
-        wake = []
-        for sync, code, schema, body in frames:
-            if code == IPROTO_CHUNK:
-                if sync in pending:
-                    self._pushes.setdefault(sync, []).append((code, schema, body))
-                elif sync not in self._abandoned:
-                    _wake_before_error(self._hub, wake)
-                    raise ProtocolError("push message for unknown sync %d" % sync)
-                continue
-            waiter = pending.pop(sync, None)
-            if waiter is None:
-                if sync in self._abandoned:
-                    self._abandoned.discard(sync)
-                    self.stats.discarded += 1
+                # Tarantool writes every reply header in one fixed-size layout.
+                reply = None
+                if length >= 23:
+                    m1, code, m2, sync, m3, schema = _TNT_HEADER.unpack_from(data, start)
+                    if m1 == b"\x83\x00\xce" and m2 == b"\x01\xcf" and m3 == b"\x05\xce":
+                        reply = (sync, code, schema, data[start + 23:stop], None)
+                if reply is None:
+                    reply = _parse_header(data, start, stop)
+                    sync = reply[0]
+                pos = stop
+                frames += 1
+                waiter = pending.pop(sync, None)
+                if waiter is None or reply[1] == IPROTO_CHUNK:
+                    self._unexpected(reply, waiter)
                     continue
-                _wake_before_error(self._hub, wake)
-                raise ProtocolError("reply for unknown sync %d" % sync)
-            pushes = self._pushes.pop(sync, None) if self._pushes else None
-            wake.append((waiter, (code, schema, body, pushes)))
-        self.stats.responses += len(frames)
-        if wake:
-            # One hub callback wakes every waiter of this chunk in turn.
-            self._hub.loop.run_callback(_wake_all, wake)
+                if self._pushes and sync in self._pushes:
+                    reply = reply[:4] + (self._pushes.pop(sync),)
+                wake.append((waiter, reply))
+        finally:
+            self.stats.responses += frames
+            if self._room_wanted and len(pending) < self.max_in_flight:
+                self._room.set()
+        return pos
+
+    def _unexpected(self, reply, waiter):
+        """A push message, a late reply to an abandoned request, or a protocol error."""
+        sync, code, schema, body, _ = reply
+        if code == IPROTO_CHUNK and waiter is not None:
+            self._pending[sync] = waiter
+            self._pushes.setdefault(sync, []).append((code, schema, body))
+        elif sync in self._abandoned:
+            if code != IPROTO_CHUNK:
+                self._abandoned.discard(sync)
+                self.stats.discarded += 1
+        else:
+            raise ProtocolError("%s for unknown sync %d"
+                                % ("push message" if code == IPROTO_CHUNK else "reply", sync))
 
     # -- shutting down -------------------------------------------------------
 
@@ -235,6 +273,7 @@ class Transport:
         self._wbuf.clear()
         if waiters:
             self._hub.loop.run_callback(_wake_all, [(w, exc) for w in waiters])
+        self._room.set()
         for glet in (self._reader, self._writer):
             if glet is not killer and glet is not getcurrent():
                 glet.kill(block=False)
@@ -276,17 +315,7 @@ def _slow_prefix(data, pos, end):
 
 
 def _parse_header(data, start, stop):
-    """(sync, code, schema version, body bytes) of the frame data[start:stop]."""
-    # Tarantool's OK replies to our syncs (>= 2**32) have one fixed layout.
-    if stop - start >= 15 and data[start:start + 5] == _OK_SYNC64 and data[start + 13] == 0x05:
-        sync = _SYNC.unpack_from(data, start + 5)[0]
-        kind = data[start + 14]
-        if kind <= 0x7f:
-            return sync, 0, kind, data[start + 15:stop]
-        size = _UINT_SIZES.get(kind, 8)
-        if size < 8 and stop - start >= 15 + size:
-            return (sync, 0, int.from_bytes(data[start + 15:start + 15 + size], "big"),
-                    data[start + 15 + size:stop])
+    """(sync, code, schema version, body bytes, None) of the frame data[start:stop]."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
     unpacker.feed(data[start:stop])
     try:
@@ -297,14 +326,7 @@ def _parse_header(data, start, stop):
             or type(header.get(IPROTO_REQUEST_TYPE)) is not int):
         raise ProtocolError("malformed reply header %r" % (header,))
     return (header[IPROTO_SYNC], header[IPROTO_REQUEST_TYPE], header.get(IPROTO_SCHEMA_ID),
-            data[start + unpacker.tell():stop])
-
-
-def _wake_before_error(hub, wake):
-    # Replies cut before a bad frame were already popped from the pending table:
-    # hand them over, or their callers would never wake (_fail cannot see them).
-    if wake:
-        hub.loop.run_callback(_wake_all, wake)
+            data[start + unpacker.tell():stop], None)
 
 
 def _wake_all(pairs):

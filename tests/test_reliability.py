@@ -276,6 +276,28 @@ def test_proxy_silent_partition_times_out_and_recovers(proxy):
     conn.close()
 
 
+def test_callers_queued_behind_a_slow_reconnect_time_out_on_time(proxy):
+    """One caller reconnects into a partition (no greeting for connection_timeout);
+    the others queued behind it get RequestTimeout at request_timeout, not later."""
+    conn = connect(proxy.host, proxy.port, request_timeout=0.5, connection_timeout=2.0,
+                   reconnect_max_attempts=0)
+    conn.ping()
+    proxy.blackhole()
+    proxy.reset_all()
+    assert wait_until(conn.is_closed, 2)
+    calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(20)]
+    gevent.joinall(calls, timeout=5)
+    outcomes = [c.value for c in calls]
+    reconnector = [o for o in outcomes if not isinstance(o[1], RequestTimeout)]
+    queued = [o for o in outcomes if isinstance(o[1], RequestTimeout)]
+    assert len(reconnector) == 1 and isinstance(reconnector[0][1], NetworkError), outcomes
+    assert reconnector[0][0] < 2.0 + 0.5
+    assert len(queued) == 19 and max(e for e, _ in queued) < 0.5 + 0.3, queued
+    proxy.resume()
+    assert conn.call("echo", 3).data == [3]
+    conn.close()
+
+
 # -- a hostile or broken server (fake peer) ------------------------------------
 
 def _misbehave_after(n, payload, then_close=False):
@@ -405,7 +427,8 @@ class _FeedHarness:
         import gevent.socket as gsocket
         self.a, self.b = socket.socketpair()
         self.transport = Transport(gsocket.socket(fileno=os.dup(self.a.fileno())), Stats(),
-                                   max_response_size, name="fuzz")
+                                   max_in_flight=1 << 20, max_response_size=max_response_size,
+                                   name="fuzz")
 
     def register(self, sync):
         t = self.transport
@@ -424,7 +447,7 @@ def _norm(value):
     if len(value) == 3:                                  # (header, body, pushes)
         header, body, pushes = value
         return header[0], bytes(body), [(h[0], bytes(b)) for h, b in pushes or []]
-    code, _schema, body, pushes = value                  # (code, schema, body, pushes)
+    _sync, code, _schema, body, pushes = value           # (sync, code, schema, body, pushes)
     return code, bytes(body), [(c, bytes(b)) for c, _s, b in pushes or []]
 
 
@@ -783,6 +806,10 @@ def test_use_in_forked_child_is_refused_and_parent_keeps_working(conn):
             except WrongOwner:
                 pass
             gevent.sleep(0.6)         # give the copied reader every chance to run
+            try:
+                conn.close()          # allowed: forgets the parent's socket locally
+            except Exception:  # noqa: BLE001
+                code |= 16
             if conn.stats.responses != responses_before:
                 code |= 4             # the child read the parent's replies
             if any(c.ready() and c.successful() for c in calls):
