@@ -20,9 +20,16 @@ DURATION ?=
 JSON ?=
 PROFILE_DIR ?= profiles
 RUNS ?= 5
+WAL ?=
+PLOT ?=
+HOST ?=
+PORT ?=
+DRIVERS ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
-	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON))
+	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
+	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
+	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 .PHONY: all install server test bench compare perf profile soak clean
 
@@ -49,10 +56,10 @@ bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
 
 compare: install
-	$(PY) -m bench.compare $(BENCH_ARGS)
+	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))
 
 perf: install
-	$(PY) -m bench.perf --runs $(RUNS)
+	$(PY) -m bench.perf --runs $(RUNS) $(if $(JSON),--json $(JSON))
 
 profile: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) --profile $(PROFILE_DIR)

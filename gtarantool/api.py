@@ -53,14 +53,16 @@ class RequestMethods:
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
         if type(space_name) is not int or self.schema is None:
             space_name = self._space_no(space_name)
-        _check_args(values, on_push)
+        if type(values) is not tuple or on_push is not None:
+            _check_args(values, on_push)
         return self._request(REQUEST_TYPE_INSERT, self._encoder.insert(space_name, values),
                              on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
         if type(space_name) is not int or self.schema is None:
             space_name = self._space_no(space_name)
-        _check_args(values, on_push)
+        if type(values) is not tuple or on_push is not None:
+            _check_args(values, on_push)
         return self._request(REQUEST_TYPE_REPLACE, self._encoder.insert(space_name, values),
                              on_push, on_push_ctx)
 

@@ -1,0 +1,125 @@
+"""Request encoding and response building, byte for byte against tarantool-python."""
+import msgpack
+import pytest
+from tarantool import const
+from tarantool.error import DatabaseError, SchemaReloadException
+from tarantool.request import (
+    RequestDelete,
+    RequestInsert,
+    RequestSelect,
+    RequestUpdate,
+    RequestUpsert,
+)
+from tarantool.response import Response, ResponseExecute
+
+from gtarantool.protocol import Encoder, frame, iterator_code, make_response
+
+
+class _Conn:
+    """What tarantool-python's Request and Response read from a connection."""
+    encoding = "utf-8"
+    use_list = True
+    schema = None
+    schema_version = 0
+    error = True
+    version_id = None
+
+    def _packer_factory(self):
+        return msgpack.Packer()
+
+    def _unpacker_factory(self):
+        return msgpack.Unpacker(raw=False, strict_map_key=False)
+
+    def generate_sync(self):
+        return 7
+
+
+@pytest.fixture
+def encoder():
+    return Encoder(msgpack.Packer())
+
+
+CASES = [
+    (lambda e: e.insert(512, [1, "a", {"b": [1.5, None]}]),
+     lambda c: RequestInsert(c, 512, [1, "a", {"b": [1.5, None]}])),
+    (lambda e: e.select(512, 1, 10, 100, 5, ["k"]),
+     lambda c: RequestSelect(c, 512, 1, ["k"], 10, 100, 5)),
+    (lambda e: e.update(600, 0, [3], [("+", 1, 5), ("=", 2, "x")]),
+     lambda c: RequestUpdate(c, 600, 0, [3], [("+", 1, 5), ("=", 2, "x")])),
+    (lambda e: e.upsert(600, 0, [3, "v"], [("+", 1, 5)]),
+     lambda c: RequestUpsert(c, 600, 0, [3, "v"], [("+", 1, 5)])),
+    (lambda e: e.delete(700, 2, [b"\x00bin"]),
+     lambda c: RequestDelete(c, 700, 2, [b"\x00bin"])),
+]
+
+
+@pytest.mark.parametrize("ours, theirs", CASES)
+def test_bodies_equal_tarantool_python(encoder, ours, theirs):
+    # Twice: the second call comes from the prefix cache.
+    assert ours(encoder) == theirs(_Conn())._body
+    assert ours(encoder) == theirs(_Conn())._body
+
+
+def test_prefix_cache_is_bounded(encoder):
+    for space in range(Encoder.CACHE_LIMIT * 3):
+        encoder.insert(space, [1])
+    assert len(encoder._prefixes) <= Encoder.CACHE_LIMIT
+
+
+def test_frame_layout():
+    body = msgpack.packb({const.IPROTO_KEY: [1]})
+    data = frame(const.REQUEST_TYPE_SELECT, 1 << 40, 77, body)
+    unpacker = msgpack.Unpacker(strict_map_key=False)
+    unpacker.feed(data)
+    length = unpacker.unpack()
+    assert length == len(data) - 5
+    assert unpacker.unpack() == {const.IPROTO_REQUEST_TYPE: const.REQUEST_TYPE_SELECT,
+                                 const.IPROTO_SYNC: 1 << 40, const.IPROTO_SCHEMA_ID: 77}
+    assert unpacker.unpack() == {const.IPROTO_KEY: [1]}
+
+
+def _reference(cls, header, body):
+    raw = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
+    return cls(_Conn(), raw)
+
+
+@pytest.mark.parametrize("body", [
+    {const.IPROTO_DATA: [[1, "a"], [2, "b"]]},
+    {const.IPROTO_DATA: "scalar"},
+    {},
+    None,
+])
+def test_response_equals_tarantool_python(body):
+    header = {const.IPROTO_REQUEST_TYPE: 0, const.IPROTO_SYNC: 9, const.IPROTO_SCHEMA_ID: 80}
+    theirs = _reference(Response, header, body)
+    ours = make_response(Response, _Conn(), 9, 0, 80, body or {})
+    assert type(ours) is Response
+    assert vars(ours).keys() - {"conn"} == vars(theirs).keys() - {"conn"}
+    for name in ("data", "sync", "code", "return_code", "schema_version", "body"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_sql_response_class():
+    body = {const.IPROTO_SQL_INFO: {const.IPROTO_SQL_INFO_ROW_COUNT: 3}}
+    ours = make_response(ResponseExecute, _Conn(), 1, 0, 80, body)
+    assert isinstance(ours, ResponseExecute) and ours.affected_row_count == 3
+
+
+def test_error_response_raises_like_tarantool_python():
+    body = {const.IPROTO_ERROR_24: "Duplicate key exists"}
+    with pytest.raises(DatabaseError) as theirs:
+        _reference(Response, {const.IPROTO_REQUEST_TYPE: 0x8003, const.IPROTO_SYNC: 1}, body)
+    with pytest.raises(DatabaseError) as ours:
+        make_response(Response, _Conn(), 1, 0x8003, None, body)
+    assert (ours.value.code, ours.value.message) == (theirs.value.code, theirs.value.message)
+    with pytest.raises(SchemaReloadException) as reload:
+        make_response(Response, _Conn(), 1, 0x8000 | 109, 81, {const.IPROTO_ERROR_24: "x"})
+    assert reload.value.schema_version == 81
+
+
+def test_iterator_names():
+    assert iterator_code("GE") == const.ITERATOR_GE
+    assert iterator_code("le") == const.ITERATOR_LE
+    assert iterator_code(const.ITERATOR_GT) == const.ITERATOR_GT
+    with pytest.raises(ValueError):
+        iterator_code("SIDEWAYS")
