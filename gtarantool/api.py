@@ -32,8 +32,9 @@ class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
     The class using it provides ``_request(code, body bytes, on_push, on_push_ctx)``,
-    ``_encoder`` (a ``protocol.Encoder``), ``schema``, ``call_16``, ``_ops_process``
-    and ``_schemaful_connection_check``.
+    ``_encoder`` (a ``protocol.Encoder``), ``_names`` (a dict caching space and
+    index ids by name, emptied when the schema is reloaded), ``schema``,
+    ``call_16``, ``_ops_process`` and ``_schemaful_connection_check``.
     """
 
     def _space_no(self, space_name):
@@ -41,14 +42,20 @@ class RequestMethods:
             self._schemaful_connection_check()
         if type(space_name) is int:
             return space_name
-        if isinstance(space_name, str):
-            return self.schema.get_space(space_name).sid
-        return space_name
+        sid = self._names.get(space_name)
+        if sid is None:
+            if not isinstance(space_name, str):
+                return space_name
+            sid = self._names[space_name] = self.schema.get_space(space_name).sid
+        return sid
 
     def _index_no(self, space_no, index):
-        if isinstance(index, str):
-            return self.schema.get_index(space_no, index).iid
-        return index
+        if not isinstance(index, str):
+            return index
+        iid = self._names.get((space_no, index))
+        if iid is None:
+            iid = self._names[space_no, index] = self.schema.get_index(space_no, index).iid
+        return iid
 
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
         if type(space_name) is not int or self.schema is None:

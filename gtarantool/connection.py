@@ -93,6 +93,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._packer = None
         self._encoder = None
         self._unpacker = None
+        self._names = {}
         self._connected_once = False
         self._connect_failures = 0               # reconnect cycles that gave up
         self._connect_error = None
@@ -142,6 +143,7 @@ class Connection(RequestMethods, tarantool.Connection):
                                             name="tarantool-%s" % (self.port,))
                 self.connected = True
                 self._handshake(greeting)
+                self._names.clear()
                 if self.fetch_schema:
                     self.schema = Schema(self)
                     self._load_schema_versioned()
@@ -403,6 +405,10 @@ class Connection(RequestMethods, tarantool.Connection):
                 self.schema_version = version
                 return
             self.update_schema(version)
+
+    def flush_schema(self):
+        self._names.clear()
+        super().flush_schema()
 
     def update_schema(self, schema_version):
         super().update_schema(schema_version)

@@ -55,6 +55,7 @@ class Pipeline(RequestMethods):
     def __init__(self, conn):
         self._conn = conn
         self._encoder = conn._encoder
+        self._names = conn._names
         self._entries = []          # (sync, response class), in request order
         self._replies = {}          # sync -> raw reply or exception, filled by the hub
         self._outstanding = 0
