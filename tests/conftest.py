@@ -3,6 +3,8 @@ import os
 
 import pytest
 
+import gtarantool
+
 from bench.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,3 +32,11 @@ def fresh_server():
     srv.start()
     yield srv
     srv.cleanup()
+
+
+@pytest.fixture
+def conn(server):
+    """A gtarantool connection to the shared server as the test user."""
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    yield c
+    c.close()

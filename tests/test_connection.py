@@ -20,13 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def conn(server):
-    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
-    yield c
-    c.close()
-
-
-@pytest.fixture
 def ref(server):
     c = tarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
     yield c

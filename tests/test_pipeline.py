@@ -10,13 +10,6 @@ import gtarantool
 from .conftest import PASSWORD, USER
 
 
-@pytest.fixture
-def conn(server):
-    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
-    yield c
-    c.close()
-
-
 def test_replies_in_request_order_with_errors_in_place(conn):
     base = 20_000_000
     with conn.pipeline() as p:
