@@ -74,7 +74,8 @@ class Profile:
                     pending_calls = int(line[6:].split()[0])
                     continue
                 if line[0].isdigit() or line[0] in "+-*":
-                    cost = int(line.split()[positions]) if len(line.split()) > positions else 0
+                    fields = line.split()
+                    cost = int(fields[positions]) if len(fields) > positions else 0
                     if pending_calls is not None:
                         arc = self.arcs[fn, cfn]
                         arc[0] += pending_calls
@@ -199,8 +200,8 @@ def main(argv=None):
                            "(default: 'ops' from A.json and B.json next to the files)")
     cmp_.add_argument("--top", type=int, default=15, help="functions listed per profile")
     args = parser.parse_args(argv)
-    if args.ops is not None and len(args.ops) > 2:
-        parser.error("--ops takes one or two numbers")
+    if args.ops is not None and (len(args.ops) > 2 or min(args.ops) < 1):
+        parser.error("--ops takes one or two positive numbers")
     given = (args.ops or [None]) * (2 if not args.ops or len(args.ops) == 1 else 1)
     ops_a, ops_b = _ops(args.a, given[0]), _ops(args.b, given[1])
     print(compare(Profile(args.a), Profile(args.b), ops_a, ops_b, args.top))

@@ -1,10 +1,11 @@
 """Greenlet-aware profiles for kcachegrind, built on yappi (``pip install 'gtarantool[profile]'``).
 
-yappi runs with greenlet contexts, so a greenlet is charged only for the time it runs, and
-with builtins traced (``socket.recv``, ``greenlet.switch`` ...), without which time spent in
-C calls and switches skews the call tree.  Files are written in the callgrind format::
+yappi runs with greenlet contexts and traces builtins (``socket.recv``, ``greenlet.switch``
+...), without which time in C calls and switches skews the call tree.  With the CPU clock
+(default) a greenlet is charged for the CPU it uses; with the wall clock its waits count
+too, as time in ``greenlet.switch``.  Files are written in the callgrind format::
 
-    from gtarantool.profiling import profile
+    from gtarantool.profiling import profile, profile_for
 
     with profile("/tmp/service.callgrind", per_greenlet=True):
         serve_some_requests()
@@ -13,9 +14,9 @@ C calls and switches skews the call tree.  Files are written in the callgrind fo
     gevent.spawn(profile_for, 30, "/tmp/service.callgrind")
 
 Open them with ``kcachegrind FILE`` (Debian package ``kcachegrind``) or read them with
-``callgrind_annotate --inclusive=yes FILE``.  Functions already running when the profile
-starts (a connection's ``_read_loop``, say) appear only if they return before it ends; their
-callees show up as roots instead.
+``callgrind_annotate --inclusive=yes FILE``.  Calls already in progress when the profile
+starts are not seen (the ``_read_loop`` of a connection opened earlier, say): their callees
+appear as roots.  Calls still in progress when it stops count as zero.
 """
 import contextlib
 import os
@@ -47,9 +48,9 @@ def greenlet_name():
     glet = getcurrent()
     if glet.parent is None:
         return threading.current_thread().name
-    name = getattr(glet, "name", None)
     if type(glet).__name__ == "Hub":
         return "hub"
+    name = getattr(glet, "name", None)
     return name if isinstance(name, str) and name else type(glet).__name__
 
 
