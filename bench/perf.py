@@ -91,7 +91,7 @@ def _report(out, n, cpu0, t0, sends, recvs):
 
 def _in_child(fn, *args):
     parent, child = multiprocessing.Pipe()
-    proc = multiprocessing.get_context("fork").Process(target=fn, args=args + (child,))
+    proc = multiprocessing.get_context("forkserver").Process(target=fn, args=args + (child,))
     proc.start()
     result = parent.recv()
     proc.join()

@@ -55,7 +55,9 @@ class _Run:
 
     def execute(self):
         config = self.config
-        ctx = multiprocessing.get_context("fork")
+        # Workers start from a clean interpreter (forkserver): a parent that already
+        # ran gevent (its DNS thread pool, its hub) must not leak that into them.
+        ctx = multiprocessing.get_context("forkserver")
         barrier = ctx.Barrier(config.procs + 1)
         self.pipes, self.procs = [], []
         for index in range(config.procs):
