@@ -26,14 +26,13 @@ from tarantool.error import (
     NotSupportedError,
     SchemaReloadException,
 )
-from tarantool.response import Response
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import Encoder, frame, make_response
+from gtarantool.protocol import RESPONSE_CLASSES, Encoder, Response, frame, make_response
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -302,7 +301,9 @@ class Connection(RequestMethods, tarantool.Connection):
         for attempt in range(SCHEMA_RETRIES + 1):
             data = bytes(request)   # a fresh sync and the current schema version
             try:
-                return self._exchange(request.sync, data, request.response_class,
+                return self._exchange(request.sync, data,
+                                      RESPONSE_CLASSES.get(request.response_class,
+                                                           request.response_class),
                                       on_push, on_push_ctx)
             except SchemaReloadException as exc:
                 if attempt == SCHEMA_RETRIES:

@@ -24,11 +24,10 @@ from contextlib import contextmanager
 import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
-from tarantool.response import Response
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import frame, make_response
+from gtarantool.protocol import Response, frame, make_response
 
 # Let the writer send after this many queued requests even if no slot wait
 # has yielded yet, so the first replies come back while we keep queueing.

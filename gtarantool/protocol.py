@@ -35,6 +35,7 @@ from tarantool.const import (
     ITERATOR_REQ,
     REQUEST_TYPE_ERROR,
 )
+from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.types import decode_box_error
 
@@ -84,6 +85,7 @@ class Encoder:
     def __init__(self, packer):
         self.pack = packer.pack
         self._prefixes = {}
+        self._insert_prefixes = {}    # space id -> prefix: the hottest request, keyed cheaply
 
     def _prefix(self, *fields):
         """``fields`` = (n, k1, v1, ..., km): the header of an n-entry map, then
@@ -98,7 +100,13 @@ class Encoder:
 
     def insert(self, space, values):
         """Also the body of replace."""
-        return self._prefix(2, IPROTO_SPACE_ID, space, IPROTO_TUPLE) + self.pack(values)
+        prefix = self._insert_prefixes.get(space)
+        if prefix is None:
+            if len(self._insert_prefixes) >= self.CACHE_LIMIT:
+                self._insert_prefixes.clear()
+            prefix = self._insert_prefixes[space] = self._prefix(2, IPROTO_SPACE_ID, space,
+                                                                 IPROTO_TUPLE)
+        return prefix + self.pack(values)
 
     def select(self, space, index, offset, limit, iterator, key):
         return self._prefix(6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index, IPROTO_OFFSET,
@@ -122,24 +130,50 @@ _TUPLE_KEY = bytes([IPROTO_TUPLE])
 _OPS_KEY = bytes([IPROTO_OPS])
 
 
+_FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data")
+
+
+class Response(tarantool_response.Response):
+    """tarantool-python's ``Response``, its fields in slots: built in a third of the time."""
+    __slots__ = _FIELDS
+
+
+class ResponseExecute(tarantool_response.ResponseExecute):
+    """tarantool-python's ``ResponseExecute`` (SQL), its fields in slots."""
+    __slots__ = _FIELDS
+
+
+class ResponseProtocolVersion(tarantool_response.ResponseProtocolVersion):
+    """tarantool-python's ``ResponseProtocolVersion``, its fields in slots."""
+    __slots__ = _FIELDS
+
+
+# tarantool-python's response classes (a Request's response_class) -> ours.
+RESPONSE_CLASSES = {base: cls for cls in (Response, ResponseExecute, ResponseProtocolVersion)
+                    for base in cls.__bases__}
+
+
 def make_response(cls, conn, sync, code, schema_version, body):
-    """Build ``cls`` (a tarantool ``Response`` class) from a reply's header fields
-    and decoded body, raising what ``Response.__init__`` raises."""
+    """Build ``cls`` (one of the response classes above) from a reply's header
+    fields and decoded body, raising what ``Response.__init__`` raises."""
     resp = cls.__new__(cls)
+    resp.conn = conn
+    resp._sync = sync
+    resp._code = code
+    resp._body = body
+    resp._schema_version = schema_version
     if code < REQUEST_TYPE_ERROR:
         data = body.get(IPROTO_DATA, None)
         if data is not None and type(data) is not list and not isinstance(data, (list, tuple)):
             data = [data]
-        resp.__dict__ = {"conn": conn, "_sync": sync, "_code": code, "_body": body,
-                         "_schema_version": schema_version, "_return_code": 0, "_data": data}
+        resp._return_code = 0
+        resp._data = data
         return resp
-    return_code = code & (REQUEST_TYPE_ERROR - 1)
-    message = body.get(IPROTO_ERROR_24, "")
+    return_code = resp._return_code = code & (REQUEST_TYPE_ERROR - 1)
+    message = resp._return_message = body.get(IPROTO_ERROR_24, "")
     error_map = body.get(IPROTO_ERROR)
-    error = decode_box_error(error_map) if error_map is not None else None
-    resp.__dict__ = {"conn": conn, "_sync": sync, "_code": code, "_body": body,
-                     "_schema_version": schema_version, "_return_code": return_code,
-                     "_return_message": message, "_return_error": error, "_data": []}
+    error = resp._return_error = decode_box_error(error_map) if error_map is not None else None
+    resp._data = []
     if return_code == 109:
         raise SchemaReloadException(message, schema_version)
     if conn.error:

@@ -25,12 +25,10 @@ from tarantool.error import NetworkError
 from gtarantool.errors import ConnectionClosed, ProtocolError
 
 RECV_SIZE = 256 * 1024
-_LEN = struct.Struct(">I")
-_SYNC = struct.Struct(">Q")
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
-# {0: uint32 code, 1: uint64 sync, 5: uint32 schema version}: how Tarantool
-# encodes reply headers; anything else goes through msgpack.
-_TNT_HEADER = struct.Struct(">3sI2sQ2sI")
+# uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
+# version}: how Tarantool writes every reply; anything else goes through msgpack.
+_TNT_FRAME = struct.Struct(">BI3sI2sQ2sI")
 
 
 class Stats:
@@ -200,30 +198,33 @@ class Transport:
         pos = 0
         end = len(data)
         frames = 0
+        limit = self.max_response_size
         try:
             while pos < end:
-                if data[pos] == 0xce and end - pos >= 5:
-                    length = _LEN.unpack_from(data, pos + 1)[0]
-                    start = pos + 5
-                else:
+                # Tarantool writes every reply's length and header in one fixed
+                # layout: one struct call reads them; anything else goes the slow way.
+                reply = None
+                if end - pos >= 28:
+                    ce, length, m1, code, m2, sync, m3, schema = _TNT_FRAME.unpack_from(data, pos)
+                    if (ce == 0xce and m1 == b"\x83\x00\xce" and m2 == b"\x01\xcf"
+                            and m3 == b"\x05\xce" and 23 <= length <= limit):
+                        stop = pos + 5 + length
+                        if stop > end:
+                            self._need = stop - pos   # nothing to parse before it is whole
+                            break
+                        reply = (sync, code, schema, data[pos + 28:stop], None)
+                if reply is None:
                     length, start = _slow_prefix(data, pos, end)
                     if length is None:
                         self._need = 0
                         break
-                if not 0 < length <= self.max_response_size:
-                    raise ProtocolError("bad frame length %d (limit %d bytes)"
-                                        % (length, self.max_response_size))
-                stop = start + length
-                if stop > end:
-                    self._need = stop - pos   # nothing to parse before the frame is whole
-                    break
-                # Tarantool writes every reply header in one fixed-size layout.
-                reply = None
-                if length >= 23:
-                    m1, code, m2, sync, m3, schema = _TNT_HEADER.unpack_from(data, start)
-                    if m1 == b"\x83\x00\xce" and m2 == b"\x01\xcf" and m3 == b"\x05\xce":
-                        reply = (sync, code, schema, data[start + 23:stop], None)
-                if reply is None:
+                    if not 0 < length <= limit:
+                        raise ProtocolError("bad frame length %d (limit %d bytes)"
+                                            % (length, limit))
+                    stop = start + length
+                    if stop > end:
+                        self._need = stop - pos
+                        break
                     reply = _parse_header(data, start, stop)
                     sync = reply[0]
                 pos = stop

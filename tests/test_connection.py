@@ -114,7 +114,7 @@ def test_same_results_as_tarantool_python(name, conn, ref):
 def test_sql_response_fields(conn, ref):
     a = ref.execute("INSERT INTO sqltest VALUES (?, ?)", [5001, "z"])
     b = conn.execute("INSERT INTO sqltest VALUES (?, ?)", [5002, "z"])
-    assert type(a) is type(b)
+    assert isinstance(b, type(a)) and type(b).__name__ == type(a).__name__
     assert b.affected_row_count == a.affected_row_count == 1
     c = conn.execute("SELECT id, name FROM sqltest WHERE id BETWEEN ? AND ? ORDER BY id",
                      [5001, 5002])

@@ -10,9 +10,17 @@ from tarantool.request import (
     RequestUpdate,
     RequestUpsert,
 )
-from tarantool.response import Response, ResponseExecute
+from tarantool import response as tarantool_response
 
-from gtarantool.protocol import Encoder, frame, iterator_code, make_response
+from gtarantool.protocol import (
+    RESPONSE_CLASSES,
+    Encoder,
+    Response,
+    ResponseExecute,
+    frame,
+    iterator_code,
+    make_response,
+)
 
 
 class _Conn:
@@ -63,7 +71,9 @@ def test_bodies_equal_tarantool_python(encoder, ours, theirs):
 def test_prefix_cache_is_bounded(encoder):
     for space in range(Encoder.CACHE_LIMIT * 3):
         encoder.insert(space, [1])
+        encoder.delete(space, 0, [1])
     assert len(encoder._prefixes) <= Encoder.CACHE_LIMIT
+    assert len(encoder._insert_prefixes) <= Encoder.CACHE_LIMIT
 
 
 def test_frame_layout():
@@ -91,12 +101,27 @@ def _reference(cls, header, body):
 ])
 def test_response_equals_tarantool_python(body):
     header = {const.IPROTO_REQUEST_TYPE: 0, const.IPROTO_SYNC: 9, const.IPROTO_SCHEMA_ID: 80}
-    theirs = _reference(Response, header, body)
+    theirs = _reference(tarantool_response.Response, header, body)
     ours = make_response(Response, _Conn(), 9, 0, 80, body or {})
-    assert type(ours) is Response
-    assert vars(ours).keys() - {"conn"} == vars(theirs).keys() - {"conn"}
-    for name in ("data", "sync", "code", "return_code", "schema_version", "body"):
+    assert isinstance(ours, tarantool_response.Response)
+    for name in set(vars(theirs)) - {"conn"}:
         assert getattr(ours, name) == getattr(theirs, name), name
+    for name in ("data", "sync", "code", "return_code", "schema_version", "body", "rowcount"):
+        assert _attempt(getattr, ours, name) == _attempt(getattr, theirs, name), name
+    assert _attempt(str, ours) == _attempt(str, theirs)
+    assert _attempt(list, ours) == _attempt(list, theirs)
+
+
+def _attempt(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+        return type(exc)
+
+
+def test_every_tarantool_response_class_has_a_counterpart():
+    for theirs, ours in RESPONSE_CLASSES.items():
+        assert issubclass(ours, theirs) and ours.__name__ == theirs.__name__
 
 
 def test_sql_response_class():
@@ -108,7 +133,7 @@ def test_sql_response_class():
 def test_error_response_raises_like_tarantool_python():
     body = {const.IPROTO_ERROR_24: "Duplicate key exists"}
     with pytest.raises(DatabaseError) as theirs:
-        _reference(Response, {const.IPROTO_REQUEST_TYPE: 0x8003, const.IPROTO_SYNC: 1}, body)
+        _reference(tarantool_response.Response, {const.IPROTO_REQUEST_TYPE: 0x8003, const.IPROTO_SYNC: 1}, body)
     with pytest.raises(DatabaseError) as ours:
         make_response(Response, _Conn(), 1, 0x8003, None, body)
     assert (ours.value.code, ours.value.message) == (theirs.value.code, theirs.value.message)
