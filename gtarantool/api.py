@@ -80,7 +80,8 @@ class RequestMethods:
         space_no = space_name
         if type(space_name) is not int or self.schema is None:
             space_no = self._space_no(space_name)
-        key = _wrap_key(key, True)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key, select=True)
         if iterator is None:
             iterator = ITERATOR_EQ if key else ITERATOR_ALL
         else:
@@ -93,11 +94,15 @@ class RequestMethods:
             space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        key = _wrap_key(key, False)
+        space_no = space_name
+        if type(space_name) is not int or self.schema is None:
+            space_no = self._space_no(space_name)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key)
         if index:
             index = self._index_no(space_no, index)
-        _check_args(op_list, on_push)
+        if type(op_list) is not list or on_push is not None:
+            _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
         return self._request(REQUEST_TYPE_UPDATE, self._encoder.update(
             space_no, index, key, op_list), on_push, on_push_ctx)
@@ -113,8 +118,11 @@ class RequestMethods:
             space_no, index, tuple_value, op_list), on_push, on_push_ctx)
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._space_no(space_name)
-        key = _wrap_key(key, False)
+        space_no = space_name
+        if type(space_name) is not int or self.schema is None:
+            space_no = self._space_no(space_name)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key)
         if index:
             index = self._index_no(space_no, index)
         if on_push is not None:
@@ -149,13 +157,6 @@ class RequestMethods:
         if notime:
             return "Success"
         return time.time() - start
-
-
-def _wrap_key(key, select):
-    kind = type(key)
-    if kind is int or kind is str:
-        return [key]
-    return wrap_key(key, select=select)
 
 
 def _check_args(values, on_push):

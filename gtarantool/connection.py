@@ -407,6 +407,14 @@ class Connection(RequestMethods, tarantool.Connection):
                 return
             self.update_schema(version)
 
+    def _ops_process(self, space, ops):
+        # tarantool-python copies the list to swap field names for numbers;
+        # most operation lists name no field.
+        for operation in ops:
+            if isinstance(operation[1], str):
+                return super()._ops_process(space, ops)
+        return ops
+
     def flush_schema(self):
         self._names.clear()
         super().flush_schema()

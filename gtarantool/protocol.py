@@ -33,7 +33,10 @@ from tarantool.const import (
     ITERATOR_NEIGHBOR,
     ITERATOR_OVERLAPS,
     ITERATOR_REQ,
+    REQUEST_TYPE_DELETE,
     REQUEST_TYPE_ERROR,
+    REQUEST_TYPE_UPDATE,
+    REQUEST_TYPE_UPSERT,
 )
 from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
@@ -76,54 +79,65 @@ class Encoder:
     """Request bodies as bytes, with one packer per connection.
 
     The fixed part of a body (map header, space, index, iterator...) is packed
-    once per distinct combination and cached; each call packs only the key,
-    tuple or operations.  Field order is tarantool-python's.
+    once per distinct combination and cached under (request type, its
+    variable fields); each call packs only the key, tuple or operations.
+    Field order is tarantool-python's.
     """
 
-    CACHE_LIMIT = 1024
+    CACHE_LIMIT = 4096
 
     def __init__(self, packer):
         self.pack = packer.pack
         self._prefixes = {}
-        self._insert_prefixes = {}    # space id -> prefix: the hottest request, keyed cheaply
 
-    def _prefix(self, *fields):
-        """``fields`` = (n, k1, v1, ..., km): the header of an n-entry map, then
-        every field up to km, whose value the caller appends."""
-        prefix = self._prefixes.get(fields)
-        if prefix is None:
-            if len(self._prefixes) >= self.CACHE_LIMIT:
-                self._prefixes.clear()
-            prefix = bytes([0x80 | fields[0]]) + b"".join(map(self.pack, fields[1:]))
-            self._prefixes[fields] = prefix
+    def _build(self, cache_key, size, *fields):
+        """Pack and cache the header of a ``size``-entry map and ``fields``
+        (k1, v1, ..., km): everything up to km's value, which the caller appends."""
+        if len(self._prefixes) >= self.CACHE_LIMIT:
+            self._prefixes.clear()
+        prefix = self._prefixes[cache_key] = (bytes([0x80 | size])
+                                              + b"".join(map(self.pack, fields)))
         return prefix
 
     def insert(self, space, values):
         """Also the body of replace."""
-        prefix = self._insert_prefixes.get(space)
+        prefix = self._prefixes.get(space)
         if prefix is None:
-            if len(self._insert_prefixes) >= self.CACHE_LIMIT:
-                self._insert_prefixes.clear()
-            prefix = self._insert_prefixes[space] = self._prefix(2, IPROTO_SPACE_ID, space,
-                                                                 IPROTO_TUPLE)
+            prefix = self._build(space, 2, IPROTO_SPACE_ID, space, IPROTO_TUPLE)
         return prefix + self.pack(values)
 
     def select(self, space, index, offset, limit, iterator, key):
-        return self._prefix(6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index, IPROTO_OFFSET,
-                            offset, IPROTO_LIMIT, limit, IPROTO_ITERATOR, iterator,
-                            IPROTO_KEY) + self.pack(key)
+        cache_key = (space, index, offset, limit, iterator)
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            prefix = self._build(cache_key, 6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                 IPROTO_OFFSET, offset, IPROTO_LIMIT, limit, IPROTO_ITERATOR,
+                                 iterator, IPROTO_KEY)
+        return prefix + self.pack(key)
 
     def update(self, space, index, key, ops):
-        return b"".join((self._prefix(4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
-                                      IPROTO_KEY), self.pack(key), _TUPLE_KEY, self.pack(ops)))
+        cache_key = (REQUEST_TYPE_UPDATE, space, index)
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            prefix = self._build(cache_key, 4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                 IPROTO_KEY)
+        return b"".join((prefix, self.pack(key), _TUPLE_KEY, self.pack(ops)))
 
     def upsert(self, space, index, values, ops):
-        return b"".join((self._prefix(4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
-                                      IPROTO_TUPLE), self.pack(values), _OPS_KEY, self.pack(ops)))
+        cache_key = (REQUEST_TYPE_UPSERT, space, index)
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            prefix = self._build(cache_key, 4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                 IPROTO_TUPLE)
+        return b"".join((prefix, self.pack(values), _OPS_KEY, self.pack(ops)))
 
     def delete(self, space, index, key):
-        return self._prefix(3, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
-                            IPROTO_KEY) + self.pack(key)
+        cache_key = (REQUEST_TYPE_DELETE, space, index)
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            prefix = self._build(cache_key, 3, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
+                                 IPROTO_KEY)
+        return prefix + self.pack(key)
 
 
 _TUPLE_KEY = bytes([IPROTO_TUPLE])

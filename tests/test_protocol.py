@@ -73,7 +73,6 @@ def test_prefix_cache_is_bounded(encoder):
         encoder.insert(space, [1])
         encoder.delete(space, 0, [1])
     assert len(encoder._prefixes) <= Encoder.CACHE_LIMIT
-    assert len(encoder._insert_prefixes) <= Encoder.CACHE_LIMIT
 
 
 def test_frame_layout():
