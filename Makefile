@@ -59,7 +59,7 @@ compare: install
 	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))
 
 perf: install
-	$(PY) -m bench.perf --runs $(RUNS) $(if $(JSON),--json $(JSON))
+	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))
 
 profile: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) --profile $(PROFILE_DIR)
