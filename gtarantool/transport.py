@@ -199,13 +199,15 @@ class Transport:
         end = len(data)
         frames = 0
         limit = self.max_response_size
+        pushes = self._pushes
+        unpack = _TNT_FRAME.unpack_from
         try:
             while pos < end:
                 # Tarantool writes every reply's length and header in one fixed
                 # layout: one struct call reads them; anything else goes the slow way.
                 reply = None
                 if end - pos >= 28:
-                    ce, length, m1, code, m2, sync, m3, schema = _TNT_FRAME.unpack_from(data, pos)
+                    ce, length, m1, code, m2, sync, m3, schema = unpack(data, pos)
                     if (ce == 0xce and m1 == b"\x83\x00\xce" and m2 == b"\x01\xcf"
                             and m3 == b"\x05\xce" and 23 <= length <= limit):
                         stop = pos + 5 + length
@@ -233,8 +235,8 @@ class Transport:
                 if waiter is None or reply[1] == IPROTO_CHUNK:
                     self._unexpected(reply, waiter)
                     continue
-                if self._pushes and sync in self._pushes:
-                    reply = reply[:4] + (self._pushes.pop(sync),)
+                if pushes and sync in pushes:
+                    reply = reply[:4] + (pushes.pop(sync),)
                 wake.append((waiter, reply))
         finally:
             self.stats.responses += frames
