@@ -38,15 +38,16 @@ class RequestMethods:
     """
 
     def _space_no(self, space_name):
+        """The space id; callers look in ``_names`` first, this fills it."""
         if self.schema is None:
             self._schemaful_connection_check()
-        if type(space_name) is int:
+        if isinstance(space_name, str):
+            sid = self.schema.get_space(space_name).sid
+        elif isinstance(space_name, int):
+            sid = space_name   # cached too: one dict lookup serves ids and names alike
+        else:
             return space_name
-        sid = self._names.get(space_name)
-        if sid is None:
-            if not isinstance(space_name, str):
-                return space_name
-            sid = self._names[space_name] = self.schema.get_space(space_name).sid
+        self._names[space_name] = sid
         return sid
 
     def _index_no(self, space_no, index):
@@ -58,27 +59,29 @@ class RequestMethods:
         return iid
 
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        if type(space_name) is not int or self.schema is None:
-            space_name = self._space_no(space_name)
+        space_no = self._names.get(space_name)
+        if space_no is None:
+            space_no = self._space_no(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, self._encoder.insert(space_name, values),
+        return self._request(REQUEST_TYPE_INSERT, self._encoder.insert(space_no, values),
                              on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        if type(space_name) is not int or self.schema is None:
-            space_name = self._space_no(space_name)
+        space_no = self._names.get(space_name)
+        if space_no is None:
+            space_no = self._space_no(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, self._encoder.insert(space_name, values),
+        return self._request(REQUEST_TYPE_REPLACE, self._encoder.insert(space_no, values),
                              on_push, on_push_ctx)
 
     def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
                iterator=None, on_push=None, on_push_ctx=None):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers."""
-        space_no = space_name
-        if type(space_name) is not int or self.schema is None:
+        space_no = self._names.get(space_name)
+        if space_no is None:
             space_no = self._space_no(space_name)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key, select=True)
@@ -94,8 +97,8 @@ class RequestMethods:
             space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = space_name
-        if type(space_name) is not int or self.schema is None:
+        space_no = self._names.get(space_name)
+        if space_no is None:
             space_no = self._space_no(space_name)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key)
@@ -118,8 +121,8 @@ class RequestMethods:
             space_no, index, tuple_value, op_list), on_push, on_push_ctx)
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = space_name
-        if type(space_name) is not int or self.schema is None:
+        space_no = self._names.get(space_name)
+        if space_no is None:
             space_no = self._space_no(space_name)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key)
