@@ -655,13 +655,6 @@ SERVER_REJECTS = [
 ]
 
 
-@pytest.fixture
-def conn(server):
-    c = connect(server.host, server.port)
-    yield c
-    c.close()
-
-
 def test_bad_input_rejected_before_the_socket(conn):
     transport = conn._transport
     for i, (call, exc_type) in enumerate(CLIENT_REJECTS):
