@@ -3,8 +3,8 @@
 Callers register a waiter under their sync id and append a complete, already
 encoded request to the write buffer.  The writer greenlet sends everything
 queued since its last ``send`` in one call; the reader greenlet receives large
-chunks, cuts them into frames and hands each ``(header, body bytes)`` to the
-waiter with that sync id.  Decoding the body is left to the waiting greenlet.
+chunks, cuts them into frames and hands each reply, its body still undecoded,
+to the waiter with that sync id.  Decoding is left to the waiting greenlet.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
@@ -34,7 +34,8 @@ _TNT_FRAME = struct.Struct(">BI3sI2sQ2sI")
 class Stats:
     """Per-connection counters, cumulative over reconnects.
 
-    ``responses`` counts every frame received, push messages included;
+    ``send_calls`` counts the writer's flushes (one ``sendall`` each), ``recv_calls``
+    the reader's reads; ``responses`` counts every frame received, pushes included;
     ``discarded`` counts late replies to requests whose caller gave up.
     """
 
@@ -56,8 +57,9 @@ class Transport:
     """A connected socket with its reader and writer greenlets.
 
     ``send(sync, data)`` queues a request and returns a gevent ``Waiter``
-    whose value is ``(code, schema version, body bytes, pushes)`` or an
-    exception instance.  ``close()`` kills and joins both greenlets.
+    whose value is ``(sync, code, schema version, body bytes, pushes)``, or
+    the exception that failed the connection.  ``close()`` kills and joins
+    both greenlets.
     """
 
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool"):
