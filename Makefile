@@ -40,7 +40,8 @@ server:
 		$(SUDO) apt-get install -y tarantool; }
 
 $(STAMP): setup.py pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,profile]'
 	touch $@
