@@ -370,3 +370,21 @@ def test_runs_with_and_without_monkey_patching(server, patched):
            server.host, server.port, USER, PASSWORD))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("patched ok" if patched else "plain ok")
+
+
+def test_space_recreated_under_the_same_name(server, conn):
+    admin = tarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    create = "box.schema.space.create('recreated'):create_index('pk')"
+    admin.eval(create)
+    try:
+        assert conn.insert("recreated", (1,)).data == [[1]]
+        admin.eval("box.space.recreated:drop() " + create)
+        # The retry after the schema reload still names the old space id ...
+        with pytest.raises(DatabaseError) as info:
+            conn.insert("recreated", (2,))
+        assert info.value.code == 36   # ER_NO_SUCH_SPACE
+        # ... and the next call resolves the name again.
+        assert conn.insert("recreated", (3,)).data == [[3]]
+    finally:
+        admin.eval("box.space.recreated:drop()")
+        admin.close()
