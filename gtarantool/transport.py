@@ -102,19 +102,21 @@ class Transport:
         default a new gevent ``Waiter`` for the current greenlet.
         """
         pending = self._pending
-        if self.error is not None or len(pending) >= self.max_in_flight:
+        in_flight = len(pending)
+        if self.error is not None or in_flight >= self.max_in_flight:
             self._wait_for_room()
+            in_flight = len(pending)
         if waiter is None:
             waiter = Waiter(self._hub)
         pending[sync] = waiter
         stats = self.stats
         stats.requests += 1
-        if len(pending) > stats.max_in_flight:
-            stats.max_in_flight = len(pending)
+        if in_flight >= stats.max_in_flight:
+            stats.max_in_flight = in_flight + 1
         buf = self._wbuf
-        buf.append(data)
-        if len(buf) == 1:
+        if not buf:
             self._wakeup.set()
+        buf.append(data)
         return waiter
 
     def _wait_for_room(self):
