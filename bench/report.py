@@ -80,9 +80,19 @@ def final(results):
             _n(conn.get("send_calls_per_1000_ops"), 1), _n(conn.get("recv_calls_per_1000_ops"), 1),
             _n(server["cpu_seconds"], 2),
             "%s %s" % (counted or "none", "= client" if server["match"] else "!= client")))
-        if not server["match"]:
+        if server.get("restarted"):
+            lines.append("         the server restarted during the phase: its box.stat counts "
+                         "started again from zero")
+        elif not server["match"]:
             lines.append("         client answered %s, server errors %s vs client %s" % (
                 server["client_requests"], server["errors"], server["client_errors"]))
+
+    if results.get("gaps"):
+        lines.append("")
+    for gap in results.get("gaps", ()):
+        lines.append("%-8s gap: seconds %d-%d (%d s) without an answered request; errors %s"
+                     % (gap["phase"], gap["from"], gap["to"], gap["seconds"],
+                        ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(gap["errors"].items()))))
 
     totals = results["totals"]
     peak = max((sum(s["rps"].values()) for s in results["server_rps"]), default=None)

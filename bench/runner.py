@@ -13,6 +13,8 @@ import multiprocessing.connection
 import sys
 import time
 
+import tarantool
+
 from bench import report, worker
 from bench.config import OPERATIONS
 from bench.recorder import decode_histogram, new_histogram
@@ -140,7 +142,11 @@ class _Run:
         return _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
 
     def _sample(self, phase, stat=None):
-        stat = stat or self.target.stat()
+        if stat is None:
+            try:
+                stat = self.target.stat()
+            except tarantool.error.Error:
+                return  # the server is unreachable (restart, network fault): no sample
         self.samples.append({"t": time.monotonic() - self.t0, "phase": phase, "stat": stat})
 
     def _print_seconds(self, phase, upto):
@@ -167,6 +173,8 @@ class _Run:
             return None
         a, b = before[-1], after[0]
         total = sum(b["stat"][n] - a["stat"][n] for n in STAT_NAMES.values())
+        if total < 0:
+            return None  # the server restarted in between
         return total / (b["t"] - a["t"])
 
     def _results(self, phases):
@@ -182,9 +190,10 @@ class _Run:
         for name in PHASE_NAMES[self.config.workload]:
             points = _spaced([s for s in self.samples if s["phase"] == name])
             for a, b in zip(points, points[1:]):
-                server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": {
-                    op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
-                    for op, n in STAT_NAMES.items()}})
+                rps = {op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
+                       for op, n in STAT_NAMES.items()}
+                if min(rps.values()) >= 0:   # negative across a server restart
+                    server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": rps})
         ops = sum(p["ops"] for p in phases)
         seconds = sum(p["seconds"] for p in phases)
         cpu = sum(p["client_cpu_seconds"] for p in phases)
@@ -200,8 +209,37 @@ class _Run:
                 "server_counts_match": all(p["server"]["match"] for p in phases),
             },
             "series": series,
+            "gaps": outages(series),
             "server_rps": server_rps,
         }
+
+
+def _answered(ops, errors):
+    """Requests of one second that the server answered (its refusals included)."""
+    return sum(ops.values()) - sum(n for kind, n in errors.items() if not _by_server(kind))
+
+
+def _by_server(kind):
+    return is_server_error(kind) or kind in (NOT_FOUND, MISMATCH)
+
+
+def outages(series):
+    """Stretches of whole seconds in which no request got an answer (a server restart,
+    a network fault), with the errors counted meanwhile."""
+    gaps = []
+    for entry in series:
+        if _answered(entry["ops"], entry["errors"]) or not entry["ops"]:
+            continue
+        gap = gaps[-1] if gaps and gaps[-1]["phase"] == entry["phase"] \
+            and gaps[-1]["to"] == entry["t"] else None
+        if gap is None:
+            gap = {"phase": entry["phase"], "from": entry["t"], "to": entry["t"],
+                   "errors": collections.Counter()}
+            gaps.append(gap)
+        gap["to"] = entry["t"] + 1
+        gap["errors"].update(entry["errors"])
+    return [dict(gap, seconds=gap["to"] - gap["from"], errors=dict(gap["errors"]))
+            for gap in gaps]
 
 
 def _spaced(samples):
@@ -252,9 +290,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
     cpu = sum(p["cpu_seconds"] for p in parts)
 
     # Requests the server answered: all but those that failed in the client (network, timeout).
-    answered = {op: counts[op] - sum(n for kind, n in errors[op].items()
-                                     if not is_server_error(kind)
-                                     and kind not in (NOT_FOUND, MISMATCH))
+    answered = {op: counts[op] - sum(n for kind, n in errors[op].items() if not _by_server(kind))
                 for op in OPERATIONS}
     server_requests = {op: stat_after[n] - stat_before[n] for op, n in STAT_NAMES.items()}
     client_server_errors = sum(n for kinds in errors.values() for kind, n in kinds.items()
@@ -296,6 +332,8 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
             "errors": server_errors,
             "client_errors": client_server_errors,
             "match": server_requests == answered and server_errors == client_server_errors,
+            # box.stat starts again from zero when the server restarts mid-phase.
+            "restarted": any(stat_after[n] < stat_before[n] for n in stat_before),
             "cpu_seconds": server_cpu,
         },
     }

@@ -161,3 +161,49 @@ def test_mismatch_is_reported():
     assert check("select", 7, [[7, 0, payloads(7)]], payloads) is None
     assert check("select", 7, [[7, 0, payloads(8)]], payloads) == MISMATCH
     assert check("delete", 7, [], payloads) == NOT_FOUND
+
+
+RESTARTABLE_LUA = """
+box.schema.user.create('loader', {password = 'pw', if_not_exists = true})
+box.schema.user.grant('loader', 'read,write,execute,create', 'universe', nil,
+                      {if_not_exists = true})
+"""
+
+
+def test_bench_keeps_running_through_a_server_restart():
+    """A duration-bound run lives through kill -9 and a restart from the WAL: the outage
+    is counted as errors by kind and reported as a gap, and throughput resumes."""
+    import threading
+    import time
+
+    srv = TarantoolServer(RESTARTABLE_LUA)
+    srv.start()
+    try:
+        config = Config(host=srv.host, port=srv.port, user="loader", password="pw",
+                        workload="mix", duration=7, procs=1, greenlets=20, keys=1000,
+                        size=64, quiet=True)
+
+        def restart():
+            time.sleep(2.5)
+            srv.kill()
+            time.sleep(2)
+            srv.start()
+
+        fault = threading.Thread(target=restart)
+        fault.start()
+        results = runner.run(config)
+        fault.join()
+    finally:
+        srv.cleanup()
+    (phase,) = results["phases"]
+    assert phase["server"]["restarted"]
+    assert results["gaps"], results["series"]
+    gap = results["gaps"][0]
+    assert gap["seconds"] >= 1
+    assert gap["errors"] and all(kind in ("NetworkError", "ConnectionClosed", "RequestTimeout")
+                                 for kind in gap["errors"]), gap
+    answered_after = sum(sum(s["ops"].values()) for s in results["series"]
+                         if s["t"] >= gap["to"] + 1)
+    assert answered_after > 0
+    assert sum(p["ops"] for p in results["phases"]) == sum(
+        sum(s["ops"].values()) for s in results["series"])
