@@ -148,7 +148,10 @@ class Soak:
     def run(self):
         args = self.args
         self.t0 = time.monotonic()
-        with TarantoolServer(LUA, wal_mode="write", memtx_memory=512 * MB) as server, \
+        # Every acknowledged insert stays for the final check: ~20,000 a second fill
+        # 512 MB of memtx in about 200 s, so give the server room for long soaks.
+        memtx = max(512, 16 * int(args.duration)) * MB
+        with TarantoolServer(LUA, wal_mode="write", memtx_memory=memtx) as server, \
                 FaultProxy(server.host, server.port) as proxy:
             direct = connect(server.host, server.port, args.request_timeout)
             proxied = connect(proxy.host, proxy.port, args.request_timeout)
