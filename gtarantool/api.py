@@ -130,24 +130,22 @@ class RequestMethods:
                              on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
-        if not isinstance(func_name, str):
-            raise TypeError("func_name must be a str, not %s" % type(func_name).__name__)
-        if len(args) == 1 and isinstance(args[0], (list, tuple)):
-            args = args[0]
-        _check_args(args, on_push)
         code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
-        return self._request(code, self._encoder.pack({IPROTO_FUNCTION_NAME: func_name,
-                                                       IPROTO_TUPLE: args}),
-                             on_push, on_push_ctx)
+        return self._invoke(code, IPROTO_FUNCTION_NAME, "func_name", func_name, args,
+                            on_push, on_push_ctx)
 
     def eval(self, expr, *args, on_push=None, on_push_ctx=None):
-        if not isinstance(expr, str):
-            raise TypeError("expr must be a str, not %s" % type(expr).__name__)
+        return self._invoke(REQUEST_TYPE_EVAL, IPROTO_EXPR, "expr", expr, args,
+                            on_push, on_push_ctx)
+
+    def _invoke(self, code, field, what, text, args, on_push, on_push_ctx):
+        """call and eval: a function name or Lua code, then its arguments."""
+        if not isinstance(text, str):
+            raise TypeError("%s must be a str, not %s" % (what, type(text).__name__))
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)
-        return self._request(REQUEST_TYPE_EVAL, self._encoder.pack({IPROTO_EXPR: expr,
-                                                                    IPROTO_TUPLE: args}),
+        return self._request(code, self._encoder.pack({field: text, IPROTO_TUPLE: args}),
                              on_push, on_push_ctx)
 
     def ping(self, notime=False):

@@ -170,6 +170,8 @@ box.schema.user.grant('loader', 'read,write,execute,create', 'universe', nil,
 """
 
 
+# The admin connection (tarantool-python) warns on each reconnect attempt: expected here.
+@pytest.mark.filterwarnings("ignore::tarantool.error.NetworkWarning")
 def test_bench_keeps_running_through_a_server_restart():
     """A duration-bound run lives through kill -9 and a restart from the WAL: the outage
     is counted as errors by kind and reported as a gap, and throughput resumes."""
