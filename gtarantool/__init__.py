@@ -14,18 +14,20 @@ from tarantool.error import (  # noqa: F401 - re-exported for drop-in use
 
 from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.pipeline import Pipeline
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
 
-__all__ = ["connect", "Connection", "RequestTimeout", "ProtocolError", "ConnectionClosed",
+__all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
            "SchemaError"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
     """Open a :class:`Connection`; ``options`` are those of ``tarantool.Connection``
-    plus ``request_timeout``, ``max_in_flight`` and ``max_response_size``.
+    plus ``request_timeout``, ``max_in_flight`` and ``max_response_size``
+    (``connection_timeout`` defaults to 10 s here).
 
     A Unix socket: ``connect(None, "/path/to/socket")``, as in tarantool-python.
     """
