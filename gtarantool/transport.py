@@ -10,6 +10,7 @@ On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
 connection's decision.
 """
+import collections
 import errno
 import os
 import socket
@@ -74,8 +75,7 @@ class Transport:
         self._pushes = {}                 # sync -> [(code, schema, body)] of IPROTO_CHUNK
         self._wbuf = []
         self._wakeup = Event()            # the writer's: something to send
-        self._room = Event()              # a slot below max_in_flight came free
-        self._room_wanted = 0
+        self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
         self._buf = bytearray()           # an incomplete frame carried to the next read
         self._need = 0                    # bytes _buf must reach before parsing again
         self._reader = Greenlet(self._read_loop)
@@ -120,23 +120,40 @@ class Transport:
         return waiter
 
     def _wait_for_room(self):
-        """Block while ``max_in_flight`` requests await replies (raise if dead)."""
+        """Wait in line while ``max_in_flight`` requests await replies (raise if dead)."""
         while self.error is None and len(self._pending) >= self.max_in_flight:
-            self._room_wanted += 1
+            waiter = Waiter(self._hub)
+            self._queue.append(waiter)
             try:
-                self._room.clear()
-                self._room.wait()
-            finally:
-                self._room_wanted -= 1
+                waiter.get()
+            except BaseException:  # timed out or killed while in line
+                try:
+                    self._queue.remove(waiter)
+                except ValueError:
+                    self._pass_on()  # it was let in already: the slot goes to the next
+                raise
         if self.error is not None:
             raise self.error
+
+    def _let_in(self, wake):
+        """Hand the slots that came free to the callers waiting in line."""
+        free = self.max_in_flight - len(self._pending)
+        queue = self._queue
+        while free > 0 and queue:
+            wake.append((queue.popleft(), None))
+            free -= 1
+
+    def _pass_on(self):
+        if self._queue:
+            wake = []
+            self._let_in(wake)
+            self._hub.loop.run_callback(_wake_all, wake)
 
     def abandon(self, sync):
         """The caller stopped waiting (timeout, kill): discard its reply when it comes."""
         if self._pending.pop(sync, None) is not None and self.error is None:
             self._abandoned.add(sync)
-            if self._room_wanted:
-                self._room.set()
+            self._pass_on()
         self._pushes.pop(sync, None)
 
     # -- the writer greenlet -------------------------------------------------
@@ -244,8 +261,8 @@ class Transport:
                 wake.append((waiter, reply))
         finally:
             self.stats.responses += frames
-            if self._room_wanted and len(pending) < self.max_in_flight:
-                self._room.set()
+            if self._queue:
+                self._let_in(wake)
         return pos
 
     def _unexpected(self, reply, waiter):
@@ -278,9 +295,10 @@ class Transport:
         self._abandoned.clear()
         self._pushes.clear()
         self._wbuf.clear()
+        waiters.extend(self._queue)   # callers in line see the error and raise it
+        self._queue.clear()
         if waiters:
             self._hub.loop.run_callback(_wake_all, [(w, exc) for w in waiters])
-        self._room.set()
         for glet in (self._reader, self._writer):
             if glet is not killer and glet is not getcurrent():
                 glet.kill(block=False)

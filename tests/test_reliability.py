@@ -754,6 +754,33 @@ def test_max_in_flight_bound_queues_callers(server):
     conn.close()
 
 
+def test_callers_in_line_served_in_order_even_when_some_give_up(server):
+    """Beyond max_in_flight callers wait in line; one killed and one timed out in
+    line neither hold a slot nor stop the callers behind them."""
+    conn = connect(server.host, server.port, max_in_flight=1, request_timeout=0.5)
+    first = gevent.spawn(conn.call, "sleep_and_return", 0.3, "first")
+    gevent.sleep(0.05)
+    done = []
+    killed = gevent.spawn(conn.call, "echo", "killed")
+
+    def gives_up():
+        with gevent.Timeout(0.1, False):
+            conn.call("echo", "late")
+            return "served"
+        return "gave up"
+
+    late = gevent.spawn(gives_up)
+    rest = [gevent.spawn(lambda i=i: done.append(conn.call("echo", i)[0])) for i in range(5)]
+    gevent.sleep(0.05)
+    killed.kill()
+    gevent.joinall([first, late] + rest, timeout=5)
+    assert first.value[0] == "first"
+    assert late.value == "gave up"
+    assert done == [0, 1, 2, 3, 4]
+    assert conn._transport.in_flight == 0 and not conn._transport._queue
+    conn.close()
+
+
 # -- threads and forks -----------------------------------------------------------
 
 def test_use_from_another_thread_is_refused(conn):
