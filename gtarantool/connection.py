@@ -94,6 +94,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._unpacker = None
         self._names = {}
         self._connected_once = False
+        self._finalizer = None                   # stops the transport if we are dropped
         self._connect_failures = 0               # reconnect cycles that gave up
         self._connect_error = None
         _live.add(self)
@@ -140,6 +141,10 @@ class Connection(RequestMethods, tarantool.Connection):
                 self._transport = Transport(self._socket, self.stats, self.max_in_flight,
                                             self.max_response_size,
                                             name="tarantool-%s" % (self.port,))
+                # A connection dropped without close() must not leave its reader
+                # and writer greenlets (and socket) behind.
+                self._finalizer = weakref.finalize(self, _abandoned, self._transport,
+                                                   self._owner)
                 self.connected = True
                 self._handshake(greeting)
                 self._names.clear()
@@ -202,6 +207,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._socket = None
         self.connected = False
         if transport is not None:
+            self._finalizer.detach()
             transport.close(exc)
 
     def close(self):
@@ -440,6 +446,13 @@ def _describe(exc):
     if isinstance(exc, DatabaseError) and getattr(exc, "message", None):
         return "%s (code %s)" % (exc.message, exc.code)
     return str(exc) or type(exc).__name__
+
+
+def _abandoned(transport, owner):
+    """A connection was garbage-collected without close(): stop its transport,
+    without blocking, when that happens in the thread whose hub runs it."""
+    if owner == _get_ident():
+        transport.abort(ConnectionClosed("the connection was garbage-collected"))
 
 
 def _after_fork_in_child():

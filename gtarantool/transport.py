@@ -303,6 +303,10 @@ class Transport:
             if glet is not killer and glet is not getcurrent():
                 glet.kill(block=False)
 
+    def abort(self, exc):
+        """``close()`` without joining: for finalizers, which must not block."""
+        self._fail(exc)
+
     def close(self, exc=None):
         """Fail all waiters with ``exc`` and kill and join the reader and writer."""
         self._fail(exc or ConnectionClosed("connection closed"))

@@ -388,3 +388,15 @@ def test_space_recreated_under_the_same_name(server, conn):
     finally:
         admin.eval("box.space.recreated:drop()")
         admin.close()
+
+
+def test_connection_dropped_without_close_stops_its_greenlets(server):
+    import gc
+
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    transport = c._transport
+    del c
+    gc.collect()
+    gevent.sleep(0.1)
+    assert transport.error is not None
+    assert transport._reader.dead and transport._writer.dead
