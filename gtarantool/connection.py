@@ -355,16 +355,7 @@ class Connection(RequestMethods, tarantool.Connection):
         if type(value) is not tuple:
             raise value.with_traceback(None)
         _, code, schema, body, pushes = value
-        unpacker = self._unpacker
-        if body:
-            unpacker.feed(body)
-            try:
-                body = unpacker.unpack()
-            except BaseException:
-                self._unpacker = self._unpacker_factory()  # drop the undecoded rest
-                raise
-        else:
-            body = {}
+        body = self.decode(body) if body else {}
         if pushes is not None:
             self._run_pushes(sync, pushes, on_push, on_push_ctx)
         return make_response(response_class, self, sync, code, schema, body)
@@ -395,7 +386,7 @@ class Connection(RequestMethods, tarantool.Connection):
         try:
             return unpacker.unpack()
         except BaseException:
-            self._unpacker = self._unpacker_factory()
+            self._unpacker = self._unpacker_factory()  # drop the undecoded rest
             raise
 
     def _run_pushes(self, sync, pushes, on_push, on_push_ctx):
