@@ -58,17 +58,6 @@ class RequestMethods:
             iid = self._names[space_no, index] = self.schema.get_index(space_no, index).iid
         return iid
 
-    def _locate(self, space_name, index, key, select):
-        """Space id, index id and key list of a request, read as tarantool-python does."""
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
-        if index:
-            index = self._index_no(space_no, index)
-        kind = type(key)
-        key = [key] if kind is int or kind is str else wrap_key(key, select=select)
-        return space_no, index, key
-
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
         return self._store(REQUEST_TYPE_INSERT, space_name, values, on_push, on_push_ctx)
 
@@ -87,18 +76,30 @@ class RequestMethods:
                iterator=None, on_push=None, on_push_ctx=None):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers."""
-        space_no, index, key = self._locate(space_name, index, key, True)
+        space_no = self._names.get(space_name)
+        if space_no is None:
+            space_no = self._space_no(space_name)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key, select=True)
         if iterator is None:
             iterator = ITERATOR_EQ if key else ITERATOR_ALL
         else:
             iterator = iterator_code(iterator)
+        if index:
+            index = self._index_no(space_no, index)
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, self._encoder.select(
             space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
-        space_no, index, key = self._locate(space_name, index, key, False)
+        space_no = self._names.get(space_name)
+        if space_no is None:
+            space_no = self._space_no(space_name)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key)
+        if index:
+            index = self._index_no(space_no, index)
         if type(op_list) is not list or on_push is not None:
             _check_args(op_list, on_push)
         op_list = self._ops_process(space_no, op_list)
@@ -116,7 +117,13 @@ class RequestMethods:
             space_no, index, tuple_value, op_list), on_push, on_push_ctx)
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
-        space_no, index, key = self._locate(space_name, index, key, False)
+        space_no = self._names.get(space_name)
+        if space_no is None:
+            space_no = self._space_no(space_name)
+        kind = type(key)
+        key = [key] if kind is int or kind is str else wrap_key(key)
+        if index:
+            index = self._index_no(space_no, index)
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_DELETE, self._encoder.delete(space_no, index, key),

@@ -355,7 +355,16 @@ class Connection(RequestMethods, tarantool.Connection):
         if type(value) is not tuple:
             raise value.with_traceback(None)
         _, code, schema, body, pushes = value
-        body = self.decode(body) if body else {}
+        unpacker = self._unpacker
+        if body:
+            unpacker.feed(body)
+            try:
+                body = unpacker.unpack()
+            except BaseException:
+                self._unpacker = self._unpacker_factory()  # drop the undecoded rest
+                raise
+        else:
+            body = {}
         if pushes is not None:
             self._run_pushes(sync, pushes, on_push, on_push_ctx)
         return make_response(response_class, self, sync, code, schema, body)
@@ -386,7 +395,7 @@ class Connection(RequestMethods, tarantool.Connection):
         try:
             return unpacker.unpack()
         except BaseException:
-            self._unpacker = self._unpacker_factory()  # drop the undecoded rest
+            self._unpacker = self._unpacker_factory()
             raise
 
     def _run_pushes(self, sync, pushes, on_push, on_push_ctx):
