@@ -93,6 +93,8 @@ class RequestMethods:
             space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
+        # select, update and delete repeat these lines on purpose: a shared helper
+        # costs ~5% more instructions per request (callgrind, tests of the caller path).
         space_no = self._names.get(space_name)
         if space_no is None:
             space_no = self._space_no(space_name)

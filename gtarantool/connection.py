@@ -355,7 +355,7 @@ class Connection(RequestMethods, tarantool.Connection):
         if type(value) is not tuple:
             raise value.with_traceback(None)
         _, code, schema, body, pushes = value
-        unpacker = self._unpacker
+        unpacker = self._unpacker   # decode(), inlined: this runs for every reply
         if body:
             unpacker.feed(body)
             try:
