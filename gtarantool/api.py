@@ -94,7 +94,7 @@ class RequestMethods:
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
         # select, update and delete repeat these lines on purpose: a shared helper
-        # costs ~5% more instructions per request (callgrind, tests of the caller path).
+        # costs ~5% more instructions per request (callgrind, on the caller path).
         space_no = self._names.get(space_name)
         if space_no is None:
             space_no = self._space_no(space_name)
