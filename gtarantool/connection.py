@@ -32,7 +32,7 @@ from tarantool.utils import greeting_decode
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import RESPONSE_CLASSES, Encoder, Response, frame, make_response
+from gtarantool.protocol import RESPONSE_CLASSES, Encoder, Response, make_response, ok_response
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -304,76 +304,63 @@ class Connection(RequestMethods, tarantool.Connection):
 
     def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None):
         """Send a tarantool-python ``Request`` object (auth, SQL, id, ...)."""
+        response_class = RESPONSE_CLASSES.get(request.response_class, request.response_class)
         for attempt in range(SCHEMA_RETRIES + 1):
             data = bytes(request)   # a fresh sync and the current schema version
+            transport = self._transport
+            if transport is None:
+                raise ConnectionClosed("connection is closed")
+            value = self._wait(transport, request.sync, None, data)
             try:
-                return self._exchange(request.sync, data,
-                                      RESPONSE_CLASSES.get(request.response_class,
-                                                           request.response_class),
-                                      on_push, on_push_ctx)
+                return self._response(value, response_class, on_push, on_push_ctx)
             except SchemaReloadException as exc:
                 if attempt == SCHEMA_RETRIES:
                     raise
                 self._reload_schema(exc.schema_version)
 
-    def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
-        """Send a request with the encoded ``body`` and return the server's reply."""
+    def _request(self, code, body, on_push=None, on_push_ctx=None, retries=SCHEMA_RETRIES):
+        """Send request ``code`` with its encoded ``body``; return the server's reply.
+
+        Every data method ends here, so the common case (no timeout, an OK
+        reply without push messages) is written out in this one frame."""
         transport = self._transport
         if transport is None or transport.error is not None or self._owner != _get_ident():
-            self._ensure_connected()
+            transport = self._ensure_connected()
         sync = next(self._syncs)
-        try:
-            return self._exchange(sync, frame(code, sync, self.schema_version, body),
-                                  response_class, on_push, on_push_ctx)
-        except SchemaReloadException as exc:
-            for attempt in range(SCHEMA_RETRIES):
-                self._reload_schema(exc.schema_version)
-                sync = next(self._syncs)
-                try:
-                    return self._exchange(sync, frame(code, sync, self.schema_version, body),
-                                          response_class, on_push, on_push_ctx)
-                except SchemaReloadException as again:
-                    if attempt == SCHEMA_RETRIES - 1:
-                        raise
-                    exc = again
-
-    def _exchange(self, sync, data, response_class, on_push, on_push_ctx):
-        """Send one encoded request, wait for its reply and decode it here, in the
-        calling greenlet."""
-        transport = self._transport
-        if transport is None:
-            raise ConnectionClosed("connection is closed")
         if self.request_timeout is None:
-            waiter = transport.send(sync, data)
+            waiter = transport.send(sync, code, self.schema_version, body)
             try:
                 value = waiter.get()
             except BaseException:
                 transport.abandon(sync)
                 raise
         else:
-            value = self._exchange_with_timeout(transport, sync, data)
-        if type(value) is not tuple:
-            raise value.with_traceback(None)
-        _, code, schema, body, pushes = value
-        unpacker = self._unpacker   # decode(), inlined: this runs for every reply
-        if body:
-            unpacker.feed(body)
-            try:
-                body = unpacker.unpack()
-            except BaseException:
-                self._unpacker = self._unpacker_factory()  # drop the undecoded rest
-                raise
-        else:
-            body = {}
-        if pushes is not None:
-            self._run_pushes(sync, pushes, on_push, on_push_ctx)
-        return make_response(response_class, self, sync, code, schema, body)
-
-    def _exchange_with_timeout(self, transport, sync, data):
-        timer = Timeout(self.request_timeout)
-        timer.start()
+            value = self._wait(transport, sync, code, body)
+        if type(value) is tuple and not value[1] and value[4] is None:
+            body = value[3]
+            if body:
+                unpacker = self._unpacker   # decode(), inlined
+                unpacker.feed(body)
+                try:
+                    body = unpacker.unpack()
+                except BaseException:
+                    self._unpacker = self._unpacker_factory()  # drop the undecoded rest
+                    raise
+                return ok_response(self, sync, value[2], body)
+            return ok_response(self, sync, value[2], {})
         try:
-            waiter = transport.send(sync, data)
+            return self._response(value, Response, on_push, on_push_ctx)
+        except SchemaReloadException as exc:
+            if not retries:
+                raise
+            self._reload_schema(exc.schema_version)
+            return self._request(code, body, on_push, on_push_ctx, retries - 1)
+
+    def _wait(self, transport, sync, code, body):
+        """Send one request and wait for its reply, at most ``request_timeout``."""
+        timer = Timeout._start_new_or_dummy(self.request_timeout)
+        try:
+            waiter = transport.send(sync, code, self.schema_version, body)
             try:
                 return waiter.get()
             except BaseException:
@@ -387,6 +374,17 @@ class Connection(RequestMethods, tarantool.Connection):
                                  % (self.request_timeout, sync)) from None
         finally:
             timer.close()
+
+    def _response(self, value, response_class, on_push, on_push_ctx):
+        """The reply ``value`` the transport delivered, decoded here, in the
+        calling greenlet, as a response object (or raised when it is an error)."""
+        if type(value) is not tuple:
+            raise value.with_traceback(None)
+        sync, code, schema, body, pushes = value
+        body = self.decode(body) if body else {}
+        if pushes is not None:
+            self._run_pushes(sync, pushes, on_push, on_push_ctx)
+        return make_response(response_class, self, sync, code, schema, body)
 
     def decode(self, data):
         """Decode msgpack ``data`` with this connection's unpacker options."""

@@ -27,7 +27,7 @@ from gevent.hub import Waiter
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import Response, frame, make_response
+from gtarantool.protocol import Response, make_response
 
 # Let the writer send after this many queued requests even if no slot wait
 # has yielded yet, so the first replies come back while we keep queueing.
@@ -80,7 +80,7 @@ class Pipeline(RequestMethods):
         conn = self._conn
         transport = conn._live_transport()
         sync = next(conn._syncs)
-        transport.send(sync, frame(code, sync, 0, body), self)
+        transport.send(sync, code, 0, body, self)
         self._entries.append((sync, response_class))
         self._outstanding += 1
         self._queued_since_yield += 1

@@ -1,14 +1,11 @@
-"""Request encoding and response decoding for IPROTO.
+"""Request bodies and response objects for IPROTO.
 
 tarantool-python builds a ``msgpack.Packer`` per request and an ``Unpacker``
-per response; here one packer per connection encodes the body, the fixed
-header is laid out with one ``struct`` call, and the reader's already decoded
-header is reused, so a response costs one ``unpackb`` of its body.  The
-results are tarantool-python's own ``Response`` classes, filled exactly as
-``Response.__init__`` fills them.
+per response; here one packer per connection encodes the body (the transport
+frames it) and a response is built from the header fields the reader already
+cut out plus one decode of its body.  The results are tarantool-python's own
+``Response`` classes, filled exactly as ``Response.__init__`` fills them.
 """
-import struct
-
 from tarantool.const import (
     IPROTO_DATA,
     IPROTO_INDEX_ID,
@@ -42,10 +39,6 @@ from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.types import decode_box_error
 
-# 0xce len32 | fixmap(3) {0: code, 1: 0xcf sync64, 5: 0xce schema32}
-_HEADER = struct.Struct(">BIBBBBBQBBI")
-_HEADER_LEN = _HEADER.size - 5
-
 ITERATORS = {
     "EQ": ITERATOR_EQ, "REQ": ITERATOR_REQ, "ALL": ITERATOR_ALL,
     "LT": ITERATOR_LT, "LE": ITERATOR_LE, "GE": ITERATOR_GE, "GT": ITERATOR_GT,
@@ -67,12 +60,6 @@ def iterator_code(iterator):
             raise ValueError("unknown iterator %r; expected one of %s"
                              % (iterator, ", ".join(ITERATORS))) from None
     return iterator
-
-
-def frame(code, sync, schema_id, body):
-    """A complete request: length prefix, header and the packed ``body`` bytes."""
-    return _HEADER.pack(0xce, _HEADER_LEN + len(body), 0x83, 0x00, code, 0x01, 0xcf, sync,
-                        0x05, 0xce, schema_id) + body
 
 
 class Encoder:
@@ -152,6 +139,9 @@ class Response(tarantool_response.Response):
     __slots__ = _FIELDS
 
 
+_new_response = Response.__new__
+
+
 class ResponseExecute(tarantool_response.ResponseExecute):
     """tarantool-python's ``ResponseExecute`` (SQL), its fields in slots."""
     __slots__ = _FIELDS
@@ -165,6 +155,22 @@ class ResponseProtocolVersion(tarantool_response.ResponseProtocolVersion):
 # tarantool-python's response classes (a Request's response_class) -> ours.
 RESPONSE_CLASSES = {base: cls for cls in (Response, ResponseExecute, ResponseProtocolVersion)
                     for base in cls.__bases__}
+
+
+def ok_response(conn, sync, schema_version, body):
+    """``make_response(Response, conn, sync, 0, schema_version, body)``: the
+    reply to nearly every request, built with nothing to check."""
+    resp = _new_response(Response)
+    resp.conn = conn
+    resp._sync = sync
+    resp._code = 0
+    resp._body = body
+    resp._schema_version = schema_version
+    resp._return_code = 0
+    data = resp._data = body.get(IPROTO_DATA)
+    if data is not None and type(data) is not list and not isinstance(data, (list, tuple)):
+        resp._data = [data]
+    return resp
 
 
 def make_response(cls, conn, sync, code, schema_version, body):

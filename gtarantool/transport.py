@@ -1,7 +1,7 @@
 """Framing and transport: one socket, one writer greenlet, one reader greenlet.
 
-Callers register a waiter under their sync id and append a complete, already
-encoded request to the write buffer.  The writer greenlet sends everything
+Callers register a waiter under their sync id and append a request (its
+header framed here, its body already encoded) to the write buffer.  The writer greenlet sends everything
 queued since its last ``send`` in one call; the reader greenlet receives large
 chunks, cuts them into frames and hands each reply, its body still undecoded,
 to the waiter with that sync id.  Decoding is left to the waiting greenlet.
@@ -30,6 +30,11 @@ _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
 # version}: how Tarantool writes every reply; anything else goes through msgpack.
 _TNT_FRAME = struct.Struct(">BI3sI2sQ2sI")
+_MARKERS = (b"\x83\x00\xce", b"\x01\xcf", b"\x05\xce")
+# Requests go out in the same layout: 0xce len32 | {0: code, 1: 0xcf sync64,
+# 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
+_REQUEST_HEADER = struct.Struct(">BIHBHQHI")
+_REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
 
 
 class Stats:
@@ -57,7 +62,7 @@ class Stats:
 class Transport:
     """A connected socket with its reader and writer greenlets.
 
-    ``send(sync, data)`` queues a request and returns a gevent ``Waiter``
+    ``send(sync, code, schema_version, body)`` queues a request and returns a gevent ``Waiter``
     whose value is ``(sync, code, schema version, body bytes, pushes)``, or
     the exception that failed the connection.  ``close()`` kills and joins
     both greenlets.
@@ -72,7 +77,6 @@ class Transport:
         self._hub = get_hub()
         self._pending = {}                # sync -> Waiter
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
-        self._pushes = {}                 # sync -> [(code, schema, body)] of IPROTO_CHUNK
         self._wbuf = []
         self._wakeup = Event()            # the writer's: something to send
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
@@ -95,28 +99,28 @@ class Transport:
 
     # -- the caller's side ---------------------------------------------------
 
-    def send(self, sync, data, waiter=None):
-        """Queue one complete request and return the waiter its reply goes to.
+    def send(self, sync, code, schema_version, body, waiter=None):
+        """Queue request ``code`` with its encoded ``body`` and return the waiter
+        its reply goes to.  With ``code`` None, ``body`` is a whole frame already.
 
         ``waiter`` is anything with a ``switch(value)`` called from the hub; by
         default a new gevent ``Waiter`` for the current greenlet.
         """
         pending = self._pending
-        in_flight = len(pending)
-        if self.error is not None or in_flight >= self.max_in_flight:
+        if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-            in_flight = len(pending)
         if waiter is None:
             waiter = Waiter(self._hub)
         pending[sync] = waiter
-        stats = self.stats
-        stats.requests += 1
-        if in_flight >= stats.max_in_flight:
-            stats.max_in_flight = in_flight + 1
         buf = self._wbuf
         if not buf:
             self._wakeup.set()
-        buf.append(data)
+        # Two entries per request: the writer counts requests as len(buf) // 2.
+        if code is None:
+            buf += (body, b"")
+        else:
+            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
+                                         0x01cf, sync, 0x05ce, schema_version), body)
         return waiter
 
     def _wait_for_room(self):
@@ -154,7 +158,6 @@ class Transport:
         if self._pending.pop(sync, None) is not None and self.error is None:
             self._abandoned.add(sync)
             self._pass_on()
-        self._pushes.pop(sync, None)
 
     # -- the writer greenlet -------------------------------------------------
 
@@ -169,7 +172,11 @@ class Transport:
                 wakeup.clear()
                 if not buf:
                     continue
-                data = buf[0] if len(buf) == 1 else b"".join(buf)
+                stats.requests += len(buf) // 2
+                in_flight = len(self._pending)   # the most there are: all sent, none answered
+                if in_flight > stats.max_in_flight:
+                    stats.max_in_flight = in_flight
+                data = b"".join(buf)
                 buf.clear()
                 sock.sendall(data)
                 stats.send_calls += 1
@@ -215,69 +222,73 @@ class Transport:
             buf += memoryview(data)[pos:]
 
     def _cut(self, data, wake):
+        """Hand every whole frame of ``data`` to ``wake``; return where the rest starts."""
         pending = self._pending
         pos = 0
         end = len(data)
-        frames = 0
         limit = self.max_response_size
-        pushes = self._pushes
         unpack = _TNT_FRAME.unpack_from
+        first = len(wake)
+        self._need = 0
         try:
-            while pos < end:
+            while True:
                 # Tarantool writes every reply's length and header in one fixed
-                # layout: one struct call reads them; anything else goes the slow way.
-                reply = None
-                if end - pos >= 28:
+                # layout: one struct call reads both.  Anything else (another
+                # layout, a push, an unknown sync, a partial frame) takes _frame().
+                while end - pos >= 28:
                     ce, length, m1, code, m2, sync, m3, schema = unpack(data, pos)
-                    if (ce == 0xce and m1 == b"\x83\x00\xce" and m2 == b"\x01\xcf"
-                            and m3 == b"\x05\xce" and 23 <= length <= limit):
-                        stop = pos + 5 + length
-                        if stop > end:
-                            self._need = stop - pos   # nothing to parse before it is whole
-                            break
-                        reply = (sync, code, schema, data[pos + 28:stop], None)
-                if reply is None:
-                    length, start = _slow_prefix(data, pos, end)
-                    if length is None:
-                        self._need = 0
+                    if ce != 0xce or (m1, m2, m3) != _MARKERS or not 23 <= length <= limit:
                         break
-                    if not 0 < length <= limit:
-                        raise ProtocolError("bad frame length %d (limit %d bytes)"
-                                            % (length, limit))
-                    stop = start + length
-                    if stop > end:
-                        self._need = stop - pos
+                    stop = pos + 5 + length
+                    if stop > end or code == IPROTO_CHUNK or sync not in pending:
                         break
-                    reply = _parse_header(data, start, stop)
-                    sync = reply[0]
+                    wake.append((pending.pop(sync), (sync, code, schema, data[pos + 28:stop],
+                                                     None)))
+                    pos = stop
+                if pos == end:
+                    return pos
+                stop = self._frame(data, pos, end, wake)
+                if stop is None:
+                    return pos
                 pos = stop
-                frames += 1
-                waiter = pending.pop(sync, None)
-                if waiter is None or reply[1] == IPROTO_CHUNK:
-                    self._unexpected(reply, waiter)
-                    continue
-                if pushes and sync in pushes:
-                    reply = reply[:4] + (pushes.pop(sync),)
-                wake.append((waiter, reply))
         finally:
-            self.stats.responses += frames
+            self.stats.responses += len(wake) - first
             if self._queue:
                 self._let_in(wake)
-        return pos
 
-    def _unexpected(self, reply, waiter):
-        """A push message, a late reply to an abandoned request, or a protocol error."""
-        sync, code, schema, body, _ = reply
+    def _frame(self, data, pos, end, wake):
+        """The frame at ``pos``, parsed the general way: its end, or None (with
+        ``_need`` set) when it is not all here yet."""
+        length, start = _slow_prefix(data, pos, end)
+        if length is None:
+            return None
+        if not 0 < length <= self.max_response_size:
+            raise ProtocolError("bad frame length %d (limit %d bytes)"
+                                % (length, self.max_response_size))
+        stop = start + length
+        if stop > end:
+            self._need = stop - pos   # nothing to parse before it is whole
+            return None
+        sync, code, schema, body = _parse_header(data, start, stop)
+        waiter = self._pending.pop(sync, None)
         if code == IPROTO_CHUNK and waiter is not None:
+            # A push message (box.session.push): kept until the final reply.
+            if type(waiter) is not _Pushes:
+                waiter = _Pushes(waiter)
+            waiter.pushes.append((code, schema, body))
             self._pending[sync] = waiter
-            self._pushes.setdefault(sync, []).append((code, schema, body))
+            self.stats.responses += 1
+        elif waiter is not None:
+            wake.append((waiter, (sync, code, schema, body, None)))
         elif sync in self._abandoned:
             if code != IPROTO_CHUNK:
                 self._abandoned.discard(sync)
                 self.stats.discarded += 1
+            self.stats.responses += 1
         else:
             raise ProtocolError("%s for unknown sync %d"
                                 % ("push message" if code == IPROTO_CHUNK else "reply", sync))
+        return stop
 
     # -- shutting down -------------------------------------------------------
 
@@ -293,7 +304,6 @@ class Transport:
         waiters = list(self._pending.values())
         self._pending.clear()
         self._abandoned.clear()
-        self._pushes.clear()
         self._wbuf.clear()
         waiters.extend(self._queue)   # callers in line see the error and raise it
         self._queue.clear()
@@ -344,7 +354,7 @@ def _slow_prefix(data, pos, end):
 
 
 def _parse_header(data, start, stop):
-    """(sync, code, schema version, body bytes, None) of the frame data[start:stop]."""
+    """(sync, code, schema version, body bytes) of the frame data[start:stop]."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
     unpacker.feed(data[start:stop])
     try:
@@ -355,7 +365,23 @@ def _parse_header(data, start, stop):
             or type(header.get(IPROTO_REQUEST_TYPE)) is not int):
         raise ProtocolError("malformed reply header %r" % (header,))
     return (header[IPROTO_SYNC], header[IPROTO_REQUEST_TYPE], header.get(IPROTO_SCHEMA_ID),
-            data[start + unpacker.tell():stop], None)
+            data[start + unpacker.tell():stop])
+
+
+class _Pushes:
+    """Stands in for the waiter of a request that got push messages: the final
+    reply reaches the waiter with them attached."""
+
+    __slots__ = ("waiter", "pushes")
+
+    def __init__(self, waiter):
+        self.waiter = waiter
+        self.pushes = []
+
+    def switch(self, value):
+        if type(value) is tuple:
+            value = value[:4] + (self.pushes,)
+        self.waiter.switch(value)
 
 
 def _wake_all(pairs):

@@ -17,7 +17,6 @@ from gtarantool.protocol import (
     Encoder,
     Response,
     ResponseExecute,
-    frame,
     iterator_code,
     make_response,
 )
@@ -73,18 +72,6 @@ def test_prefix_cache_is_bounded(encoder):
         encoder.insert(space, [1])
         encoder.delete(space, 0, [1])
     assert len(encoder._prefixes) <= Encoder.CACHE_LIMIT
-
-
-def test_frame_layout():
-    body = msgpack.packb({const.IPROTO_KEY: [1]})
-    data = frame(const.REQUEST_TYPE_SELECT, 1 << 40, 77, body)
-    unpacker = msgpack.Unpacker(strict_map_key=False)
-    unpacker.feed(data)
-    length = unpacker.unpack()
-    assert length == len(data) - 5
-    assert unpacker.unpack() == {const.IPROTO_REQUEST_TYPE: const.REQUEST_TYPE_SELECT,
-                                 const.IPROTO_SYNC: 1 << 40, const.IPROTO_SCHEMA_ID: 77}
-    assert unpacker.unpack() == {const.IPROTO_KEY: [1]}
 
 
 def _reference(cls, header, body):

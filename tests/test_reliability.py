@@ -431,10 +431,7 @@ class _FeedHarness:
                                    name="fuzz")
 
     def register(self, sync):
-        t = self.transport
-        if hasattr(t, "register"):
-            return t.register(sync)
-        return t.send(sync, b"")
+        return self.transport.send(sync, None, None, b"")
 
     def close(self):
         self.transport.close()

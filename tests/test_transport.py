@@ -124,3 +124,31 @@ def test_many_replies_in_one_chunk_wake_every_waiter():
         c.close()
     finally:
         peer.close()
+
+
+def test_request_frame_layout():
+    """What send() writes: a uint32 length, the fixed header map, the body as given."""
+    import socket
+
+    import gevent.socket as gsocket
+    from tarantool import const
+
+    from gtarantool.transport import Stats, Transport
+    a, b = socket.socketpair()
+    transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 10, 1 << 20)
+    try:
+        body = msgpack.packb({const.IPROTO_KEY: [1]})
+        transport.send(1 << 40, const.REQUEST_TYPE_SELECT, 77, body)
+        gevent.sleep(0.01)
+        data = b.recv(4096)
+        assert data[0] == 0xce
+        unpacker = msgpack.Unpacker(strict_map_key=False)
+        unpacker.feed(data)
+        assert unpacker.unpack() == len(data) - 5
+        assert unpacker.unpack() == {const.IPROTO_REQUEST_TYPE: const.REQUEST_TYPE_SELECT,
+                                     const.IPROTO_SYNC: 1 << 40, const.IPROTO_SCHEMA_ID: 77}
+        assert unpacker.unpack() == {const.IPROTO_KEY: [1]}
+    finally:
+        transport.close()
+        a.close()
+        b.close()
