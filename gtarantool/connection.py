@@ -336,18 +336,17 @@ class Connection(RequestMethods, tarantool.Connection):
                 raise
         else:
             value = self._wait(transport, sync, code, body)
-        if type(value) is tuple and not value[1] and value[4] is None:
-            body = value[3]
-            if body:
+        if type(value) is tuple:
+            _, reply_code, schema, reply, pushes = value
+            if not reply_code and pushes is None and reply:
                 unpacker = self._unpacker   # decode(), inlined
-                unpacker.feed(body)
+                unpacker.feed(reply)
                 try:
-                    body = unpacker.unpack()
+                    reply = unpacker.unpack()
                 except BaseException:
                     self._unpacker = self._unpacker_factory()  # drop the undecoded rest
                     raise
-                return ok_response(self, sync, value[2], body)
-            return ok_response(self, sync, value[2], {})
+                return ok_response(self, sync, schema, reply)
         try:
             return self._response(value, Response, on_push, on_push_ctx)
         except SchemaReloadException as exc:
