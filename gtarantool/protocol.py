@@ -157,13 +157,13 @@ RESPONSE_CLASSES = {base: cls for cls in (Response, ResponseExecute, ResponsePro
                     for base in cls.__bases__}
 
 
-def ok_response(conn, sync, schema_version, body):
-    """``make_response(Response, conn, sync, 0, schema_version, body)``: the
-    reply to nearly every request, built with nothing to check."""
-    resp = _new_response(Response)
+def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
+    """A reply that is not an error (``code`` below 0x8000: OK, or a push
+    message): the reply to nearly every request, built with nothing to check."""
+    resp = _new_response(cls)
     resp.conn = conn
     resp._sync = sync
-    resp._code = 0
+    resp._code = code
     resp._body = body
     resp._schema_version = schema_version
     resp._return_code = 0
@@ -176,19 +176,14 @@ def ok_response(conn, sync, schema_version, body):
 def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (one of the response classes above) from a reply's header
     fields and decoded body, raising what ``Response.__init__`` raises."""
+    if code < REQUEST_TYPE_ERROR:
+        return ok_response(conn, sync, schema_version, body, cls, code)
     resp = cls.__new__(cls)
     resp.conn = conn
     resp._sync = sync
     resp._code = code
     resp._body = body
     resp._schema_version = schema_version
-    if code < REQUEST_TYPE_ERROR:
-        data = body.get(IPROTO_DATA, None)
-        if data is not None and type(data) is not list and not isinstance(data, (list, tuple)):
-            data = [data]
-        resp._return_code = 0
-        resp._data = data
-        return resp
     return_code = resp._return_code = code & (REQUEST_TYPE_ERROR - 1)
     message = resp._return_message = body.get(IPROTO_ERROR_24, "")
     error_map = body.get(IPROTO_ERROR)
