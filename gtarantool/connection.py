@@ -32,7 +32,14 @@ from tarantool.utils import greeting_decode
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import RESPONSE_CLASSES, Encoder, Response, make_response, ok_response
+from gtarantool.protocol import (
+    RESPONSE_CLASSES,
+    BodyDecoder,
+    Encoder,
+    Response,
+    make_response,
+    ok_response,
+)
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -91,7 +98,6 @@ class Connection(RequestMethods, tarantool.Connection):
         self._pid = os.getpid()
         self._packer = None
         self._encoder = None
-        self._unpacker = None
         self._names = {}
         self._connected_once = False
         self._finalizer = None                   # stops the transport if we are dropped
@@ -140,7 +146,8 @@ class Connection(RequestMethods, tarantool.Connection):
                 self._socket.settimeout(None)
                 self._transport = Transport(self._socket, self.stats, self.max_in_flight,
                                             self.max_response_size,
-                                            name="tarantool-%s" % (self.port,))
+                                            name="tarantool-%s" % (self.port,),
+                                            decoder=BodyDecoder.for_connection(self))
                 # A connection dropped without close() must not leave its reader
                 # and writer greenlets (and socket) behind.
                 self._finalizer = weakref.finalize(self, _abandoned, self._transport,
@@ -338,14 +345,7 @@ class Connection(RequestMethods, tarantool.Connection):
             value = self._wait(transport, sync, code, body)
         if type(value) is tuple:
             _, reply_code, schema, reply, pushes = value
-            if not reply_code and pushes is None and reply:
-                unpacker = self._unpacker   # decode(), inlined
-                unpacker.feed(reply)
-                try:
-                    reply = unpacker.unpack()
-                except BaseException:
-                    self._unpacker = self._unpacker_factory()  # drop the undecoded rest
-                    raise
+            if not reply_code and pushes is None and type(reply) is dict:
                 return ok_response(self, sync, schema, reply)
         try:
             return self._response(value, Response, on_push, on_push_ctx)
@@ -375,30 +375,18 @@ class Connection(RequestMethods, tarantool.Connection):
             timer.close()
 
     def _response(self, value, response_class, on_push, on_push_ctx):
-        """The reply ``value`` the transport delivered, decoded here, in the
-        calling greenlet, as a response object (or raised when it is an error)."""
+        """The reply ``value`` the transport delivered as a response object
+        (or raised when it is an error)."""
         if type(value) is not tuple:
             raise value.with_traceback(None)
         sync, code, schema, body, pushes = value
-        body = self.decode(body) if body else {}
         if pushes is not None:
             self._run_pushes(sync, pushes, on_push, on_push_ctx)
         return make_response(response_class, self, sync, code, schema, body)
 
-    def decode(self, data):
-        """Decode msgpack ``data`` with this connection's unpacker options."""
-        unpacker = self._unpacker
-        unpacker.feed(data)
-        try:
-            return unpacker.unpack()
-        except BaseException:
-            self._unpacker = self._unpacker_factory()
-            raise
-
     def _run_pushes(self, sync, pushes, on_push, on_push_ctx):
         for code, schema, body in pushes:
-            push = make_response(Response, self, sync, code, schema,
-                                 self.decode(body) if body else {})
+            push = make_response(Response, self, sync, code, schema, body)
             if on_push is not None:
                 on_push(push.data, on_push_ctx)
 
@@ -436,7 +424,6 @@ class Connection(RequestMethods, tarantool.Connection):
         # Set up the per-connection codec once the server version is known.
         self._packer = None
         self._encoder = Encoder(self._packer_factory())
-        self._unpacker = self._unpacker_factory()
 
 
 def _describe(exc):

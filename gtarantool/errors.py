@@ -14,7 +14,11 @@ class RequestTimeout(NetworkError, TimeoutError):
 
 
 class ProtocolError(NetworkError):
-    """The server sent bytes that are not a valid IPROTO reply; the connection is closed."""
+    """The server sent bytes that are not a valid IPROTO reply.
+
+    A bad frame closes the connection (every waiting request gets this error);
+    a reply body that is not a map fails only the request it answers.
+    """
 
 
 class ConnectionClosed(NetworkError):

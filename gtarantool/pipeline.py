@@ -56,7 +56,7 @@ class Pipeline(RequestMethods):
         self._encoder = conn._encoder
         self._names = conn._names
         self._entries = []          # (sync, response class), in request order
-        self._replies = {}          # sync -> raw reply or exception, filled by the hub
+        self._replies = {}          # sync -> reply tuple or exception, filled by the hub
         self._outstanding = 0
         self._waiter = None
         self._queued_since_yield = 0
@@ -146,25 +146,16 @@ class Pipeline(RequestMethods):
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
             conn = self._conn
-            replies = [(sync, cls, self._replies[sync]) for sync, cls in self._entries]
-            bodies = [value[3] for _, _, value in replies if type(value) is tuple]
-            # One unpacker pass over every body instead of a call per reply.
-            unpacker = conn._unpacker_factory()
-            unpacker.feed(b"".join(bodies))
+            replies = self._replies
             out = []
-            decoded = 0
-            for sync, response_class, value in replies:
+            for sync, response_class in self._entries:
+                value = replies[sync]
                 if type(value) is tuple:
                     _, code, schema, body, _pushes = value
-                    decoded += 1
                     try:
-                        value = make_response(response_class, conn, sync, code, schema,
-                                              unpacker.unpack() if body else {})
+                        value = make_response(response_class, conn, sync, code, schema, body)
                     except Exception as exc:  # noqa: BLE001 - returned in its place
                         value = exc
-                        # Resynchronise on the bodies after the one that failed.
-                        unpacker = conn._unpacker_factory()
-                        unpacker.feed(b"".join(bodies[decoded:]))
                 out.append(value)
             return out
 

@@ -1,11 +1,13 @@
-"""Request bodies and response objects for IPROTO.
+"""Request bodies, reply bodies and response objects for IPROTO.
 
 tarantool-python builds a ``msgpack.Packer`` per request and an ``Unpacker``
 per response; here one packer per connection encodes the body (the transport
-frames it) and a response is built from the header fields the reader already
-cut out plus one decode of its body.  The results are tarantool-python's own
-``Response`` classes, filled exactly as ``Response.__init__`` fills them.
+frames it), the reader decodes each reply body with one ``msgpack.unpackb``
+call (``BodyDecoder``), and a response is built from the header fields and
+that body.  The results are tarantool-python's own ``Response`` classes,
+filled exactly as ``Response.__init__`` fills them.
 """
+import msgpack
 from tarantool.const import (
     IPROTO_DATA,
     IPROTO_INDEX_ID,
@@ -37,7 +39,10 @@ from tarantool.const import (
 )
 from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
+from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 from tarantool.types import decode_box_error
+
+from gtarantool.errors import ProtocolError
 
 ITERATORS = {
     "EQ": ITERATOR_EQ, "REQ": ITERATOR_REQ, "ALL": ITERATOR_ALL,
@@ -131,6 +136,52 @@ _TUPLE_KEY = bytes([IPROTO_TUPLE])
 _OPS_KEY = bytes([IPROTO_OPS])
 
 
+class BodyDecoder:
+    """Decodes reply bodies as the connection's ``unpacker_factory`` would.
+
+    With tarantool-python's own factory, ``options`` holds its settings
+    ``(use_list, raw, ext_hook)`` for ``msgpack.unpackb``, which the reader
+    calls itself; a connection given another factory gets ``options`` None and
+    each body goes through a fresh unpacker from it.  Either way a body must be
+    exactly one msgpack object: bytes after it are an error, never left over
+    for the next reply.
+    """
+
+    __slots__ = ("options", "_factory")
+
+    def __init__(self, use_list=True, raw=False, factory=None):
+        self._factory = factory
+        self.options = None
+        if factory is None:
+            kwargs = {"use_list": use_list, "raw": raw, "strict_map_key": False}
+
+            def ext_hook(code, data):   # as tarantool.response.unpacker_factory's
+                return unpacker_ext_hook(code, data, msgpack.Unpacker(**kwargs))
+            kwargs["ext_hook"] = ext_hook
+            self.options = (use_list, raw, ext_hook)
+
+    @classmethod
+    def for_connection(cls, conn):
+        if conn._unpacker_factory_impl is tarantool_response.unpacker_factory:
+            return cls(conn.use_list, conn.encoding is None)
+        return cls(factory=conn._unpacker_factory)
+
+    def decode(self, data):
+        """The body in ``data`` (any buffer); an empty body is ``{}``."""
+        if not len(data):
+            return {}
+        if self._factory is None:
+            use_list, raw, ext_hook = self.options
+            return msgpack.unpackb(data, use_list=use_list, raw=raw, strict_map_key=False,
+                                   ext_hook=ext_hook)
+        unpacker = self._factory()
+        unpacker.feed(data)
+        body = unpacker.unpack()
+        if unpacker.tell() != len(data):
+            raise msgpack.ExtraData(body, bytes(data[unpacker.tell():]))
+        return body
+
+
 _FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data")
 
 
@@ -175,7 +226,14 @@ def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
 
 def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (one of the response classes above) from a reply's header
-    fields and decoded body, raising what ``Response.__init__`` raises."""
+    fields and decoded body, raising what ``Response.__init__`` raises.  A body
+    that failed to decode (an exception) is raised; one that is not a map
+    raises ProtocolError."""
+    if type(body) is not dict:
+        if isinstance(body, Exception):
+            raise body
+        raise ProtocolError("the body of reply %d is a %s, not a map"
+                            % (sync, type(body).__name__))
     if code < REQUEST_TYPE_ERROR:
         return ok_response(conn, sync, schema_version, body, cls, code)
     resp = cls.__new__(cls)

@@ -1,10 +1,10 @@
 """Framing and transport: one socket, one writer greenlet, one reader greenlet.
 
 Callers register a waiter under their sync id and append a request (its
-header framed here, its body already encoded) to the write buffer.  The writer greenlet sends everything
-queued since its last ``send`` in one call; the reader greenlet receives large
-chunks, cuts them into frames and hands each reply, its body still undecoded,
-to the waiter with that sync id.  Decoding is left to the waiting greenlet.
+header framed here, its body already encoded) to the write buffer.  The writer
+greenlet sends everything queued since its last flush in one call; the reader
+greenlet receives large chunks into one buffer, cuts them into frames, decodes
+each reply body and hands the reply to the waiter with that sync id.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
@@ -24,8 +24,11 @@ from tarantool.const import IPROTO_CHUNK, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID,
 from tarantool.error import NetworkError
 
 from gtarantool.errors import ConnectionClosed, ProtocolError
+from gtarantool.protocol import BodyDecoder
 
 RECV_SIZE = 256 * 1024
+_writev = getattr(os, "writev", None)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
 # version}: how Tarantool writes every reply; anything else goes through msgpack.
@@ -34,7 +37,8 @@ _MARKERS = (b"\x83\x00\xce", b"\x01\xcf", b"\x05\xce")
 # Requests go out in the same layout: 0xce len32 | {0: code, 1: 0xcf sync64,
 # 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
 _REQUEST_HEADER = struct.Struct(">BIHBHQHI")
-_REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
+_REQUEST_HEADER_SIZE = _REQUEST_HEADER.size
+_REQUEST_HEADER_LEN = _REQUEST_HEADER_SIZE - 5
 
 
 class Stats:
@@ -63,25 +67,34 @@ class Transport:
     """A connected socket with its reader and writer greenlets.
 
     ``send(sync, code, schema_version, body)`` queues a request and returns a gevent ``Waiter``
-    whose value is ``(sync, code, schema version, body bytes, pushes)``, or
-    the exception that failed the connection.  ``close()`` kills and joins
-    both greenlets.
+    whose value is ``(sync, code, schema version, body, pushes)``, or the
+    exception that failed the connection.  ``body`` is the decoded body, or
+    the exception decoding it raised (that request fails, the connection
+    stays up); ``pushes`` is None or a list of ``(code, schema version, body)``.
+    ``close()`` kills and joins both greenlets.
     """
 
-    def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool"):
+    def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
+                 decoder=None):
         self._sock = sock
         self.stats = stats
+        self._decoder = decoder or BodyDecoder()
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.error = None                 # set once: why the transport died
         self._hub = get_hub()
         self._pending = {}                # sync -> Waiter
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
-        self._wbuf = []
+        self._wbuf = []                   # frames to send, two pieces per request
+        self._wsize = 0                   # their bytes
         self._wakeup = Event()            # the writer's: something to send
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
-        self._buf = bytearray()           # an incomplete frame carried to the next read
-        self._need = 0                    # bytes _buf must reach before parsing again
+        # The reader receives into one reused buffer (a fresh large bytes object
+        # per read costs page faults); an incomplete frame is kept at its front.
+        self._rbuf = bytearray(RECV_SIZE)
+        self._rview = memoryview(self._rbuf)
+        self._rlen = 0                    # bytes of an incomplete frame at the front
+        self._need = 0                    # bytes there must be before parsing again
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -118,9 +131,12 @@ class Transport:
         # Two entries per request: the writer counts requests as len(buf) // 2.
         if code is None:
             buf += (body, b"")
+            self._wsize += len(body)
         else:
-            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
+            size = len(body)
+            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + size, 0x8300, code,
                                          0x01cf, sync, 0x05ce, schema_version), body)
+            self._wsize += _REQUEST_HEADER_SIZE + size
         return waiter
 
     def _wait_for_room(self):
@@ -162,25 +178,38 @@ class Transport:
     # -- the writer greenlet -------------------------------------------------
 
     def _write_loop(self):
-        buf = self._wbuf
         wakeup = self._wakeup
         sock = self._sock
+        fd = sock.fileno()
         stats = self.stats
         try:
             while True:
                 wakeup.wait()
                 wakeup.clear()
-                if not buf:
+                out = self._wbuf
+                if not out:
                     continue
-                stats.requests += len(buf) // 2
+                size = self._wsize
+                self._wbuf = []   # callers queue into a new list while this one is sent
+                self._wsize = 0
+                stats.requests += len(out) // 2
                 in_flight = len(self._pending)   # the most there are: all sent, none answered
                 if in_flight > stats.max_in_flight:
                     stats.max_in_flight = in_flight
-                data = b"".join(buf)
-                buf.clear()
-                sock.sendall(data)
+                stats.bytes_out += size
                 stats.send_calls += 1
-                stats.bytes_out += len(data)
+                # writev sends the pieces as they are: joining a large batch into
+                # one buffer costs a fresh allocation (and page faults) per flush.
+                sent = 0
+                if _writev is not None and len(out) <= _IOV_MAX:
+                    try:
+                        sent = _writev(fd, out)
+                    except BlockingIOError:
+                        pass
+                    if sent < size:   # the socket buffer is full: gevent waits for room
+                        stats.send_calls += 1
+                if sent < size:
+                    sock.sendall(memoryview(b"".join(out))[sent:])
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
@@ -191,43 +220,66 @@ class Transport:
         stats = self.stats
         try:
             while True:
-                data = sock.recv(RECV_SIZE)
-                if not data:
+                start = self._rlen
+                received = sock.recv_into(self._rview[start:])
+                if not received:
                     raise _lost("the server closed the connection")
                 stats.recv_calls += 1
-                stats.bytes_in += len(data)
-                self.feed(data)
+                stats.bytes_in += received
+                self._parse(start + received)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "read"), killer=self._reader)
 
     def feed(self, data):
         """Cut ``data`` (any piece of the stream) into frames and hand each reply
-        to its waiter; the bodies stay undecoded."""
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) < self._need:
-                return
-            data = bytes(buf)
-            buf.clear()
-        wake = []
-        try:
-            pos = self._cut(data, wake)
-        finally:
-            # Even when a later frame is bad, the replies already taken out of
-            # the pending table must reach their callers.
-            if wake:
-                self._hub.loop.run_callback(_wake_all, wake)
-        if pos < len(data):
-            buf += memoryview(data)[pos:]
+        to its waiter (the reader receives into the same buffer itself)."""
+        end = self._rlen + len(data)
+        if end > len(self._rbuf):
+            self._resize(end)
+        self._rview[self._rlen:end] = data
+        self._parse(end)
 
-    def _cut(self, data, wake):
-        """Hand every whole frame of ``data`` to ``wake``; return where the rest starts."""
+    def _parse(self, end):
+        """Hand on every whole frame in the first ``end`` bytes of the read
+        buffer and move the rest to its front."""
+        if end >= self._need:
+            wake = []
+            try:
+                pos = self._cut(self._rbuf, end, wake)
+            finally:
+                # Even when a later frame is bad, the replies already taken out
+                # of the pending table must reach their callers.
+                if wake:
+                    self._hub.loop.run_callback(_wake_all, wake)
+            if pos:
+                end -= pos
+                self._rview[:end] = self._rview[pos:pos + end]
+        self._rlen = end
+        size = len(self._rbuf)
+        if end == size:   # one incomplete frame fills it: grow as its bytes arrive
+            self._resize(2 * size)
+        elif size > RECV_SIZE and end <= RECV_SIZE // 2:
+            self._resize(RECV_SIZE)
+
+    def _resize(self, size):
+        buf = bytearray(max(size, RECV_SIZE))
+        buf[:self._rlen] = self._rview[:self._rlen]
+        self._rbuf, self._rview = buf, memoryview(buf)
+
+    def _cut(self, data, end, wake):
+        """Hand every whole frame of ``data[:end]`` to ``wake``; return where the rest starts."""
         pending = self._pending
+        view = self._rview
         pos = 0
-        end = len(data)
         limit = self.max_response_size
         unpack = _TNT_FRAME.unpack_from
+        unpackb = msgpack.unpackb
+        options = self._decoder.options
+        if options is not None:
+            use_list, raw, ext_hook = options
+            fast_end = end
+        else:
+            fast_end = 0   # another unpacker factory: every frame takes _frame()
         first = len(wake)
         self._need = 0
         try:
@@ -235,15 +287,19 @@ class Transport:
                 # Tarantool writes every reply's length and header in one fixed
                 # layout: one struct call reads both.  Anything else (another
                 # layout, a push, an unknown sync, a partial frame) takes _frame().
-                while end - pos >= 28:
+                while fast_end - pos >= 28:
                     ce, length, m1, code, m2, sync, m3, schema = unpack(data, pos)
                     if ce != 0xce or (m1, m2, m3) != _MARKERS or not 23 <= length <= limit:
                         break
                     stop = pos + 5 + length
                     if stop > end or code == IPROTO_CHUNK or sync not in pending:
                         break
-                    wake.append((pending.pop(sync), (sync, code, schema, data[pos + 28:stop],
-                                                     None)))
+                    try:
+                        body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
+                                       strict_map_key=False, ext_hook=ext_hook)
+                    except Exception as exc:  # noqa: BLE001 - that caller's error
+                        body = {} if stop == pos + 28 else exc.with_traceback(None)
+                    wake.append((pending.pop(sync), (sync, code, schema, body, None)))
                     pos = stop
                 if pos == end:
                     return pos
@@ -271,6 +327,11 @@ class Transport:
             return None
         sync, code, schema, body = _parse_header(data, start, stop)
         waiter = self._pending.pop(sync, None)
+        if waiter is not None:
+            try:
+                body = self._decoder.decode(body)
+            except Exception as exc:  # noqa: BLE001 - that caller's error
+                body = exc.with_traceback(None)
         if code == IPROTO_CHUNK and waiter is not None:
             # A push message (box.session.push): kept until the final reply.
             if type(waiter) is not _Pushes:
@@ -305,6 +366,7 @@ class Transport:
         self._pending.clear()
         self._abandoned.clear()
         self._wbuf.clear()
+        self._wsize = 0
         waiters.extend(self._queue)   # callers in line see the error and raise it
         self._queue.clear()
         if waiters:

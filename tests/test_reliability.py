@@ -23,6 +23,7 @@ from gevent.event import Event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tarantool.error import DatabaseError, NetworkError, SchemaError
+from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
 import gtarantool
 from bench.faults import FaultProxy
@@ -368,6 +369,44 @@ def test_hostile_peer_fails_waiters_at_once(case):
         conn.close()
 
 
+BAD_BODIES = [
+    # (body bytes after the header, exception the caller gets)
+    (msgpack.packb({0x30: [1]}) + msgpack.packb({0x30: [2]}), msgpack.ExtraData),
+    (msgpack.packb(5), ProtocolError),                            # not a map
+    (b"\x81\x30\x92\x01", ValueError),                           # cut short
+    (msgpack.packb({0x30: [msgpack.ExtType(99, b"x")]}), NotImplementedError),
+]
+
+
+def test_bad_reply_body_fails_its_request_only():
+    """A frame whose body does not decode to one map fails the request it
+    answers; nothing of it leaks into the next reply and the connection stays up."""
+    def handler(peer, sock):
+        sock.sendall(fakepeer.greeting())
+        for body, _ in BAD_BODIES:
+            header, _ = peer.read_request(sock)
+            head = msgpack.packb({0: 0, 1: header[fakepeer.IPROTO_SYNC], 5: 1})
+            sock.sendall(msgpack.packb(len(head) + len(body)) + head + body)
+            header, _ = peer.read_request(sock)
+            sock.sendall(fakepeer.reply(header[fakepeer.IPROTO_SYNC], [7]))
+        while True:
+            header, _ = peer.read_request(sock)
+            sock.sendall(fakepeer.reply(header[fakepeer.IPROTO_SYNC], [8]))
+
+    with fakepeer.FakePeer(handler) as peer:
+        conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False, request_timeout=2)
+        for _, expected in BAD_BODIES:
+            with pytest.raises(expected):
+                conn.call("f")
+            assert conn.call("f").data == [7]
+        p = conn.pipeline()
+        p.call("f")
+        assert p.results()[0].data == [8]
+        assert not conn.is_closed() and conn.stats.reconnects == 0
+        conn.close()
+        assert not peer.errors
+
+
 def test_huge_but_allowed_length_prefix_allocates_nothing():
     """A length prefix of ~2 GiB under the limit, then a trickle: the reader waits
     for the bytes instead of allocating them; callers time out, memory stays flat."""
@@ -439,13 +478,30 @@ class _FeedHarness:
         self.b.close()
 
 
+def _decoded(body):
+    """A delivered body, or the exception decoding it raised, in comparable form."""
+    return type(body).__name__ if isinstance(body, Exception) else repr(body)
+
+
 def _norm(value):
-    """A delivered value as (code, body bytes, [(push code, push body)])."""
-    if len(value) == 3:                                  # (header, body, pushes)
-        header, body, pushes = value
-        return header[0], bytes(body), [(h[0], bytes(b)) for h, b in pushes or []]
-    _sync, code, _schema, body, pushes = value           # (sync, code, schema, body, pushes)
-    return code, bytes(body), [(c, bytes(b)) for c, _s, b in pushes or []]
+    """A delivered value as (code, body, [(push code, push body)]), bodies _decoded."""
+    _sync, code, _schema, body, pushes = value
+    return code, _decoded(body), [(c, _decoded(b)) for c, _s, b in pushes or []]
+
+
+_UNPACK_OPTIONS = {"raw": False, "strict_map_key": False}
+_UNPACK_OPTIONS["ext_hook"] = lambda code, data: unpacker_ext_hook(
+    code, data, msgpack.Unpacker(**_UNPACK_OPTIONS))
+
+
+def _decode_reference(body):
+    """What a reply body must be delivered as: _decoded(msgpack.unpackb(body))."""
+    if not body:
+        return repr({})
+    try:
+        return repr(msgpack.unpackb(body, **_UNPACK_OPTIONS))
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__
 
 
 def _reference(data, syncs, limit):
@@ -477,7 +533,7 @@ def _reference(data, syncs, limit):
         sync, code = (header.get(1), header.get(0)) if type(header) is dict else (None, None)
         if type(sync) is not int or type(code) is not int:
             return out, True
-        body = payload[unpacker.tell():]
+        body = _decode_reference(payload[unpacker.tell():])
         if code == 0x80:
             if sync not in pending:
                 return out, True
@@ -565,7 +621,8 @@ def test_fuzz_frame_reader_any_split_delivers_every_frame_once(case):
     assert not failed
     for sync in syncs:
         mine = [f for f in frames if f[0] == sync]
-        assert got[sync] == (mine[-1][1], mine[-1][2], [(0x80, f[2]) for f in mine[:-1]])
+        assert got[sync] == (mine[-1][1], _decode_reference(mine[-1][2]),
+                             [(0x80, _decode_reference(f[2])) for f in mine[:-1]])
 
 
 @st.composite

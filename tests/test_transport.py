@@ -152,3 +152,32 @@ def test_request_frame_layout():
         transport.close()
         a.close()
         b.close()
+
+
+def test_replies_larger_than_the_read_buffer(conn):
+    """The reader's buffer grows for a frame longer than it and shrinks back after."""
+    from gtarantool.transport import RECV_SIZE
+    size = 3 * RECV_SIZE + 12345
+    assert conn.call("big_tuple", size).data == ["x" * size]
+    calls = [gevent.spawn(conn.call, "big_tuple", RECV_SIZE // 3 + i) for i in range(12)]
+    calls += [gevent.spawn(conn.call, "echo", i) for i in range(200)]
+    gevent.joinall(calls, raise_error=True)
+    assert [c.value.data for c in calls[:12]] == [["x" * (RECV_SIZE // 3 + i)]
+                                                  for i in range(12)]
+    assert [c.value.data for c in calls[12:]] == [[i] for i in range(200)]
+    assert len(conn._transport._rbuf) == RECV_SIZE
+
+
+def test_batches_too_large_for_one_write(conn):
+    """A batch larger than the socket buffer (writev writes part, sendall the
+    rest) and one of more pieces than one writev takes: every reply, in order."""
+    payloads = ["%d" % i + "y" * (400 * 1024) for i in range(40)]
+    with conn.pipeline() as p:
+        for payload in payloads:
+            p.call("echo", payload)
+    assert [r.data for r in p.results()] == [[payload] for payload in payloads]
+    with conn.pipeline() as p:
+        for i in range(3000):
+            p.call("echo", i)
+    assert [r.data for r in p.results()] == [[i] for i in range(3000)]
+    assert conn.ping() >= 0
