@@ -98,6 +98,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._pid = os.getpid()
         self._packer = None
         self._encoder = None
+        self._decoder = None                     # reply bodies, set on connect
         self._names = {}
         self._connected_once = False
         self._finalizer = None                   # stops the transport if we are dropped
@@ -141,13 +142,14 @@ class Connection(RequestMethods, tarantool.Connection):
             self._drop_transport(ConnectionClosed("connection re-established; "
                                                   "requests on the old socket failed"))
             try:
+                self._decoder = BodyDecoder.for_connection(self)
                 self.connect_basic()
                 greeting = self._read_greeting()
                 self._socket.settimeout(None)
                 self._transport = Transport(self._socket, self.stats, self.max_in_flight,
                                             self.max_response_size,
                                             name="tarantool-%s" % (self.port,),
-                                            decoder=BodyDecoder.for_connection(self))
+                                            decoder=self._decoder)
                 # A connection dropped without close() must not leave its reader
                 # and writer greenlets (and socket) behind.
                 self._finalizer = weakref.finalize(self, _abandoned, self._transport,

@@ -56,7 +56,7 @@ class Pipeline(RequestMethods):
         self._encoder = conn._encoder
         self._names = conn._names
         self._entries = []          # (sync, response class), in request order
-        self._replies = {}          # sync -> reply tuple or exception, filled by the hub
+        self._replies = {}          # sync -> reply tuple (body undecoded) or exception
         self._outstanding = 0
         self._waiter = None
         self._queued_since_yield = 0
@@ -146,6 +146,7 @@ class Pipeline(RequestMethods):
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
             conn = self._conn
+            decode = conn._decoder.decode
             replies = self._replies
             out = []
             for sync, response_class in self._entries:
@@ -153,7 +154,8 @@ class Pipeline(RequestMethods):
                 if type(value) is tuple:
                     _, code, schema, body, _pushes = value
                     try:
-                        value = make_response(response_class, conn, sync, code, schema, body)
+                        value = make_response(response_class, conn, sync, code, schema,
+                                              decode(body))
                     except Exception as exc:  # noqa: BLE001 - returned in its place
                         value = exc
                 out.append(value)

@@ -162,7 +162,7 @@ class BodyDecoder:
 
     @classmethod
     def for_connection(cls, conn):
-        if conn._unpacker_factory_impl is tarantool_response.unpacker_factory:
+        if getattr(conn, "_unpacker_factory_impl", None) is tarantool_response.unpacker_factory:
             return cls(conn.use_list, conn.encoding is None)
         return cls(factory=conn._unpacker_factory)
 

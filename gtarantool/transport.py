@@ -44,7 +44,8 @@ _REQUEST_HEADER_LEN = _REQUEST_HEADER_SIZE - 5
 class Stats:
     """Per-connection counters, cumulative over reconnects.
 
-    ``send_calls`` counts the writer's flushes (one ``sendall`` each), ``recv_calls``
+    ``send_calls`` counts the writer's send system calls (one ``writev`` per batch,
+    plus a ``sendall`` for the rest when the socket buffer was full), ``recv_calls``
     the reader's reads; ``responses`` counts every frame received, pushes included;
     ``discarded`` counts late replies to requests whose caller gave up.
     """
@@ -68,9 +69,11 @@ class Transport:
 
     ``send(sync, code, schema_version, body)`` queues a request and returns a gevent ``Waiter``
     whose value is ``(sync, code, schema version, body, pushes)``, or the
-    exception that failed the connection.  ``body`` is the decoded body, or
-    the exception decoding it raised (that request fails, the connection
-    stays up); ``pushes`` is None or a list of ``(code, schema version, body)``.
+    exception that failed the connection.  For a gevent ``Waiter`` (the
+    default) ``body`` is the decoded body, or the exception decoding it raised
+    (that request fails, the connection stays up); any other waiter (a
+    pipeline) gets the body's bytes, to decode when it collects its replies.
+    ``pushes`` is None or a list of ``(code, schema version, body)``.
     ``close()`` kills and joins both greenlets.
     """
 
@@ -294,12 +297,18 @@ class Transport:
                     stop = pos + 5 + length
                     if stop > end or code == IPROTO_CHUNK or sync not in pending:
                         break
-                    try:
-                        body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
-                                       strict_map_key=False, ext_hook=ext_hook)
-                    except Exception as exc:  # noqa: BLE001 - that caller's error
-                        body = {} if stop == pos + 28 else exc.with_traceback(None)
-                    wake.append((pending.pop(sync), (sync, code, schema, body, None)))
+                    waiter = pending.pop(sync)
+                    if type(waiter) is Waiter:
+                        try:
+                            body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
+                                           strict_map_key=False, ext_hook=ext_hook)
+                        except Exception as exc:  # noqa: BLE001 - that caller's error
+                            body = {} if stop == pos + 28 else exc.with_traceback(None)
+                    else:
+                        # Decoded objects held until a pipeline collects them
+                        # would keep the cyclic GC busy; bytes do not.
+                        body = data[pos + 28:stop]
+                    wake.append((waiter, (sync, code, schema, body, None)))
                     pos = stop
                 if pos == end:
                     return pos
@@ -327,19 +336,16 @@ class Transport:
             return None
         sync, code, schema, body = _parse_header(data, start, stop)
         waiter = self._pending.pop(sync, None)
-        if waiter is not None:
-            try:
-                body = self._decoder.decode(body)
-            except Exception as exc:  # noqa: BLE001 - that caller's error
-                body = exc.with_traceback(None)
         if code == IPROTO_CHUNK and waiter is not None:
             # A push message (box.session.push): kept until the final reply.
             if type(waiter) is not _Pushes:
-                waiter = _Pushes(waiter)
+                waiter = _Pushes(waiter, self._decoder)
             waiter.pushes.append((code, schema, body))
             self._pending[sync] = waiter
             self.stats.responses += 1
         elif waiter is not None:
+            if type(waiter) is Waiter:
+                body = _decode(self._decoder, body)
             wake.append((waiter, (sync, code, schema, body, None)))
         elif sync in self._abandoned:
             if code != IPROTO_CHUNK:
@@ -430,19 +436,33 @@ def _parse_header(data, start, stop):
             data[start + unpacker.tell():stop])
 
 
+def _decode(decoder, data):
+    """The body in ``data``, or the exception decoding it raised."""
+    try:
+        return decoder.decode(data)
+    except Exception as exc:  # noqa: BLE001 - that caller's error
+        return exc.with_traceback(None)
+
+
 class _Pushes:
     """Stands in for the waiter of a request that got push messages: the final
-    reply reaches the waiter with them attached."""
+    reply reaches the waiter with them attached (decoded for a ``Waiter``)."""
 
-    __slots__ = ("waiter", "pushes")
+    __slots__ = ("waiter", "pushes", "decoder")
 
-    def __init__(self, waiter):
+    def __init__(self, waiter, decoder):
         self.waiter = waiter
         self.pushes = []
+        self.decoder = decoder
 
     def switch(self, value):
         if type(value) is tuple:
-            value = value[:4] + (self.pushes,)
+            pushes = self.pushes
+            if type(self.waiter) is Waiter:
+                value = value[:3] + (_decode(self.decoder, value[3]),)
+                pushes = [(code, schema, _decode(self.decoder, body))
+                          for code, schema, body in pushes]
+            value = value[:4] + (pushes,)
         self.waiter.switch(value)
 
 

@@ -380,28 +380,35 @@ BAD_BODIES = [
 
 def test_bad_reply_body_fails_its_request_only():
     """A frame whose body does not decode to one map fails the request it
-    answers; nothing of it leaks into the next reply and the connection stays up."""
+    answers, for single calls and in a pipeline; nothing of it leaks into the
+    next reply and the connection stays up."""
     def handler(peer, sock):
         sock.sendall(fakepeer.greeting())
-        for body, _ in BAD_BODIES:
-            header, _ = peer.read_request(sock)
-            head = msgpack.packb({0: 0, 1: header[fakepeer.IPROTO_SYNC], 5: 1})
-            sock.sendall(msgpack.packb(len(head) + len(body)) + head + body)
-            header, _ = peer.read_request(sock)
-            sock.sendall(fakepeer.reply(header[fakepeer.IPROTO_SYNC], [7]))
         while True:
-            header, _ = peer.read_request(sock)
-            sock.sendall(fakepeer.reply(header[fakepeer.IPROTO_SYNC], [8]))
+            header, body = peer.read_request(sock)
+            name = body[0x22]
+            sync = header[fakepeer.IPROTO_SYNC]
+            if name.startswith("bad"):
+                head = msgpack.packb({0: 0, 1: sync, 5: 1})
+                bad = BAD_BODIES[int(name[3:])][0]
+                sock.sendall(msgpack.packb(len(head) + len(bad)) + head + bad)
+            else:
+                sock.sendall(fakepeer.reply(sync, [name]))
 
     with fakepeer.FakePeer(handler) as peer:
         conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False, request_timeout=2)
-        for _, expected in BAD_BODIES:
+        for i, (_, expected) in enumerate(BAD_BODIES):
             with pytest.raises(expected):
-                conn.call("f")
-            assert conn.call("f").data == [7]
-        p = conn.pipeline()
-        p.call("f")
-        assert p.results()[0].data == [8]
+                conn.call("bad%d" % i)
+            assert conn.call("good").data == ["good"]
+        with conn.pipeline() as p:
+            for i in range(len(BAD_BODIES)):
+                p.call("bad%d" % i)
+                p.call("good%d" % i)
+        results = p.results()
+        for i, (_, expected) in enumerate(BAD_BODIES):
+            assert isinstance(results[2 * i], expected), results[2 * i]
+            assert results[2 * i + 1].data == ["good%d" % i]
         assert not conn.is_closed() and conn.stats.reconnects == 0
         conn.close()
         assert not peer.errors
