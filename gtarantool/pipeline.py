@@ -24,11 +24,13 @@ from contextlib import contextmanager
 import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
+from gevent.monkey import get_original
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import Response, make_response
+from gtarantool.protocol import Response, make_response, ok_response
 
+_get_ident = get_original("_thread", "get_ident")
 # Let the writer send after this many queued requests even if no slot wait
 # has yielded yet, so the first replies come back while we keep queueing.
 YIELD_EVERY = 256
@@ -55,11 +57,12 @@ class Pipeline(RequestMethods):
         self._conn = conn
         self._encoder = conn._encoder
         self._names = conn._names
-        self._entries = []          # (sync, response class), in request order
+        self._sync_ids = conn._syncs
+        self._syncs = []            # in request order
         self._replies = {}          # sync -> reply tuple (body undecoded) or exception
         self._outstanding = 0
         self._waiter = None
-        self._queued_since_yield = 0
+        self._next_yield = YIELD_EVERY
 
     # What RequestMethods needs, borrowed from the connection.
     @property
@@ -76,32 +79,36 @@ class Pipeline(RequestMethods):
     def _ops_process(self, space, ops):
         return self._conn._ops_process(space, ops)
 
-    def _request(self, code, body, on_push=None, on_push_ctx=None, response_class=Response):
+    def _request(self, code, body, on_push=None, on_push_ctx=None):
         conn = self._conn
-        transport = conn._live_transport()
-        sync = next(conn._syncs)
+        transport = conn._transport   # conn._live_transport(), inlined
+        if transport is None or transport.error is not None or conn._owner != _get_ident():
+            transport = conn._ensure_connected()
+        sync = next(self._sync_ids)
         transport.send(sync, code, 0, body, self)
-        self._entries.append((sync, response_class))
+        syncs = self._syncs
+        syncs.append(sync)
         self._outstanding += 1
-        self._queued_since_yield += 1
-        if self._queued_since_yield >= YIELD_EVERY:
-            self._queued_since_yield = 0
+        if len(syncs) >= self._next_yield:
+            self._next_yield += YIELD_EVERY
             gevent.sleep(0)
-        return len(self._entries) - 1
+        return len(syncs) - 1
 
     def switch(self, value):
         """Called in the hub by the transport with each reply, or with the
         error that failed the connection (once per request still waiting)."""
-        if self._outstanding == 0:
-            return
+        if not self._outstanding:
+            return   # given up (timeout): late replies change nothing
         if type(value) is tuple:
             self._replies[value[0]] = value
             self._outstanding -= 1
+            if self._outstanding:
+                return
         else:
-            for sync, _ in self._entries:
+            for sync in self._syncs:
                 self._replies.setdefault(sync, value)
             self._outstanding = 0
-        if self._outstanding == 0 and self._waiter is not None:
+        if self._waiter is not None:
             self._waiter.switch(None)
 
     def wait(self):
@@ -131,7 +138,7 @@ class Pipeline(RequestMethods):
 
     def _give_up(self, exc):
         transport = self._conn._transport
-        for sync, _ in self._entries:
+        for sync in self._syncs:
             if sync not in self._replies:
                 if transport is not None:
                     transport.abandon(sync)
@@ -146,16 +153,18 @@ class Pipeline(RequestMethods):
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
             conn = self._conn
-            decode = conn._decoder.decode
-            replies = self._replies
+            values = [self._replies[sync] for sync in self._syncs]
+            bodies = iter(conn._decoder.decode_all([v[3] for v in values if type(v) is tuple]))
             out = []
-            for sync, response_class in self._entries:
-                value = replies[sync]
+            for sync, value in zip(self._syncs, values):
                 if type(value) is tuple:
-                    _, code, schema, body, _pushes = value
+                    body = next(bodies)
+                    code = value[1]
                     try:
-                        value = make_response(response_class, conn, sync, code, schema,
-                                              decode(body))
+                        if not code and type(body) is dict:
+                            value = ok_response(conn, sync, value[2], body)
+                        else:
+                            value = make_response(Response, conn, sync, code, value[2], body)
                     except Exception as exc:  # noqa: BLE001 - returned in its place
                         value = exc
                 out.append(value)
