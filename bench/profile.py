@@ -20,8 +20,6 @@ from collections import defaultdict
 SEND_CALLS = ("send", "sendall", "sendto", "sendmsg")
 RECV_CALLS = ("recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg")
 SOCKET_METHOD = re.compile(r"<method '(\w+)' of '_socket\.socket' objects>")
-# gtarantool's writer sends with os.writev on the socket's descriptor.
-FD_CALLS = {("posix", "writev"): "send", ("posix", "readv"): "recv"}
 
 
 class Profile:
@@ -118,15 +116,13 @@ class Profile:
                 for fn in functions}
 
     def socket_calls(self):
-        """(send family, recv family) calls on sockets and on their descriptors
-        (``os.writev``), counted from the call arcs."""
+        """(send family, recv family) calls on socket objects, counted from the call arcs."""
         send = recv = 0
         for fn, n in self.calls().items():
             m = SOCKET_METHOD.search(fn[1])
-            kind = FD_CALLS.get(fn)
-            if kind == "send" or m and m.group(1) in SEND_CALLS:
+            if m and m.group(1) in SEND_CALLS:
                 send += n
-            elif kind == "recv" or m and m.group(1) in RECV_CALLS:
+            elif m and m.group(1) in RECV_CALLS:
                 recv += n
         return send, recv
 

@@ -27,8 +27,6 @@ from gtarantool.errors import ConnectionClosed, ProtocolError
 from gtarantool.protocol import BodyDecoder
 
 RECV_SIZE = 256 * 1024
-_writev = getattr(os, "writev", None)
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
 # version}: how Tarantool writes every reply; anything else goes through msgpack.
@@ -36,15 +34,13 @@ _TNT_FRAME = struct.Struct(">BIBHIHQHI")
 # Requests go out in the same layout: 0xce len32 | {0: code, 1: 0xcf sync64,
 # 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
 _REQUEST_HEADER = struct.Struct(">BIHBHQHI")
-_REQUEST_HEADER_SIZE = _REQUEST_HEADER.size
-_REQUEST_HEADER_LEN = _REQUEST_HEADER_SIZE - 5
+_REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
 
 
 class Stats:
     """Per-connection counters, cumulative over reconnects.
 
-    ``send_calls`` counts the writer's send system calls (one ``writev`` per batch,
-    plus a ``sendall`` for the rest when the socket buffer was full), ``recv_calls``
+    ``send_calls`` counts the writer's flushes (one ``sendall`` each), ``recv_calls``
     the reader's reads; ``responses`` counts every frame received, pushes included;
     ``discarded`` counts late replies to requests whose caller gave up.
     """
@@ -88,7 +84,6 @@ class Transport:
         self._pending = {}                # sync -> Waiter
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
-        self._wsize = 0                   # their bytes
         self._wakeup = Event()            # the writer's: something to send
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
         # The reader receives into one reused buffer (a fresh large bytes object
@@ -133,12 +128,9 @@ class Transport:
         # Two entries per request: the writer counts requests as len(buf) // 2.
         if code is None:
             buf += (body, b"")
-            self._wsize += len(body)
         else:
-            size = len(body)
-            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + size, 0x8300, code,
+            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
                                          0x01cf, sync, 0x05ce, schema_version), body)
-            self._wsize += _REQUEST_HEADER_SIZE + size
         return waiter
 
     def _wait_for_room(self):
@@ -180,38 +172,25 @@ class Transport:
     # -- the writer greenlet -------------------------------------------------
 
     def _write_loop(self):
+        buf = self._wbuf
         wakeup = self._wakeup
         sock = self._sock
-        fd = sock.fileno()
         stats = self.stats
         try:
             while True:
                 wakeup.wait()
                 wakeup.clear()
-                out = self._wbuf
-                if not out:
+                if not buf:
                     continue
-                size = self._wsize
-                self._wbuf = []   # callers queue into a new list while this one is sent
-                self._wsize = 0
-                stats.requests += len(out) // 2
+                stats.requests += len(buf) // 2
                 in_flight = len(self._pending)   # the most there are: all sent, none answered
                 if in_flight > stats.max_in_flight:
                     stats.max_in_flight = in_flight
-                stats.bytes_out += size
+                data = b"".join(buf)
+                buf.clear()
+                sock.sendall(data)
                 stats.send_calls += 1
-                # writev sends the pieces as they are: joining a large batch into
-                # one buffer costs a fresh allocation (and page faults) per flush.
-                sent = 0
-                if _writev is not None and len(out) <= _IOV_MAX:
-                    try:
-                        sent = _writev(fd, out)
-                    except BlockingIOError:
-                        pass
-                    if sent < size:   # the socket buffer is full: gevent waits for room
-                        stats.send_calls += 1
-                if sent < size:
-                    sock.sendall(memoryview(b"".join(out))[sent:])
+                stats.bytes_out += len(data)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
@@ -373,7 +352,6 @@ class Transport:
         self._pending.clear()
         self._abandoned.clear()
         self._wbuf.clear()
-        self._wsize = 0
         waiters.extend(self._queue)   # callers in line see the error and raise it
         self._queue.clear()
         if waiters:

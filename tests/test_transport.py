@@ -168,9 +168,9 @@ def test_replies_larger_than_the_read_buffer(conn):
     assert len(conn._transport._rbuf) == RECV_SIZE
 
 
-def test_batches_too_large_for_one_write(conn):
-    """A batch larger than the socket buffer (writev writes part, sendall the
-    rest) and one of more pieces than one writev takes: every reply, in order."""
+def test_large_batches_both_ways(conn):
+    """16 MB of requests and replies in one batch (frames straddle every read)
+    and a batch of 3,000 small ones: every reply, in order."""
     payloads = ["%d" % i + "y" * (400 * 1024) for i in range(40)]
     with conn.pipeline() as p:
         for payload in payloads:
