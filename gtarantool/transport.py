@@ -249,7 +249,7 @@ class Transport:
 
     def _cut(self, data, end, wake):
         """Hand every whole frame of ``data[:end]`` to ``wake``; return where the rest starts."""
-        pending = self._pending
+        pop = self._pending.pop
         view = self._rview
         pos = 0
         limit = self.max_response_size
@@ -275,9 +275,11 @@ class Transport:
                             or m4 != 0x05ce or not 23 <= length <= limit):
                         break
                     stop = pos + 5 + length
-                    if stop > end or code == IPROTO_CHUNK or sync not in pending:
+                    if stop > end or code == IPROTO_CHUNK:
                         break
-                    waiter = pending.pop(sync)
+                    waiter = pop(sync, None)
+                    if waiter is None:   # given up or unknown: _frame() decides
+                        break
                     if type(waiter) is Waiter:
                         try:
                             body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
