@@ -154,7 +154,8 @@ class Pipeline(RequestMethods):
         with _gc_paused():
             conn = self._conn
             values = [self._replies[sync] for sync in self._syncs]
-            bodies = iter(conn._decoder.decode_all([v[3] for v in values if type(v) is tuple]))
+            bodies = [v[3] for v in values if type(v) is tuple]
+            bodies = iter(conn._decoder.decode_all(bodies) if bodies else ())
             out = []
             for sync, value in zip(self._syncs, values):
                 if type(value) is tuple:

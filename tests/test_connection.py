@@ -168,6 +168,33 @@ def test_push_messages_reach_on_push(conn, ref):
         conn.call("push_three", 1, on_push=42)
 
 
+def test_own_unpacker_factory_is_honoured(server):
+    """A connection given its own unpacker_factory decodes every reply with it:
+    single calls, push messages and pipelines."""
+    import msgpack
+    calls = []
+
+    def factory(conn):
+        calls.append(conn)
+        return msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False)
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           unpacker_factory=factory)
+    try:
+        c.replace("tester", (42, "own", [1, 2]))
+        assert c.select("tester", 42).data == ((42, "own", (1, 2)),)
+        pushed = []
+        assert c.call("push_three", "p", on_push=lambda data, ctx: pushed.append(data)
+                      ).data == ("done",)
+        assert pushed == [((1, "p"),), ((2, "p"),), ((3, "p"),)]
+        with c.pipeline() as p:
+            p.select("tester", 42)
+            p.call("echo", [1, [2]])
+        assert [r.data for r in p.results()] == [((42, "own", (1, 2)),), (1, (2,))]
+        assert calls and all(conn is c for conn in calls)
+    finally:
+        c.close()
+
+
 def test_many_greenlets_share_one_socket(conn):
     """5,000 greenlets, mixed operations on their own keys, every result checked."""
     base = 10_000_000
