@@ -60,7 +60,8 @@ def serve(take, recorder, calls, payloads, server_error):
 
 
 async def serve_async(take, recorder, calls, payloads, server_error):
-    """``serve`` for asyncio tasks."""
+    """``serve`` for asyncio tasks: the same loop, awaiting the call (a helper shared by
+    the two would put a Python call back on every request)."""
     clock = time.monotonic
     record, latency, second = recorder.record, recorder.latency, recorder.second
     expected, spread = payloads.table, payloads.SPREAD

@@ -287,12 +287,6 @@ class Connection(RequestMethods, tarantool.Connection):
         finally:
             self._lock.release()
 
-    def _live_transport(self):
-        transport = self._transport
-        if transport is None or transport.error is not None or self._owner != _get_ident():
-            transport = self._ensure_connected()
-        return transport
-
     def _opt_reconnect(self):
         self._ensure_connected()
 

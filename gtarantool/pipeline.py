@@ -81,7 +81,7 @@ class Pipeline(RequestMethods):
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
         conn = self._conn
-        transport = conn._transport   # conn._live_transport(), inlined
+        transport = conn._transport   # as in Connection._request: a call less per request
         if transport is None or transport.error is not None or conn._owner != _get_ident():
             transport = conn._ensure_connected()
         sync = next(self._sync_ids)
