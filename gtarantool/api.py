@@ -25,115 +25,120 @@ from tarantool.const import (
 )
 from tarantool.utils import wrap_key
 
-from gtarantool.protocol import iterator_code
+from gtarantool.protocol import NO_LIMIT, Encoder, iterator_code
 
 
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
     The class using it provides ``_request(code, body bytes, on_push, on_push_ctx)``,
-    ``_encoder`` (a ``protocol.Encoder``), ``_names`` (a dict caching space and
-    index ids by name, emptied when the schema is reloaded), ``schema``,
-    ``call_16``, ``_ops_process`` and ``_schemaful_connection_check``.
+    ``_encoder`` (a ``protocol.Encoder``), ``_spaces`` and ``_indexes`` (dicts
+    caching ``protocol.SpaceEncoder`` objects by space and by (space id, index),
+    emptied when the schema is reloaded), ``schema``, ``call_16``,
+    ``_ops_process`` and ``_schemaful_connection_check``.
     """
 
-    def _space_no(self, space_name):
-        """The space id; callers look in ``_names`` first, this fills it."""
+    def _space(self, space_name):
+        """The encoder for the primary index of a space given by name or id;
+        callers look in ``_spaces`` first, this fills it."""
         if self.schema is None:
             self._schemaful_connection_check()
         if isinstance(space_name, str):
-            sid = self.schema.get_space(space_name).sid
+            space_no = self.schema.get_space(space_name).sid
         elif isinstance(space_name, int):
-            sid = space_name   # cached too: one dict lookup serves ids and names alike
+            space_no = space_name
         else:
-            return space_name
-        self._names[space_name] = sid
-        return sid
+            return self._encoder.space(space_name)   # the server judges it, uncached
+        return _cache(self._spaces, space_name, self._encoder.space(space_no))
 
-    def _index_no(self, space_no, index):
-        if not isinstance(index, str):
-            return index
-        iid = self._names.get((space_no, index))
-        if iid is None:
-            iid = self._names[space_no, index] = self.schema.get_index(space_no, index).iid
-        return iid
+    def _index(self, space, index):
+        """``space``'s encoder for another index, given by name or id."""
+        found = self._indexes.get((space.space_no, index))
+        if found is None:
+            index_no = index
+            if isinstance(index, str):
+                index_no = self.schema.get_index(space.space_no, index).iid
+            found = _cache(self._indexes, (space.space_no, index),
+                           self._encoder.space(space.space_no, index_no))
+        return found
 
     def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        # insert, replace, select, update and delete repeat their first lines on
-        # purpose: a shared helper costs ~5% more instructions per request.
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
+        # The data methods repeat their first lines on purpose: a shared
+        # helper would cost every request one more Python call.
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, self._encoder.insert(space_no, values),
-                             on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_INSERT, space.insert(values), on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, self._encoder.insert(space_no, values),
-                             on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_REPLACE, space.insert(values), on_push, on_push_ctx)
 
-    def select(self, space_name, key=None, *, offset=0, limit=0xffffffff, index=0,
+    def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, on_push=None, on_push_ctx=None):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers."""
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
+        if index:
+            space = self._index(space, index)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key, select=True)
-        if iterator is None:
-            iterator = ITERATOR_EQ if key else ITERATOR_ALL
+        if offset or iterator is not None or limit != NO_LIMIT or not key:
+            if iterator is None:
+                iterator = ITERATOR_EQ if key else ITERATOR_ALL
+            body = self._encoder.select(space.space_no, space.index_no, offset, limit,
+                                        iterator_code(iterator), key)
         else:
-            iterator = iterator_code(iterator)
-        if index:
-            index = self._index_no(space_no, index)
+            body = space.select(key)
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_SELECT, self._encoder.select(
-            space_no, index, offset, limit, iterator, key), on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
 
     def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
+        if index:
+            space = self._index(space, index)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key)
-        if index:
-            index = self._index_no(space_no, index)
         if type(op_list) is not list or on_push is not None:
             _check_args(op_list, on_push)
-        op_list = self._ops_process(space_no, op_list)
-        return self._request(REQUEST_TYPE_UPDATE, self._encoder.update(
-            space_no, index, key, op_list), on_push, on_push_ctx)
+        op_list = self._ops_process(space.space_no, op_list)
+        return self._request(REQUEST_TYPE_UPDATE, space.update(key, op_list),
+                             on_push, on_push_ctx)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
-        space_no = self._space_no(space_name)
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
         if index:
-            index = self._index_no(space_no, index)
+            space = self._index(space, index)
         _check_args(op_list, on_push)
-        op_list = self._ops_process(space_no, op_list)
+        op_list = self._ops_process(space.space_no, op_list)
         return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
-            space_no, index, tuple_value, op_list), on_push, on_push_ctx)
+            space.space_no, space.index_no, tuple_value, op_list), on_push, on_push_ctx)
 
     def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
-        space_no = self._names.get(space_name)
-        if space_no is None:
-            space_no = self._space_no(space_name)
+        space = self._spaces.get(space_name)
+        if space is None:
+            space = self._space(space_name)
+        if index:
+            space = self._index(space, index)
         kind = type(key)
         key = [key] if kind is int or kind is str else wrap_key(key)
-        if index:
-            index = self._index_no(space_no, index)
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_DELETE, self._encoder.delete(space_no, index, key),
-                             on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_DELETE, space.delete(key), on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
         code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
@@ -160,6 +165,15 @@ class RequestMethods:
         if notime:
             return "Success"
         return time.time() - start
+
+
+def _cache(cache, key, value):
+    """``cache[key] = value``, emptying ``cache`` first when it is full (ids
+    that name no space would otherwise make it grow without bound)."""
+    if len(cache) >= Encoder.CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _check_args(values, on_push):

@@ -99,7 +99,8 @@ class Connection(RequestMethods, tarantool.Connection):
         self._packer = None
         self._encoder = None
         self._decoder = None                     # reply bodies, set on connect
-        self._names = {}
+        self._spaces = {}                       # see api.RequestMethods
+        self._indexes = {}
         self._connected_once = False
         self._finalizer = None                   # stops the transport if we are dropped
         self._connect_failures = 0               # reconnect cycles that gave up
@@ -156,7 +157,8 @@ class Connection(RequestMethods, tarantool.Connection):
                                                    self._owner)
                 self.connected = True
                 self._handshake(greeting)
-                self._names.clear()
+                self._spaces.clear()
+                self._indexes.clear()
                 if self.fetch_schema:
                     self.schema = Schema(self)
                     self._load_schema_versioned()
@@ -403,7 +405,8 @@ class Connection(RequestMethods, tarantool.Connection):
         return ops
 
     def flush_schema(self):
-        self._names.clear()
+        self._spaces.clear()
+        self._indexes.clear()
         super().flush_schema()
 
     def update_schema(self, schema_version):

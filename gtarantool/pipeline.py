@@ -56,7 +56,8 @@ class Pipeline(RequestMethods):
     def __init__(self, conn):
         self._conn = conn
         self._encoder = conn._encoder
-        self._names = conn._names
+        self._spaces = conn._spaces
+        self._indexes = conn._indexes
         self._sync_ids = conn._syncs
         self._syncs = []            # in request order
         self._replies = {}          # sync -> reply tuple (body undecoded) or exception

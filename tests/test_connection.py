@@ -1,4 +1,5 @@
 """gtarantool.Connection against a real Tarantool, compared with tarantool.Connection."""
+import inspect
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from tarantool.response import Response
 
 import gtarantool
 from gtarantool import ConnectionClosed, RequestTimeout
+from gtarantool.protocol import Encoder
 
 from .conftest import PASSWORD, USER
 
@@ -56,6 +58,9 @@ CASES = {
                                        c.select("tester", "nm%d" % k, index="by_name"))[1],
     "select_index_no": lambda c, k: (c.insert("tester", (k, "nn%d" % k)),
                                      c.select("tester", ["nn%d" % k], index=1))[1],
+    "select_pk_by_name": lambda c, k: (c.insert("tester", (k, "pn")),
+                                       c.select("tester", k, index="primary"))[1],
+    "select_all_limit": lambda c, k: c.select("tester", limit=1),
     "select_offset_limit": lambda c, k: ([c.insert("tester", (k + i, "o")) for i in range(5)],
                                          c.select("tester", k, offset=1, limit=2,
                                                   iterator=tarantool.const.ITERATOR_GE))[1],
@@ -63,11 +68,15 @@ CASES = {
                             c.update("tester", k, [("+", 2, 5), ("=", 1, "v")]))[1],
     "update_field_name": lambda c, k: (c.insert("tester", (k, "u", 1)),
                                        c.update("tester", (k,), [("=", "name", "w")]))[1],
+    "update_index_name": lambda c, k: (c.insert("tester", (k, "u", 1)),
+                                       c.update("tester", k, [("+", 2, 1)], index="primary"))[1],
     "update_missing": lambda c, k: c.update("tester", k, [("=", 1, "x")]),
     "upsert": lambda c, k: (c.upsert("tester", (k, "up", 1), [("+", 2, 1)]),
                             c.upsert("tester", (k, "up", 1), [("+", 2, 1)]),
                             c.select("tester", k))[2],
     "delete": lambda c, k: (c.insert("tester", (k, "d")), c.delete("tester", k))[1],
+    "delete_index_name": lambda c, k: (c.insert("tester", (k, "d")),
+                                       c.delete("tester", k, index="primary"))[1],
     "delete_missing": lambda c, k: c.delete("tester", k),
     "call": lambda c, k: c.call("echo", k, "two", [3]),
     "call_list": lambda c, k: c.call("echo", [k, "x"]),
@@ -109,6 +118,24 @@ def test_same_results_as_tarantool_python(name, conn, ref):
         return o
 
     assert normalize(got, base + 500) == normalize(expected, base)
+
+
+@pytest.mark.parametrize("name", ["insert", "replace", "select", "update", "upsert", "delete",
+                                  "call", "eval", "ping", "execute", "space"])
+def test_same_signatures_as_tarantool_python(name):
+    ours = inspect.signature(getattr(gtarantool.Connection, name))
+    assert ours == inspect.signature(getattr(tarantool.Connection, name))
+
+
+def test_space_cache_is_bounded(conn):
+    # Ids that name no space are cached too (the server answers each with an
+    # error); the cache empties itself instead of growing.
+    p = conn.pipeline()
+    for space_no in range(100_000, 100_000 + Encoder.CACHE_LIMIT + 100):
+        p.select(space_no, 1)
+    assert all(isinstance(r, DatabaseError) for r in p.results())
+    assert 0 < len(conn._spaces) <= Encoder.CACHE_LIMIT
+    assert conn.select("tester", 1).data is not None
 
 
 def test_sql_response_fields(conn, ref):
