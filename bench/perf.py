@@ -17,6 +17,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ def _pipeline_gtarantool(host, port, space, n, size, window, out):
     import gtarantool
     conn = gtarantool.connect(host, port)
     payload = "x" * size
-    cpu0, t0 = os.times(), time.perf_counter()
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     done = 0
     while done < n:
         batch = min(window, n - done)
@@ -72,7 +73,7 @@ def _tasks_asynctnt(host, port, space, n, size, tasks, out):
             for key in keys:
                 await conn.insert(space, [key, 0, payload])
 
-        cpu0, t0 = os.times(), time.perf_counter()
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         await asyncio.gather(*(task() for _ in range(tasks)))
         _report(out, n, cpu0, t0, None, None)
         await conn.disconnect()
@@ -82,9 +83,11 @@ def _tasks_asynctnt(host, port, space, n, size, tasks, out):
 
 
 def _report(out, n, cpu0, t0, sends, recvs):
-    cpu1, t1 = os.times(), time.perf_counter()
-    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    system = cpu1.ru_stime - cpu0.ru_stime
+    cpu = cpu1.ru_utime - cpu0.ru_utime + system
     out.send({"ops_per_sec": n / (t1 - t0), "ops_per_client_cpu_second": n / cpu,
+              "system_us_per_op": system / n * 1e6,
               "send_calls": sends, "recv_calls": recvs})
 
 
@@ -133,12 +136,15 @@ def measure(args, out=sys.stdout):
         for op in OPERATIONS:
             medians[driver][op]["p99_ms"] = _median([r[op]["latency_ms"]["p99"]
                                                      for r in runs[driver]])
+            medians[driver][op]["system_us_per_op"] = _median(
+                [r[op]["client_system_seconds"] / r[op]["ops"] * 1e6 for r in runs[driver]])
             conn = [r[op]["connection"] for r in runs[driver] if r[op]["connection"]]
             for key in ("send_calls_per_1000_ops", "recv_calls_per_1000_ops"):
                 medians[driver][op][key] = _median([c.get(key) for c in conn])
     for name in ("pipeline", "pipeline_asynctnt"):
         medians[name] = {key: _median([r[key] for r in runs[name]])
-                         for key in ("ops_per_sec", "ops_per_client_cpu_second")}
+                         for key in ("ops_per_sec", "ops_per_client_cpu_second",
+                                     "system_us_per_op")}
     return {"runs": runs, "medians": medians}
 
 
@@ -191,6 +197,17 @@ def table(medians):
     rows.append("%-8s %14.0f | %11.0f %14.0f | %11.0f" % (
         "pipeline", p["ops_per_sec"], p["ops_per_client_cpu_second"], pa["ops_per_sec"],
         pa["ops_per_client_cpu_second"]))
+    # Where the client's CPU goes: a driver that makes a system call per request
+    # spends much of it in the kernel, and that cost varies with the host.
+    rows += ["", "client CPU per op, us (in the kernel)  gtarantool    asynctnt        sync"]
+    for op in OPERATIONS:
+        rows.append("%-38s %s" % (op, "  ".join(
+            "%5.1f (%4.1f)" % (1e6 / m[op]["ops_per_client_cpu_second"],
+                               m[op]["system_us_per_op"])
+            for m in (medians[d] for d in ("gtarantool", "asynctnt", "sync")))))
+    rows.append("%-38s %s" % ("pipeline", "  ".join(
+        "%5.1f (%4.1f)" % (1e6 / m["ops_per_client_cpu_second"], m["system_us_per_op"])
+        for m in (p, pa))))
     return "\n".join(rows)
 
 

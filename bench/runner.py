@@ -288,6 +288,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
         everything.add(hist)
     ops = sum(counts.values())
     cpu = sum(p["cpu_seconds"] for p in parts)
+    system = sum(p["cpu_system_seconds"] for p in parts)
 
     # Requests the server answered: all but those that failed in the client (network, timeout).
     answered = {op: counts[op] - sum(n for kind, n in errors[op].items() if not _by_server(kind))
@@ -324,6 +325,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
                             "latency_ms": latency_ms(hists[op]), "errors": dict(errors[op])}
                        for op in OPERATIONS if counts[op]},
         "client_cpu_seconds": cpu,
+        "client_system_seconds": system,
         "ops_per_client_cpu_second": _rate(ops, cpu),
         "connection": connection,
         "server": {

@@ -5,6 +5,7 @@ Messages to the parent, over this worker's own pipe:
 ``("phase", result)`` when a phase is over; ``("done",)`` after closing; or
 ``("error", traceback)``.
 """
+import resource
 import signal
 import threading
 import time
@@ -49,6 +50,7 @@ def measure(driver, phase, config, send, profile):
     """Run one phase and return its figures; client CPU covers all threads of the process."""
     recorder = driver.recorder_class(phase.name, send)
     counters_before = driver.counters()
+    system_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     cpu_before = time.process_time()
     start = time.monotonic()
     phase.start(config.duration)
@@ -58,6 +60,7 @@ def measure(driver, phase, config, send, profile):
         driver.run(phase, recorder)
     end = time.monotonic()
     cpu = time.process_time() - cpu_before
+    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - system_before
     recorder.flush(end)
     counters_after = driver.counters()
     connection = None
@@ -72,6 +75,7 @@ def measure(driver, phase, config, send, profile):
         "start": start,
         "end": end,
         "cpu_seconds": cpu,
+        "cpu_system_seconds": system,   # the kernel's part of cpu_seconds
         "counts": dict(recorder.counts),
         "errors": [[op, kind, n] for (op, kind), n in recorder.errors.items()],
         "histograms": recorder.histograms(),

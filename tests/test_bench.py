@@ -29,6 +29,7 @@ def check_phase(phase, expected_ops):
     assert sum(op["ops"] for op in phase["operations"].values()) == expected_ops
     assert phase["seconds"] > 0 and phase["ops_per_sec"] > 0
     assert phase["client_cpu_seconds"] > 0 and phase["ops_per_client_cpu_second"] > 0
+    assert 0 <= phase["client_system_seconds"] <= phase["client_cpu_seconds"] * 1.01 + 0.001
     assert set(phase["latency_ms"]) == set(LATENCY)
     assert 0 < phase["latency_ms"]["p50"] <= phase["latency_ms"]["p99"] \
         <= phase["latency_ms"]["max"]
@@ -209,3 +210,26 @@ def test_bench_keeps_running_through_a_server_restart():
     assert answered_after > 0
     assert sum(p["ops"] for p in results["phases"]) == sum(
         sum(s["ops"].values()) for s in results["series"])
+
+
+def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
+    from bench import perf
+    out = tmp_path / "perf.json"
+    code = perf.main(["--runs", "1", "--ops", "600", "--sync-ops", "200", "--sync-runs", "1",
+                      "--pipeline-ops", "600", "--window", "200", "--greenlets", "10",
+                      "--json", str(out)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    verdict = [line for line in printed.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert verdict == result["verdict"]
+    # targets 1 and 2 per operation (CPU, ops/s, sync), 3 (sends, recvs), 4, 5 (p99)
+    assert len(verdict) == 4 * 3 + 4 * 2 + 1 + 4
+    assert code == (0 if all(line.startswith("PASS") for line in verdict) else 1)
+    assert result["ok"] == (code == 0)
+    medians = result["medians"]
+    for driver in ("gtarantool", "asynctnt", "sync"):
+        for op in ("insert", "select", "update", "delete"):
+            assert medians[driver][op]["ops_per_client_cpu_second"] > 0
+            assert 0 <= medians[driver][op]["system_us_per_op"] \
+                <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.01
+    assert "client CPU per op, us (in the kernel)" in printed
