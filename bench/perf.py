@@ -100,6 +100,17 @@ def _in_child(fn, *args):
     return result
 
 
+def _cpu_ticks():
+    """(all, stolen) CPU time of this machine so far, in ticks, or None off Linux.
+    On a VM, stolen time is time the host ran something else instead."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -232,12 +243,18 @@ def main(argv=None):
                              "CPU, and on two cores the WAL thread competes with the client)")
     parser.add_argument("--json", help="write every run and the medians to this file")
     args = parser.parse_args(argv)
+    ticks0 = _cpu_ticks()
     result = measure(args)
+    ticks1 = _cpu_ticks()
+    if ticks0 and ticks1 and ticks1[0] > ticks0[0]:
+        result["steal_percent"] = 100 * (ticks1[1] - ticks0[1]) / (ticks1[0] - ticks0[0])
     lines, ok = verdict(result["medians"])
     print("\nmedians of %d interleaved runs, %s ops per phase, %d-byte payloads, %d "
-          "greenlets/tasks, one client process, server WAL %s, Linux %s, %d cores\n"
+          "greenlets/tasks, one client process, server WAL %s, Linux %s, %d cores%s\n"
           % (args.runs, "{:,}".format(args.ops), args.size, args.greenlets, args.wal,
-             os.uname().release, os.cpu_count()))
+             os.uname().release, os.cpu_count(),
+             "; %.1f%% of the CPU time stolen by the host" % result["steal_percent"]
+             if "steal_percent" in result else ""))
     print(table(result["medians"]))
     print()
     print("\n".join(lines))

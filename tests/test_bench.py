@@ -233,3 +233,4 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
             assert 0 <= medians[driver][op]["system_us_per_op"] \
                 <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.01
     assert "client CPU per op, us (in the kernel)" in printed
+    assert 0 <= result["steal_percent"] <= 100 and "stolen by the host" in printed
