@@ -2,6 +2,7 @@
 # make bench   - run the load generator against a throwaway local server
 # make compare - sync, threads, gtarantool and asynctnt side by side
 # make perf    - the speed targets (ratios against asynctnt and the sync client)
+# make instructions - instructions per request under callgrind, host-independent
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
 PYTHON ?= python3
@@ -31,7 +32,7 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: all install server test bench compare perf profile soak clean
+.PHONY: all install server test bench compare perf instructions profile soak clean
 
 all: test
 
@@ -61,6 +62,9 @@ compare: install
 
 perf: install
 	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))
+
+instructions: install
+	$(PY) -m bench.instructions $(if $(DRIVERS),--drivers $(DRIVERS))
 
 profile: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) --profile $(PROFILE_DIR)

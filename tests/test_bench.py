@@ -234,3 +234,22 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
                 <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.01
     assert "client CPU per op, us (in the kernel)" in printed
     assert 0 <= result["steal_percent"] <= 100 and "stolen by the host" in printed
+
+
+def test_instructions_per_request_under_callgrind(capsys):
+    from bench import instructions
+    assert instructions.main(["-n", "200", "--greenlets", "10", "--ops", "select",
+                              "--drivers", "gtarantool"]) == 0
+    printed = capsys.readouterr().out
+    count = re.search(r"^select\s+([\d,]+)\s*$", printed, re.M)
+    assert count, printed
+    # A request costs thousands of instructions; start-up (millions) is subtracted.
+    assert 5_000 < int(count.group(1).replace(",", "")) < 500_000
+
+
+def test_instructions_rejects_unknown_names():
+    from bench import instructions
+    with pytest.raises(SystemExit):
+        instructions.main(["--ops", "frobnicate"])
+    with pytest.raises(SystemExit):
+        instructions.main(["--drivers", "nosuchdriver"])
