@@ -156,7 +156,7 @@ class Pipeline(RequestMethods):
             conn = self._conn
             values = [self._replies[sync] for sync in self._syncs]
             bodies = [v[3] for v in values if type(v) is tuple]
-            bodies = iter(conn._decoder.decode_all(bodies) if bodies else ())
+            bodies = iter(conn._decoder.decode_all(bodies))
             out = []
             for sync, value in zip(self._syncs, values):
                 if type(value) is tuple:
