@@ -8,17 +8,20 @@
     for reply in p.results():
         ...   # a Response, or the exception that request raised, in request order
 
-Each request is encoded and queued at once (the writer greenlet sends them in
-large batches); replies are stored by the reader's callbacks without waking
-the pipeline's greenlet, which wakes once, when the last reply is in.  Every
-queued request holds one of the connection's ``max_in_flight`` slots until its
-reply arrives, so a long pipeline waits for room instead of growing memory.
+Each request is encoded at once and handed to the connection with the ones
+queued before it, every 256 requests and when the replies are awaited (the
+writer greenlet sends them in large batches); the reader stores the replies
+without waking the pipeline's greenlet, which wakes once, when the last reply
+is in.  Every request handed over holds one of the connection's
+``max_in_flight`` slots until its reply arrives, so a long pipeline waits for
+room instead of growing memory.
 
 Differences from single calls: ``on_push`` messages are dropped, and requests
 are sent without a schema version (as tarantool-python does), so a schema
 change does not make them fail with error 109.
 """
 import gc
+import itertools
 from contextlib import contextmanager
 
 import gevent
@@ -29,11 +32,13 @@ from gevent.monkey import get_original
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
 from gtarantool.protocol import Response, make_response, ok_response
+from gtarantool.transport import ReplySink
 
 _get_ident = get_original("_thread", "get_ident")
-# Let the writer send after this many queued requests even if no slot wait
-# has yielded yet, so the first replies come back while we keep queueing.
-YIELD_EVERY = 256
+# Requests go to the transport in batches of this many (and when the replies
+# are awaited), each batch followed by a yield, so the first replies come back
+# while we keep queueing.
+BATCH = 256
 
 
 @contextmanager
@@ -58,12 +63,8 @@ class Pipeline(RequestMethods):
         self._encoder = conn._encoder
         self._spaces = conn._spaces
         self._indexes = conn._indexes
-        self._sync_ids = conn._syncs
-        self._syncs = []            # in request order
-        self._replies = {}          # sync -> reply tuple (body undecoded) or exception
-        self._outstanding = 0
-        self._waiter = None
-        self._next_yield = YIELD_EVERY
+        self._queued = []           # (code, body) of requests not handed over yet
+        self._sink = ReplySink()    # syncs of those handed over, and their replies
 
     # What RequestMethods needs, borrowed from the connection.
     @property
@@ -81,50 +82,57 @@ class Pipeline(RequestMethods):
         return self._conn._ops_process(space, ops)
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
-        conn = self._conn
-        transport = conn._transport   # as in Connection._request: a call less per request
-        if transport is None or transport.error is not None or conn._owner != _get_ident():
-            transport = conn._ensure_connected()
-        sync = next(self._sync_ids)
-        transport.send(sync, code, 0, body, self)
-        syncs = self._syncs
-        syncs.append(sync)
-        self._outstanding += 1
-        if len(syncs) >= self._next_yield:
-            self._next_yield += YIELD_EVERY
+        queued = self._queued
+        queued.append((code, body))
+        index = len(self._sink.syncs) + len(queued) - 1
+        if len(queued) >= BATCH:
+            self._flush()
             gevent.sleep(0)
-        return len(syncs) - 1
+        return index
 
-    def switch(self, value):
-        """Called in the hub by the transport with each reply, or with the
-        error that failed the connection (once per request still waiting)."""
-        if not self._outstanding:
-            return   # given up (timeout): late replies change nothing
-        if type(value) is tuple:
-            self._replies[value[0]] = value
-            self._outstanding -= 1
-            if self._outstanding:
-                return
-        else:
-            for sync in self._syncs:
-                self._replies.setdefault(sync, value)
-            self._outstanding = 0
-        if self._waiter is not None:
-            self._waiter.switch(None)
+    def _flush(self):
+        """Hand the queued requests to the transport, reconnecting first if it
+        died.  Requests it could not hand over get the exception in their
+        places, and it is raised."""
+        requests, self._queued = self._queued, []
+        conn = self._conn
+        sink = self._sink
+        start = len(sink.syncs)
+        sink.syncs += itertools.islice(conn._syncs, len(requests))
+        try:
+            transport = conn._transport
+            if transport is None or transport.error is not None or conn._owner != _get_ident():
+                transport = conn._ensure_connected()
+            transport.send_many(requests, sink.syncs[start:], sink)
+        except Exception as exc:
+            # The transport is dead or never came: what it took is failed already.
+            for sync in sink.syncs[start:]:
+                sink.replies.setdefault(sync, exc)
+            raise
 
     def wait(self):
-        """Block until every queued request has its reply (or error).
+        """Send what is queued and block until every request has its reply (or error).
 
         Honours the connection's ``request_timeout`` for the whole wait: on
         expiry it raises ``RequestTimeout``, which also becomes the result of
         each request still unanswered."""
-        if self._outstanding == 0:
+        sink = self._sink
+        if not self._queued and not sink.outstanding:
             return
         conn = self._conn
-        self._waiter = Waiter()
         timer = Timeout._start_new_or_dummy(conn.request_timeout)
         try:
-            self._waiter.get()
+            if self._queued:
+                try:
+                    self._flush()
+                except Exception:  # noqa: BLE001 - each unsent request holds it
+                    pass
+            if sink.outstanding:
+                sink.waiter = Waiter()
+                try:
+                    sink.waiter.get()
+                finally:
+                    sink.waiter = None
         except BaseException as exc:
             if exc is not timer:
                 self._give_up(exc)
@@ -135,16 +143,16 @@ class Pipeline(RequestMethods):
             raise error from None
         finally:
             timer.close()
-            self._waiter = None
 
     def _give_up(self, exc):
         transport = self._conn._transport
-        for sync in self._syncs:
-            if sync not in self._replies:
+        sink = self._sink
+        for sync in sink.syncs:
+            if sync not in sink.replies:
                 if transport is not None:
                     transport.abandon(sync)
-                self._replies[sync] = exc
-        self._outstanding = 0
+                sink.replies[sync] = exc
+        sink.outstanding = 0
 
     def results(self):
         """Every reply in request order: a Response, or the exception it raised."""
@@ -154,21 +162,21 @@ class Pipeline(RequestMethods):
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
             conn = self._conn
-            values = [self._replies[sync] for sync in self._syncs]
-            bodies = [v[3] for v in values if type(v) is tuple]
-            bodies = iter(conn._decoder.decode_all(bodies))
+            decoder = conn._decoder
+            replies = self._sink.replies
             out = []
-            for sync, value in zip(self._syncs, values):
+            for sync in self._sink.syncs:
+                value = replies[sync]
                 if type(value) is tuple:
-                    body = next(bodies)
-                    code = value[1]
+                    code, schema, body = value
                     try:
+                        body = decoder.decode(body)
                         if not code and type(body) is dict:
-                            value = ok_response(conn, sync, value[2], body)
+                            value = ok_response(conn, sync, schema, body)
                         else:
-                            value = make_response(Response, conn, sync, code, value[2], body)
+                            value = make_response(Response, conn, sync, code, schema, body)
                     except Exception as exc:  # noqa: BLE001 - returned in its place
-                        value = exc
+                        value = exc.with_traceback(None)
                 out.append(value)
             return out
 

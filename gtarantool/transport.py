@@ -64,12 +64,11 @@ class Transport:
 
     ``send(sync, code, schema_version, body)`` queues a request and returns a gevent ``Waiter``
     whose value is ``(sync, code, schema version, body, pushes)``, or the
-    exception that failed the connection.  For a gevent ``Waiter`` (the
-    default) ``body`` is the decoded body, or the exception decoding it raised
-    (that request fails, the connection stays up); any other waiter (a
-    pipeline) gets the body's bytes, to decode when it collects its replies.
-    ``pushes`` is None or a list of ``(code, schema version, body)``.
-    ``close()`` kills and joins both greenlets.
+    exception that failed the connection.  ``body`` is the decoded body, or
+    the exception decoding it raised (that request fails, the connection
+    stays up); ``pushes`` is None or a list of ``(code, schema version, body)``.
+    ``send_many`` queues many requests whose replies go to one ``ReplySink``
+    (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
     """
 
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
@@ -114,7 +113,8 @@ class Transport:
         its reply goes to.  With ``code`` None, ``body`` is a whole frame already.
 
         ``waiter`` is anything with a ``switch(value)`` called from the hub; by
-        default a new gevent ``Waiter`` for the current greenlet.
+        default a new gevent ``Waiter`` for the current greenlet.  (The reader
+        hands a ``ReplySink`` the body's bytes, anything else the decoded body.)
         """
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
@@ -132,6 +132,28 @@ class Transport:
             buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
                                          0x01cf, sync, 0x05ce, schema_version), body)
         return waiter
+
+    def send_many(self, requests, syncs, sink):
+        """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
+        under ``syncs`` (one each, in order), their replies going to ``sink``.
+        Waits for room in ``max_in_flight`` as ``send`` does; what an exception
+        leaves unsent is simply not registered."""
+        pending = self._pending
+        buf = self._wbuf
+        pack = _REQUEST_HEADER.pack
+        start, total = 0, len(requests)
+        while start < total:
+            if len(pending) >= self.max_in_flight or self.error is not None:
+                self._wait_for_room()
+            stop = min(total, start + self.max_in_flight - len(pending))
+            if not buf:
+                self._wakeup.set()
+            sink.outstanding += stop - start
+            for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
+                pending[sync] = sink
+                buf += (pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,
+                             0x05ce, 0), body)
+            start = stop
 
     def _wait_for_room(self):
         """Wait in line while ``max_in_flight`` requests await replies (raise if dead)."""
@@ -262,6 +284,7 @@ class Transport:
         else:
             fast_end = 0   # another unpacker factory: every frame takes _frame()
         first = len(wake)
+        stored = 0   # replies put in a ReplySink: not in wake
         self._need = 0
         try:
             while True:
@@ -286,11 +309,18 @@ class Transport:
                                            strict_map_key=False, ext_hook=ext_hook)
                         except Exception as exc:  # noqa: BLE001 - that caller's error
                             body = {} if stop == pos + 28 else exc.with_traceback(None)
+                        wake.append((waiter, (sync, code, schema, body, None)))
+                    elif type(waiter) is ReplySink:
+                        # Stored as bytes: decoded objects held until the
+                        # pipeline collects them would keep the cyclic GC busy.
+                        waiter.replies[sync] = (code, schema, data[pos + 28:stop])
+                        stored += 1
+                        waiter.outstanding -= 1
+                        if not waiter.outstanding:
+                            wake.append((waiter, None))
+                            stored -= 1   # that entry is no reply
                     else:
-                        # Decoded objects held until a pipeline collects them
-                        # would keep the cyclic GC busy; bytes do not.
-                        body = data[pos + 28:stop]
-                    wake.append((waiter, (sync, code, schema, body, None)))
+                        wake.append((waiter, (sync, code, schema, data[pos + 28:stop], None)))
                     pos = stop
                 if pos == end:
                     return pos
@@ -299,7 +329,7 @@ class Transport:
                     return pos
                 pos = stop
         finally:
-            self.stats.responses += len(wake) - first
+            self.stats.responses += len(wake) - first + stored
             if self._queue:
                 self._let_in(wake)
 
@@ -423,6 +453,44 @@ def _decode(decoder, data):
         return decoder.decode(data)
     except Exception as exc:  # noqa: BLE001 - that caller's error
         return exc.with_traceback(None)
+
+
+class ReplySink:
+    """Where the replies to many requests go (a pipeline's; see ``send_many``).
+
+    The reader stores each reply in ``replies`` as ``sync -> (code, schema
+    version, body bytes)``, or the exception that failed the connection, and
+    wakes ``waiter`` (a gevent ``Waiter``, while someone waits) when
+    ``outstanding`` reaches 0.  ``syncs`` lists the owner's requests in order.
+    """
+
+    __slots__ = ("syncs", "replies", "outstanding", "waiter")
+
+    def __init__(self):
+        self.syncs = []
+        self.replies = {}
+        self.outstanding = 0
+        self.waiter = None
+
+    def switch(self, value):
+        """From the hub: a reply the reader took the general way, the error
+        that failed the connection, or None once the last reply is in."""
+        if value is not None:
+            if not self.outstanding:
+                return   # failed or given up already: nothing changes
+            replies = self.replies
+            if type(value) is tuple:
+                sync, code, schema, body, _ = value
+                replies[sync] = (code, schema, body)
+                self.outstanding -= 1
+            else:
+                for sync in self.syncs:
+                    if sync not in replies:
+                        replies[sync] = value
+                self.outstanding = 0
+        # Checked again: more requests may have gone out since a None was queued.
+        if not self.outstanding and self.waiter is not None:
+            self.waiter.switch(None)
 
 
 class _Pushes:

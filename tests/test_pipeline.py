@@ -6,12 +6,14 @@ from tarantool.error import DatabaseError, NetworkError
 from tarantool.response import Response
 
 import gtarantool
+from gtarantool.pipeline import BATCH
 
 from .conftest import PASSWORD, USER
 
 
 def test_replies_in_request_order_with_errors_in_place(conn):
     base = 20_000_000
+    before = conn.stats.responses
     with conn.pipeline() as p:
         for i in range(1000):
             p.insert("tester", (base + i, "p"))
@@ -32,6 +34,7 @@ def test_replies_in_request_order_with_errors_in_place(conn):
     assert results[1003].data == [[base + 7, "u"]]
     assert results[1004].data == [[base + 8, "p"]]
     assert results[1005].data == ["e"]
+    assert conn.stats.responses - before == 1007
     assert conn.select("tester", base + 999)[0] == [base + 999, "p"]
 
 
@@ -94,3 +97,40 @@ def test_bad_argument_raises_at_queue_time(conn):
         p.select("no_such_space", 1)
     p.ping()
     assert len(p.results()) == 1
+
+
+def test_batch_lost_with_the_server_fails_in_place_and_the_next_reconnects(fresh_server):
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           reconnect_delay=0.05)
+    p = c.pipeline()
+    for i in range(BATCH):           # handed over in one batch, answered in 5 s
+        p.call("sleep_and_return", 5, i)
+    gevent.sleep(0.2)
+    fresh_server.kill()
+    gevent.sleep(0.2)
+    fresh_server.start()
+    for i in range(BATCH, 2 * BATCH + 10):
+        p.call("echo", i)
+    results = p.results()
+    assert len(results) == 2 * BATCH + 10
+    assert all(isinstance(r, NetworkError) for r in results[:BATCH])
+    assert [r[0] for r in results[BATCH:]] == list(range(BATCH, 2 * BATCH + 10))
+    assert c.stats.reconnects == 1
+    c.close()
+
+
+def test_batch_that_cannot_be_sent_raises_at_queue_time(fresh_server):
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           reconnect_max_attempts=0)
+    fresh_server.kill()
+    gevent.sleep(0.2)                # the reader sees the connection close
+    p = c.pipeline()
+    for i in range(BATCH - 1):
+        p.call("echo", i)
+    with pytest.raises(NetworkError):
+        p.call("echo", BATCH - 1)    # the batch's last request hands the batch over
+    p.call("echo", BATCH)            # queued; fails when the results are awaited
+    results = p.results()
+    assert len(results) == BATCH + 1
+    assert all(isinstance(r, NetworkError) for r in results)
+    c.close()
