@@ -25,7 +25,7 @@ from tarantool.const import (
 )
 from tarantool.utils import wrap_key
 
-from gtarantool.protocol import NO_LIMIT, Encoder, iterator_code
+from gtarantool.protocol import NO_LIMIT, OPS_KEY, Encoder, iterator_code
 
 
 class RequestMethods:
@@ -70,7 +70,8 @@ class RequestMethods:
             space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, space.insert(values), on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_INSERT, space.insert_prefix + space.pack(values),
+                             on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
         space = self._spaces.get(space_name)
@@ -78,7 +79,8 @@ class RequestMethods:
             space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, space.insert(values), on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_REPLACE, space.insert_prefix + space.pack(values),
+                             on_push, on_push_ctx)
 
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, on_push=None, on_push_ctx=None):
@@ -97,7 +99,7 @@ class RequestMethods:
             body = self._encoder.select(space.space_no, space.index_no, offset, limit,
                                         iterator_code(iterator), key)
         else:
-            body = space.select(key)
+            body = space.select_prefix + space.pack(key)
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
@@ -113,8 +115,9 @@ class RequestMethods:
         if type(op_list) is not list or on_push is not None:
             _check_args(op_list, on_push)
         op_list = self._ops_process(space.space_no, op_list)
-        return self._request(REQUEST_TYPE_UPDATE, space.update(key, op_list),
-                             on_push, on_push_ctx)
+        pack = space.pack
+        return self._request(REQUEST_TYPE_UPDATE, b"".join(
+            (space.update_prefix, pack(key), OPS_KEY, pack(op_list))), on_push, on_push_ctx)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
@@ -138,7 +141,8 @@ class RequestMethods:
         key = [key] if kind is int or kind is str else wrap_key(key)
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_DELETE, space.delete(key), on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_DELETE, space.delete_prefix + space.pack(key),
+                             on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
         code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL

@@ -115,46 +115,37 @@ class Encoder:
         if prefix is None:
             prefix = self._cached(cache_key, 4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
                                   IPROTO_TUPLE)
-        return b"".join((prefix, self.pack(values), _OPS_KEY, self.pack(ops)))
+        return b"".join((prefix, self.pack(values), _UPSERT_OPS_KEY, self.pack(ops)))
 
 
 class SpaceEncoder:
-    """Bodies of insert and replace on one space, and of select (by key: EQ,
-    no offset or limit), update and delete on one of its indexes; their fixed
-    parts packed when it is made."""
+    """The bodies of insert and replace on one space, and of select (by key:
+    EQ, no offset or limit), update and delete on one of its indexes, as
+    their fixed parts, packed when it is made.  A body is its ``*_prefix``
+    followed by the packed key or tuple (``pack``); an update's continues
+    with ``OPS_KEY`` and the packed operations.  (Callers join the pieces
+    themselves: a method per body would cost every request a Python call.)"""
 
-    __slots__ = ("space_no", "index_no", "pack", "_insert", "_select", "_update", "_delete")
+    __slots__ = ("space_no", "index_no", "pack", "insert_prefix", "select_prefix",
+                 "update_prefix", "delete_prefix")
 
     def __init__(self, encoder, space_no, index_no):
         self.space_no = space_no
         self.index_no = index_no
         self.pack = encoder.pack
         prefix = encoder.prefix
-        self._insert = prefix(2, IPROTO_SPACE_ID, space_no, IPROTO_TUPLE)
-        self._select = prefix(6, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
-                              IPROTO_OFFSET, 0, IPROTO_LIMIT, NO_LIMIT, IPROTO_ITERATOR,
-                              ITERATOR_EQ, IPROTO_KEY)
-        self._update = prefix(4, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
-                              IPROTO_KEY)
-        self._delete = prefix(3, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
-                              IPROTO_KEY)
-
-    def insert(self, values):
-        """Also the body of replace."""
-        return self._insert + self.pack(values)
-
-    def select(self, key):
-        return self._select + self.pack(key)
-
-    def update(self, key, ops):
-        return b"".join((self._update, self.pack(key), _TUPLE_KEY, self.pack(ops)))
-
-    def delete(self, key):
-        return self._delete + self.pack(key)
+        self.insert_prefix = prefix(2, IPROTO_SPACE_ID, space_no, IPROTO_TUPLE)
+        self.select_prefix = prefix(6, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
+                                    IPROTO_OFFSET, 0, IPROTO_LIMIT, NO_LIMIT, IPROTO_ITERATOR,
+                                    ITERATOR_EQ, IPROTO_KEY)
+        self.update_prefix = prefix(4, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
+                                    IPROTO_KEY)
+        self.delete_prefix = prefix(3, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
+                                    IPROTO_KEY)
 
 
-_TUPLE_KEY = bytes([IPROTO_TUPLE])
-_OPS_KEY = bytes([IPROTO_OPS])
+OPS_KEY = bytes([IPROTO_TUPLE])   # an update's operations go under IPROTO_TUPLE
+_UPSERT_OPS_KEY = bytes([IPROTO_OPS])
 
 
 class BodyDecoder:

@@ -67,6 +67,9 @@ class Transport:
     exception that failed the connection.  ``body`` is the decoded body, or
     the exception decoding it raised (that request fails, the connection
     stays up); ``pushes`` is None or a list of ``(code, schema version, body)``.
+    (Nothing in it refers to the connection: the hub holds the value it
+    switches with until the caller yields, and must not keep a dropped
+    connection alive.)
     ``send_many`` queues many requests whose replies go to one ``ReplySink``
     (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
     """

@@ -13,6 +13,7 @@ from tarantool.request import (
 from tarantool import response as tarantool_response
 
 from gtarantool.protocol import (
+    OPS_KEY,
     RESPONSE_CLASSES,
     Encoder,
     Response,
@@ -46,20 +47,29 @@ def encoder():
     return Encoder(msgpack.Packer())
 
 
+def _by_key(prefix, encoder, key):
+    """A body as api.py joins it: a SpaceEncoder prefix, then the packed key or tuple."""
+    return prefix + encoder.pack(key)
+
+
+def _update(space, key, ops):
+    return space.update_prefix + space.pack(key) + OPS_KEY + space.pack(ops)
+
+
 CASES = [
-    (lambda e: e.space(512).insert([1, "a", {"b": [1.5, None]}]),
+    (lambda e: _by_key(e.space(512).insert_prefix, e, [1, "a", {"b": [1.5, None]}]),
      lambda c: RequestInsert(c, 512, [1, "a", {"b": [1.5, None]}])),
     (lambda e: e.select(512, 1, 10, 100, 5, ["k"]),
      lambda c: RequestSelect(c, 512, 1, ["k"], 10, 100, 5)),
-    (lambda e: e.space(512).select(["k"]),
+    (lambda e: _by_key(e.space(512).select_prefix, e, ["k"]),
      lambda c: RequestSelect(c, 512, 0, ["k"], 0, 0xffffffff, 0)),
-    (lambda e: e.space(600, 1).update([3], [("+", 1, 5), ("=", 2, "x")]),
+    (lambda e: _update(e.space(600, 1), [3], [("+", 1, 5), ("=", 2, "x")]),
      lambda c: RequestUpdate(c, 600, 1, [3], [("+", 1, 5), ("=", 2, "x")])),
-    (lambda e: e.space(600).update([3], [("+", 1, 5), ("=", 2, "x")]),
+    (lambda e: _update(e.space(600), [3], [("+", 1, 5), ("=", 2, "x")]),
      lambda c: RequestUpdate(c, 600, 0, [3], [("+", 1, 5), ("=", 2, "x")])),
     (lambda e: e.upsert(600, 0, [3, "v"], [("+", 1, 5)]),
      lambda c: RequestUpsert(c, 600, 0, [3, "v"], [("+", 1, 5)])),
-    (lambda e: e.space(700, 2).delete([b"\x00bin"]),
+    (lambda e: _by_key(e.space(700, 2).delete_prefix, e, [b"\x00bin"]),
      lambda c: RequestDelete(c, 700, 2, [b"\x00bin"])),
 ]
 
