@@ -193,28 +193,6 @@ class BodyDecoder:
             raise msgpack.ExtraData(body, bytes(data[unpacker.tell():]))
         return body
 
-    def decode_all(self, bodies):
-        """``decode`` each of ``bodies``: a list with the body, or the exception
-        decoding it raised, in the place of each."""
-        out = []
-        append = out.append
-        if self.options is None:
-            for data in bodies:
-                try:
-                    append(self.decode(data))
-                except Exception as exc:  # noqa: BLE001 - returned in its place
-                    append(exc.with_traceback(None))
-            return out
-        unpackb = msgpack.unpackb
-        use_list, raw, ext_hook = self.options
-        for data in bodies:
-            try:
-                append(unpackb(data, use_list=use_list, raw=raw, strict_map_key=False,
-                               ext_hook=ext_hook))
-            except Exception as exc:  # noqa: BLE001 - returned in its place
-                append({} if not len(data) else exc.with_traceback(None))
-        return out
-
 
 _FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data")
 
