@@ -7,6 +7,10 @@ with N requests, one with none.  (instructions(N) - instructions(0)) / N is what
 request costs, the loop's own work included, start-up and connecting excluded.
 System calls are not counted: the kernel's share of a client's CPU time is what
 ``make perf`` shows in its "in the kernel" column.
+
+The ``pipeline`` row is ``make perf``'s target 4: inserts of 16-byte tuples,
+gtarantool's pipeline (windows of 10,000) against asynctnt's ``G`` tasks, the same
+two loops ``make perf`` times.
 """
 import argparse
 import itertools
@@ -14,14 +18,32 @@ import re
 import subprocess
 import sys
 
-from bench import drivers
+from bench import drivers, perf
 from bench.config import OPERATIONS, Config
 from bench.target import open_target
 from bench.workloads import Payloads, Phase
 
 
+PIPELINE = "pipeline"
+# make perf's pipelined-insert loops, by driver: fn(host, port, space, n, size, extra, out)
+PIPELINED = {"gtarantool": (perf._pipeline_gtarantool, perf.DEFAULT_WINDOW),
+             "asynctnt": (perf._tasks_asynctnt, None)}
+PIPELINE_SIZE = 16
+
+
+class _Discard:
+    """Takes the figures make perf's loops report (they are timings: not wanted here)."""
+
+    def send(self, figures):
+        pass
+
+
 def child(driver_name, op, n, host, port, space, size, greenlets):
     """The counted process: connect, then run ``n`` requests of ``op``."""
+    if op == PIPELINE:
+        fn, window = PIPELINED[driver_name]
+        fn(host, port, space, n, PIPELINE_SIZE, window or greenlets, _Discard())
+        return
     config = Config(driver=driver_name, greenlets=greenlets, size=size, space=space, quiet=True)
     driver = drivers.make(config, host, port)
     driver.open()
@@ -37,7 +59,7 @@ def fill(target, space, op, n, size):
     """Empty ``space``; for anything but insert, put keys 0..n-1 in it first (with the
     payloads the loop checks, sent as binary as the drivers send them)."""
     target.prepare(space)
-    if op != "insert":
+    if op not in ("insert", PIPELINE):
         payloads = Payloads(size, Config.seed)
         for key in range(n):
             target.admin.replace(space, (key, 0, payloads(key)))
@@ -66,6 +88,9 @@ def measure(args):
         for driver_name in args.drivers:
             result[driver_name] = {}
             for op in args.ops:
+                if op == PIPELINE and driver_name not in PIPELINED:
+                    result[driver_name][op] = None   # no pipelined loop for it
+                    continue
                 full = count(driver_name, op, args.n, target, args)
                 empty = count(driver_name, op, 0, target, args)
                 result[driver_name][op] = (full - empty) / args.n
@@ -81,8 +106,14 @@ def table(result, args):
             + ("%24s" % ("%s / %s" % tuple(names[:2])) if len(names) > 1 else "")]
     for op in args.ops:
         counts = [result[name][op] for name in names]
-        rows.append("%-8s" % op + "".join("%14s" % "{:,.0f}".format(c) for c in counts)
-                    + ("%24.2f" % (counts[0] / counts[1]) if len(counts) > 1 else ""))
+        rows.append("%-8s" % op + "".join("%14s" % ("n/a" if c is None else "{:,.0f}".format(c))
+                                          for c in counts)
+                    + ("%24.2f" % (counts[0] / counts[1])
+                       if len(counts) > 1 and None not in counts[:2] else ""))
+    if PIPELINE in args.ops:
+        rows.append("(pipeline: inserts of %d-byte tuples, gtarantool pipelined, asynctnt %d "
+                    "tasks; the other rows: %d-byte tuples)" % (PIPELINE_SIZE, args.greenlets,
+                                                               args.size))
     return "\n".join(rows)
 
 
@@ -91,7 +122,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drivers", default="gtarantool,asynctnt",
                         help="comma-separated drivers (default %(default)s)")
-    parser.add_argument("--ops", default=",".join(OPERATIONS),
+    parser.add_argument("--ops", default=",".join(OPERATIONS + (PIPELINE,)),
                         help="comma-separated operations (default %(default)s)")
     parser.add_argument("-n", type=int, default=10_000,
                         help="requests in the counted run (default %(default)s)")
@@ -112,8 +143,9 @@ def main(argv=None):
         if name not in drivers.DRIVERS or drivers.missing(name):
             parser.error("driver %r is unknown or not installed" % name)
     for op in args.ops:
-        if op not in OPERATIONS:
-            parser.error("unknown operation %r; expected some of %s" % (op, ", ".join(OPERATIONS)))
+        if op not in OPERATIONS + (PIPELINE,):
+            parser.error("unknown operation %r; expected some of %s"
+                         % (op, ", ".join(OPERATIONS + (PIPELINE,))))
     print(table(measure(args), args))
     return 0
 

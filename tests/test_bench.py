@@ -1,5 +1,6 @@
 """The load generator on small runs: totals add up, the server counted what the client sent,
 and the JSON report holds every figure."""
+import argparse
 import json
 import re
 
@@ -238,13 +239,24 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
 
 def test_instructions_per_request_under_callgrind(capsys):
     from bench import instructions
-    assert instructions.main(["-n", "200", "--greenlets", "10", "--ops", "select",
+    assert instructions.main(["-n", "200", "--greenlets", "10", "--ops", "select,pipeline",
                               "--drivers", "gtarantool"]) == 0
     printed = capsys.readouterr().out
-    count = re.search(r"^select\s+([\d,]+)\s*$", printed, re.M)
-    assert count, printed
-    # A request costs thousands of instructions; start-up (millions) is subtracted.
-    assert 5_000 < int(count.group(1).replace(",", "")) < 500_000
+    for op in ("select", "pipeline"):
+        count = re.search(r"^%s\s+([\d,]+)\s*$" % op, printed, re.M)
+        assert count, printed
+        # A request costs thousands of instructions; start-up (millions) is subtracted.
+        assert 5_000 < int(count.group(1).replace(",", "")) < 500_000
+
+
+def test_instructions_table_says_which_driver_has_no_pipeline():
+    from bench import instructions
+    args = argparse.Namespace(
+        n=10, greenlets=3, size=100, ops=["select", "pipeline"])
+    printed = instructions.table({"gtarantool": {"select": 2000.0, "pipeline": 1000.0},
+                                  "sync": {"select": 4000.0, "pipeline": None}}, args)
+    assert re.search(r"^select\s+2,000\s+4,000\s+0\.50$", printed, re.M), printed
+    assert re.search(r"^pipeline\s+1,000\s+n/a$", printed, re.M), printed
 
 
 def test_instructions_rejects_unknown_names():
