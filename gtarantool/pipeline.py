@@ -97,17 +97,21 @@ class Pipeline(RequestMethods):
         requests, self._queued = self._queued, []
         conn = self._conn
         sink = self._sink
+        syncs = list(itertools.islice(conn._syncs, len(requests)))
         start = len(sink.syncs)
-        sink.syncs += itertools.islice(conn._syncs, len(requests))
         try:
             transport = conn._transport
             if transport is None or transport.error is not None or conn._owner != _get_ident():
                 transport = conn._ensure_connected()
-            transport.send_many(requests, sink.syncs[start:], sink)
-        except Exception as exc:
-            # The transport is dead or never came: what it took is failed already.
-            for sync in sink.syncs[start:]:
-                sink.replies.setdefault(sync, exc)
+            transport.send_many(requests, syncs, sink)
+        except BaseException as exc:
+            # The rest were not sent: they keep their places, failed with this
+            # (a timeout or kill: wait() fails them, as every unanswered one).
+            unsent = syncs[len(sink.syncs) - start:]
+            sink.syncs += unsent
+            if isinstance(exc, Exception):
+                for sync in unsent:
+                    sink.replies[sync] = exc
             raise
 
     def wait(self):
@@ -117,7 +121,7 @@ class Pipeline(RequestMethods):
         expiry it raises ``RequestTimeout``, which also becomes the result of
         each request still unanswered."""
         sink = self._sink
-        if not self._queued and not sink.outstanding:
+        if not self._queued and sink.outstanding <= 0:
             return
         conn = self._conn
         timer = Timeout._start_new_or_dummy(conn.request_timeout)
@@ -127,7 +131,7 @@ class Pipeline(RequestMethods):
                     self._flush()
                 except Exception:  # noqa: BLE001 - each unsent request holds it
                     pass
-            if sink.outstanding:
+            if sink.outstanding > 0:
                 sink.waiter = Waiter()
                 try:
                     sink.waiter.get()

@@ -138,9 +138,10 @@ class Transport:
 
     def send_many(self, requests, syncs, sink):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
-        under ``syncs`` (one each, in order), their replies going to ``sink``.
-        Waits for room in ``max_in_flight`` as ``send`` does; what an exception
-        leaves unsent is simply not registered."""
+        under ``syncs`` (one each, in order), their replies going to ``sink``,
+        and add each sync to ``sink.syncs`` as it is queued.  Waits for room in
+        ``max_in_flight`` as ``send`` does; what an exception leaves unsent is
+        not queued and not in ``sink.syncs``."""
         pending = self._pending
         buf = self._wbuf
         pack = _REQUEST_HEADER.pack
@@ -152,6 +153,7 @@ class Transport:
             if not buf:
                 self._wakeup.set()
             sink.outstanding += stop - start
+            sink.syncs += syncs[start:stop]
             for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
                 pending[sync] = sink
                 buf += (pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,
@@ -319,7 +321,7 @@ class Transport:
                         waiter.replies[sync] = (code, schema, data[pos + 28:stop])
                         stored += 1
                         waiter.outstanding -= 1
-                        if not waiter.outstanding:
+                        if waiter.outstanding <= 0:
                             wake.append((waiter, None))
                             stored -= 1   # that entry is no reply
                     else:
@@ -464,7 +466,8 @@ class ReplySink:
     The reader stores each reply in ``replies`` as ``sync -> (code, schema
     version, body bytes)``, or the exception that failed the connection, and
     wakes ``waiter`` (a gevent ``Waiter``, while someone waits) when
-    ``outstanding`` reaches 0.  ``syncs`` lists the owner's requests in order.
+    ``outstanding`` reaches 0.  ``syncs`` lists the requests queued for it, in
+    order (its owner adds those it failed to queue, with their errors).
     """
 
     __slots__ = ("syncs", "replies", "outstanding", "waiter")
@@ -479,7 +482,7 @@ class ReplySink:
         """From the hub: a reply the reader took the general way, the error
         that failed the connection, or None once the last reply is in."""
         if value is not None:
-            if not self.outstanding:
+            if self.outstanding <= 0:
                 return   # failed or given up already: nothing changes
             replies = self.replies
             if type(value) is tuple:
@@ -492,7 +495,8 @@ class ReplySink:
                         replies[sync] = value
                 self.outstanding = 0
         # Checked again: more requests may have gone out since a None was queued.
-        if not self.outstanding and self.waiter is not None:
+        # (At or below 0, never a strict 0: a wait must not outlive its replies.)
+        if self.outstanding <= 0 and self.waiter is not None:
             self.waiter.switch(None)
 
 

@@ -134,3 +134,17 @@ def test_batch_that_cannot_be_sent_raises_at_queue_time(fresh_server):
     assert len(results) == BATCH + 1
     assert all(isinstance(r, NetworkError) for r in results)
     c.close()
+
+
+def test_timeout_while_waiting_for_room_fails_every_request_in_place(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=5, request_timeout=0.3)
+    p = c.pipeline()
+    for i in range(20):              # 5 go out; the rest wait for room that never comes
+        p.call("sleep_and_return", 2, i)
+    results = p.results()
+    assert len(results) == 20
+    assert all(isinstance(r, gtarantool.RequestTimeout) for r in results)
+    assert c._transport.in_flight == 0
+    assert c.call("echo", "after")[0] == "after"
+    c.close()
