@@ -31,7 +31,7 @@ from gevent.monkey import get_original
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import Response, make_response, ok_response
+from gtarantool.protocol import responses
 from gtarantool.transport import ReplySink
 
 _get_ident = get_original("_thread", "get_ident")
@@ -165,24 +165,8 @@ class Pipeline(RequestMethods):
         except RequestTimeout:
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
-            conn = self._conn
-            decoder = conn._decoder
-            replies = self._sink.replies
-            out = []
-            for sync in self._sink.syncs:
-                value = replies[sync]
-                if type(value) is tuple:
-                    code, schema, body = value
-                    try:
-                        body = decoder.decode(body)
-                        if not code and type(body) is dict:
-                            value = ok_response(conn, sync, schema, body)
-                        else:
-                            value = make_response(Response, conn, sync, code, schema, body)
-                    except Exception as exc:  # noqa: BLE001 - returned in its place
-                        value = exc.with_traceback(None)
-                out.append(value)
-            return out
+            return responses(self._conn, self._conn._decoder, self._sink.syncs,
+                             self._sink.replies)
 
     def __enter__(self):
         return self

@@ -239,6 +239,37 @@ def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
     return resp
 
 
+def responses(conn, decoder, syncs, replies):
+    """The replies to ``syncs``, in order, as response objects (a pipeline's).
+
+    ``replies`` maps each sync to ``(code, schema version, body bytes)`` or to
+    the exception that request failed with.  Each becomes a Response, or the
+    exception it raises (an error reply, a body that does not decode).
+    Bodies are decoded here, as ``decoder.decode`` would, without a call each."""
+    use_list, raw, ext_hook = decoder.options or (None, None, None)
+    unpackb = msgpack.unpackb
+    out = []
+    append = out.append
+    for sync in syncs:
+        value = replies[sync]
+        if type(value) is tuple:
+            code, schema, body = value
+            try:
+                if ext_hook is None or not body:   # another unpacker factory, or empty
+                    body = decoder.decode(body)
+                else:
+                    body = unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
+                                   ext_hook=ext_hook)
+                if code or type(body) is not dict:
+                    value = make_response(Response, conn, sync, code, schema, body)
+                else:
+                    value = ok_response(conn, sync, schema, body)
+            except Exception as exc:  # noqa: BLE001 - returned in its place
+                value = exc.with_traceback(None)
+        append(value)
+    return out
+
+
 def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (one of the response classes above) from a reply's header
     fields and decoded body, raising what ``Response.__init__`` raises.  A body
