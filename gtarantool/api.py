@@ -32,7 +32,8 @@ class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
     The class using it provides ``_request(code, body bytes, on_push, on_push_ctx)``,
-    ``_encoder`` (a ``protocol.Encoder``), ``_spaces`` and ``_indexes`` (dicts
+    ``_encoder`` (a ``protocol.Encoder``, None until the first connect),
+    ``_opt_reconnect()`` (connects), ``_spaces`` and ``_indexes`` (dicts
     caching ``protocol.SpaceEncoder`` objects by space and by (space id, index),
     emptied when the schema is reloaded), ``schema``, ``call_16``,
     ``_ops_process`` and ``_schemaful_connection_check``.
@@ -41,6 +42,8 @@ class RequestMethods:
     def _space(self, space_name):
         """The encoder for the primary index of a space given by name or id;
         callers look in ``_spaces`` first, this fills it."""
+        if self._encoder is None:   # never connected (connect_now=False): connect first
+            self._opt_reconnect()
         if self.schema is None:
             self._schemaful_connection_check()
         if isinstance(space_name, str):
@@ -157,6 +160,8 @@ class RequestMethods:
         """call and eval: a function name or Lua code, then its arguments."""
         if not isinstance(text, str):
             raise TypeError("%s must be a str, not %s" % (what, type(text).__name__))
+        if self._encoder is None:
+            self._opt_reconnect()
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)

@@ -60,7 +60,6 @@ class Pipeline(RequestMethods):
 
     def __init__(self, conn):
         self._conn = conn
-        self._encoder = conn._encoder
         self._spaces = conn._spaces
         self._indexes = conn._indexes
         self._queued = []           # (code, body) of requests not handed over yet
@@ -70,6 +69,13 @@ class Pipeline(RequestMethods):
     @property
     def schema(self):
         return self._conn.schema
+
+    @property
+    def _encoder(self):
+        return self._conn._encoder   # set when the connection first connects
+
+    def _opt_reconnect(self):
+        self._conn._ensure_connected()
 
     @property
     def call_16(self):

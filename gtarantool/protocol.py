@@ -245,8 +245,9 @@ def responses(conn, decoder, syncs, replies):
     ``replies`` maps each sync to ``(code, schema version, body bytes)`` or to
     the exception that request failed with.  Each becomes a Response, or the
     exception it raises (an error reply, a body that does not decode).
-    Bodies are decoded here, as ``decoder.decode`` would, without a call each."""
-    use_list, raw, ext_hook = decoder.options or (None, None, None)
+    Bodies are decoded here, as ``decoder.decode`` would, without a call each.
+    (``decoder`` is None when nothing ever connected: then there is no reply.)"""
+    use_list, raw, ext_hook = (decoder and decoder.options) or (None, None, None)
     unpackb = msgpack.unpackb
     out = []
     append = out.append

@@ -454,3 +454,39 @@ def test_connection_dropped_without_close_stops_its_greenlets(server):
     gevent.sleep(0.1)
     assert transport.error is not None
     assert transport._reader.dead and transport._writer.dead
+
+
+def test_connect_now_false_connects_on_the_first_request(server):
+    """No socket until a request needs one, whichever request comes first.  (For
+    data methods naming a space, tarantool-python 1.x raises "not available ...
+    fetch_schema=False" here instead of connecting; gtarantool connects.)"""
+    key = 31_000_001
+    as_tarantool_python = {
+        "eval": lambda c: c.eval("return ...", "e").data,
+        "call": lambda c: c.call("echo", "c").data,
+        "ping": lambda c: c.ping(notime=True),
+    }
+    expected = {
+        "replace": (lambda c: c.replace("tester", (key, "lazy")).data, [[key, "lazy"]]),
+        "select": (lambda c: c.select("tester", key).data, [[key, "lazy"]]),
+        "pipeline": (_pipelined, [[[key, "lazy"]], [1]]),
+    }
+    for name, first in as_tarantool_python.items():
+        t = tarantool.Connection(server.host, server.port, user=USER, password=PASSWORD,
+                                 connect_now=False)
+        expected[name] = (first, first(t))
+        t.close()
+    for name, (first, want) in expected.items():
+        c = gtarantool.Connection(server.host, server.port, user=USER, password=PASSWORD,
+                                  connect_now=False)
+        assert c._transport is None
+        assert first(c) == want, name
+        assert not c.is_closed(), name
+        c.close()
+
+
+def _pipelined(c):
+    p = c.pipeline()
+    p.select("tester", 31_000_001)
+    p.call("echo", 1)
+    return [r.data for r in p.results()]

@@ -148,3 +148,16 @@ def test_timeout_while_waiting_for_room_fails_every_request_in_place(server):
     assert c._transport.in_flight == 0
     assert c.call("echo", "after")[0] == "after"
     c.close()
+
+
+def test_pipeline_on_a_connection_that_never_connected():
+    import socket
+    with socket.socket() as s:       # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = gtarantool.Connection("127.0.0.1", port, connect_now=False, reconnect_max_attempts=0)
+    assert c.pipeline().results() == []
+    p = c.pipeline()
+    with pytest.raises(NetworkError):   # encoding needs the server: it connects, and fails
+        p.call("echo", 1)
+    assert p.results() == []
