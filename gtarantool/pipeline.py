@@ -27,14 +27,12 @@ from contextlib import contextmanager
 import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
-from gevent.monkey import get_original
 
 from gtarantool.api import RequestMethods
 from gtarantool.errors import RequestTimeout
 from gtarantool.protocol import responses
 from gtarantool.transport import ReplySink
 
-_get_ident = get_original("_thread", "get_ident")
 # Requests go to the transport in batches of this many (and when the replies
 # are awaited), each batch followed by a yield, so the first replies come back
 # while we keep queueing.
@@ -106,10 +104,7 @@ class Pipeline(RequestMethods):
         syncs = list(itertools.islice(conn._syncs, len(requests)))
         start = len(sink.syncs)
         try:
-            transport = conn._transport
-            if transport is None or transport.error is not None or conn._owner != _get_ident():
-                transport = conn._ensure_connected()
-            transport.send_many(requests, syncs, sink)
+            conn._ensure_connected().send_many(requests, syncs, sink)
         except BaseException as exc:
             # The rest were not sent: they keep their places, failed with this
             # (a timeout or kill: wait() fails them, as every unanswered one).

@@ -111,20 +111,14 @@ class Transport:
 
     # -- the caller's side ---------------------------------------------------
 
-    def send(self, sync, code, schema_version, body, waiter=None):
-        """Queue request ``code`` with its encoded ``body`` and return the waiter
-        its reply goes to.  With ``code`` None, ``body`` is a whole frame already.
-
-        ``waiter`` is anything with a ``switch(value)`` called from the hub; by
-        default a new gevent ``Waiter`` for the current greenlet.  (The reader
-        hands a ``ReplySink`` the body's bytes, anything else the decoded body.)
-        """
+    def send(self, sync, code, schema_version, body):
+        """Queue request ``code`` with its encoded ``body`` and return the gevent
+        ``Waiter`` its reply goes to.  With ``code`` None, ``body`` is a whole
+        frame already."""
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-        if waiter is None:
-            waiter = Waiter(self._hub)
-        pending[sync] = waiter
+        waiter = pending[sync] = Waiter(self._hub)
         buf = self._wbuf
         if not buf:
             self._wakeup.set()
@@ -324,7 +318,7 @@ class Transport:
                         if waiter.outstanding <= 0:
                             wake.append((waiter, None))
                             stored -= 1   # that entry is no reply
-                    else:
+                    else:   # a _Pushes: it decodes the body for a Waiter itself
                         wake.append((waiter, (sync, code, schema, data[pos + 28:stop], None)))
                     pos = stop
                 if pos == end:
