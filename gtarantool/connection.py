@@ -333,12 +333,7 @@ class Connection(RequestMethods, tarantool.Connection):
             transport = self._ensure_connected()
         sync = next(self._syncs)
         if self.request_timeout is None:
-            waiter = transport.send(sync, code, self.schema_version, body)
-            try:
-                value = waiter.get()
-            except BaseException:
-                transport.abandon(sync)
-                raise
+            value = transport.request(sync, code, self.schema_version, body)
         else:
             value = self._wait(transport, sync, code, body)
         if type(value) is tuple:
@@ -357,12 +352,7 @@ class Connection(RequestMethods, tarantool.Connection):
         """Send one request and wait for its reply, at most ``request_timeout``."""
         timer = Timeout._start_new_or_dummy(self.request_timeout)
         try:
-            waiter = transport.send(sync, code, self.schema_version, body)
-            try:
-                return waiter.get()
-            except BaseException:
-                transport.abandon(sync)
-                raise
+            return transport.request(sync, code, self.schema_version, body)
         except Timeout as exc:
             if exc is not timer:
                 raise

@@ -1,10 +1,13 @@
 """Framing and transport: one socket, one writer greenlet, one reader greenlet.
 
-Callers register a waiter under their sync id and append a request (its
-header framed here, its body already encoded) to the write buffer.  The writer
-greenlet sends everything queued since its last flush in one call; the reader
-greenlet receives large chunks into one buffer, cuts them into frames, decodes
-each reply body and hands the reply to the waiter with that sync id.
+A caller registers its greenlet under its sync id, appends its request (the
+header framed here, the body already encoded) to the write buffer and waits.
+The writer greenlet sends everything queued since its last flush in one call;
+the reader greenlet receives large chunks into one buffer, cuts them into
+frames, decodes each reply body and queues the reply for the greenlet with
+that sync id.  The hub wakes the first greenlet of the queue; each woken
+caller, when it waits for its next reply, wakes the next one itself: one
+greenlet switch per request instead of two through the hub.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
@@ -15,6 +18,7 @@ import errno
 import os
 import socket
 import struct
+import sys
 
 import msgpack
 from gevent import Greenlet, getcurrent
@@ -62,14 +66,14 @@ class Stats:
 class Transport:
     """A connected socket with its reader and writer greenlets.
 
-    ``send(sync, code, schema_version, body)`` queues a request and returns a gevent ``Waiter``
-    whose value is ``(sync, code, schema version, body, pushes)``, or the
-    exception that failed the connection.  ``body`` is the decoded body, or
-    the exception decoding it raised (that request fails, the connection
-    stays up); ``pushes`` is None or a list of ``(code, schema version, body)``.
-    (Nothing in it refers to the connection: the hub holds the value it
-    switches with until the caller yields, and must not keep a dropped
-    connection alive.)
+    ``request(sync, code, schema_version, body)`` sends a request and returns
+    its reply, ``(sync, code, schema version, body, pushes)``, or the exception
+    that failed the connection.  ``body`` is the decoded body, or the exception
+    decoding it raised (that request fails, the connection stays up);
+    ``pushes`` is None or a list of ``(code, schema version, body)``.
+    (Nothing in it refers to the connection: the greenlet that switches with
+    it holds it until it runs again, and must not keep a dropped connection
+    alive.)
     ``send_many`` queues many requests whose replies go to one ``ReplySink``
     (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
     """
@@ -83,7 +87,9 @@ class Transport:
         self.max_response_size = max_response_size
         self.error = None                 # set once: why the transport died
         self._hub = get_hub()
-        self._pending = {}                # sync -> Waiter
+        self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
+        self._ready = collections.deque()  # (greenlet, reply) to wake, in order
+        self._waking = False              # _run_ready is scheduled or running
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
@@ -111,14 +117,15 @@ class Transport:
 
     # -- the caller's side ---------------------------------------------------
 
-    def send(self, sync, code, schema_version, body):
-        """Queue request ``code`` with its encoded ``body`` and return the gevent
-        ``Waiter`` its reply goes to.  With ``code`` None, ``body`` is a whole
-        frame already."""
+    def request(self, sync, code, schema_version, body):
+        """Send request ``code`` with its encoded ``body`` and wait for its reply
+        (returned; see the class).  With ``code`` None, ``body`` is a whole frame
+        already.  A timeout or kill while waiting discards the reply."""
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-        waiter = pending[sync] = Waiter(self._hub)
+        current = getcurrent()
+        pending[sync] = current
         buf = self._wbuf
         if not buf:
             self._wakeup.set()
@@ -128,7 +135,17 @@ class Transport:
         else:
             buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
                                          0x01cf, sync, 0x05ce, schema_version), body)
-        return waiter
+        ready = self._ready
+        try:
+            if ready and current is not self._hub:
+                # Wake the next caller whose reply is in: whoever wakes this
+                # one later switches back here with its reply.
+                waiting, reply = ready.popleft()
+                return waiting.switch(reply)
+            return self._hub.switch()
+        except BaseException:
+            self._forget(sync, current)
+            raise
 
     def send_many(self, requests, syncs, sink):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
@@ -189,6 +206,41 @@ class Transport:
         if self._pending.pop(sync, None) is not None and self.error is None:
             self._abandoned.add(sync)
             self._pass_on()
+
+    def _forget(self, sync, waiting):
+        """``abandon(sync)`` for the greenlet ``waiting``, whose reply may be
+        queued to wake it already: that wake-up must not reach it later, while
+        it waits for something else."""
+        if sync in self._pending:
+            self.abandon(sync)
+            return
+        ready = self._ready
+        for index, (glet, _) in enumerate(ready):
+            if glet is waiting:
+                del ready[index]
+                return
+
+    def _wake(self, wake):
+        """Wake the callers in ``_ready`` and hand each ``(waiter, value)`` of
+        ``wake`` (those that must be switched from the hub) to its waiter."""
+        if wake:
+            self._hub.loop.run_callback(_wake_all, wake)
+        if self._ready and not self._waking:
+            self._waking = True
+            self._hub.loop.run_callback(self._run_ready)
+
+    def _run_ready(self):
+        """In the hub: switch to the first caller in ``_ready``; callers wake
+        the rest as they wait again, and the hub takes over whenever one
+        waits for something else."""
+        ready = self._ready
+        while ready:
+            waiting, reply = ready.popleft()
+            try:
+                waiting.switch(reply)
+            except BaseException:  # as gevent's Waiter: a greenlet that died raising
+                self._hub.handle_error(waiting, *sys.exc_info())
+        self._waking = False
 
     # -- the writer greenlet -------------------------------------------------
 
@@ -251,8 +303,7 @@ class Transport:
             finally:
                 # Even when a later frame is bad, the replies already taken out
                 # of the pending table must reach their callers.
-                if wake:
-                    self._hub.loop.run_callback(_wake_all, wake)
+                self._wake(wake)
             if pos:
                 end -= pos
                 self._rview[:end] = self._rview[pos:pos + end]
@@ -269,8 +320,12 @@ class Transport:
         self._rbuf, self._rview = buf, memoryview(buf)
 
     def _cut(self, data, end, wake):
-        """Hand every whole frame of ``data[:end]`` to ``wake``; return where the rest starts."""
+        """Queue the reply in every whole frame of ``data[:end]`` for its caller
+        (in ``_ready``, or in ``wake`` for the hub to hand over); return where
+        the rest starts."""
         pop = self._pending.pop
+        ready = self._ready
+        first_ready = len(ready)
         view = self._rview
         pos = 0
         limit = self.max_response_size
@@ -302,14 +357,15 @@ class Transport:
                     waiter = pop(sync, None)
                     if waiter is None:   # given up or unknown: _frame() decides
                         break
-                    if type(waiter) is Waiter:
+                    kind = type(waiter)
+                    if kind is not ReplySink and kind is not _Pushes:   # a caller's greenlet
                         try:
                             body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
                                            strict_map_key=False, ext_hook=ext_hook)
                         except Exception as exc:  # noqa: BLE001 - that caller's error
                             body = {} if stop == pos + 28 else exc.with_traceback(None)
-                        wake.append((waiter, (sync, code, schema, body, None)))
-                    elif type(waiter) is ReplySink:
+                        ready.append((waiter, (sync, code, schema, body, None)))
+                    elif kind is ReplySink:
                         # Stored as bytes: decoded objects held until the
                         # pipeline collects them would keep the cyclic GC busy.
                         waiter.replies[sync] = (code, schema, data[pos + 28:stop])
@@ -318,8 +374,9 @@ class Transport:
                         if waiter.outstanding <= 0:
                             wake.append((waiter, None))
                             stored -= 1   # that entry is no reply
-                    else:   # a _Pushes: it decodes the body for a Waiter itself
-                        wake.append((waiter, (sync, code, schema, data[pos + 28:stop], None)))
+                    else:   # a _Pushes
+                        self._deliver(*waiter.final((sync, code, schema, data[pos + 28:stop])),
+                                      wake)
                     pos = stop
                 if pos == end:
                     return pos
@@ -328,7 +385,7 @@ class Transport:
                     return pos
                 pos = stop
         finally:
-            self.stats.responses += len(wake) - first + stored
+            self.stats.responses += len(wake) - first + len(ready) - first_ready + stored
             if self._queue:
                 self._let_in(wake)
 
@@ -355,9 +412,13 @@ class Transport:
             self._pending[sync] = waiter
             self.stats.responses += 1
         elif waiter is not None:
-            if type(waiter) is Waiter:
-                body = _decode(self._decoder, body)
-            wake.append((waiter, (sync, code, schema, body, None)))
+            if type(waiter) is _Pushes:
+                waiter, value = waiter.final((sync, code, schema, body))
+            else:
+                if type(waiter) is not ReplySink:
+                    body = _decode(self._decoder, body)
+                value = (sync, code, schema, body, None)
+            self._deliver(waiter, value, wake)
         elif sync in self._abandoned:
             if code != IPROTO_CHUNK:
                 self._abandoned.discard(sync)
@@ -367,6 +428,14 @@ class Transport:
             raise ProtocolError("%s for unknown sync %d"
                                 % ("push message" if code == IPROTO_CHUNK else "reply", sync))
         return stop
+
+    def _deliver(self, waiter, value, wake):
+        """Queue ``value`` for ``waiter``: a caller's greenlet in ``_ready``, a
+        ``ReplySink`` in ``wake``."""
+        if type(waiter) is ReplySink:
+            wake.append((waiter, value))
+        else:
+            self._ready.append((waiter, value))
 
     # -- shutting down -------------------------------------------------------
 
@@ -379,14 +448,16 @@ class Transport:
             self._sock.close()
         except OSError:
             pass
-        waiters = list(self._pending.values())
+        wake = [(waiter, exc) for waiter in self._queue]   # callers in line raise it
+        self._queue.clear()
+        for waiter in self._pending.values():
+            if type(waiter) is _Pushes:
+                waiter = waiter.waiter
+            self._deliver(waiter, exc, wake)
         self._pending.clear()
         self._abandoned.clear()
         self._wbuf.clear()
-        waiters.extend(self._queue)   # callers in line see the error and raise it
-        self._queue.clear()
-        if waiters:
-            self._hub.loop.run_callback(_wake_all, [(w, exc) for w in waiters])
+        self._wake(wake)
         for glet in (self._reader, self._writer):
             if glet is not killer and glet is not getcurrent():
                 glet.kill(block=False)
@@ -495,8 +566,8 @@ class ReplySink:
 
 
 class _Pushes:
-    """Stands in for the waiter of a request that got push messages: the final
-    reply reaches the waiter with them attached (decoded for a ``Waiter``)."""
+    """Stands in for the waiter of a request that got push messages (a caller's
+    greenlet or a ``ReplySink``) until the final reply comes."""
 
     __slots__ = ("waiter", "pushes", "decoder")
 
@@ -505,15 +576,16 @@ class _Pushes:
         self.pushes = []
         self.decoder = decoder
 
-    def switch(self, value):
-        if type(value) is tuple:
-            pushes = self.pushes
-            if type(self.waiter) is Waiter:
-                value = value[:3] + (_decode(self.decoder, value[3]),)
-                pushes = [(code, schema, _decode(self.decoder, body))
-                          for code, schema, body in pushes]
-            value = value[:4] + (pushes,)
-        self.waiter.switch(value)
+    def final(self, reply):
+        """``(waiter, value)`` for the final ``reply`` ``(sync, code, schema
+        version, body bytes)``: the reply with the pushes attached, their bodies
+        decoded for a greenlet (a ``ReplySink`` decodes them itself)."""
+        pushes = self.pushes
+        if type(self.waiter) is not ReplySink:
+            reply = reply[:3] + (_decode(self.decoder, reply[3]),)
+            pushes = [(code, schema, _decode(self.decoder, body))
+                      for code, schema, body in pushes]
+        return self.waiter, reply + (pushes,)
 
 
 def _wake_all(pairs):

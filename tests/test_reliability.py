@@ -478,7 +478,8 @@ class _FeedHarness:
                                    name="fuzz")
 
     def register(self, sync):
-        return self.transport.send(sync, None, None, b"")
+        """A greenlet waiting for the reply to ``sync`` (no frame is written)."""
+        return gevent.spawn(self.transport.request, sync, None, None, b"")
 
     def close(self):
         self.transport.close()
@@ -559,6 +560,7 @@ def _check_against_reference(data, cuts, syncs, limit):
     h = _FeedHarness(limit)
     try:
         waiters = {s: h.register(s) for s in syncs}
+        gevent.sleep(0)   # each registers
         before = rss()
         failed = False
         try:

@@ -10,6 +10,7 @@ import pytest
 from tarantool.const import IPROTO_DATA, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
 
 import gtarantool
+from gtarantool.errors import ConnectionClosed
 
 GREETING = (b"Tarantool 2.6.0 (Binary) 7e4f4a14-3a2b-4b4e-9d0a-4b1e4f0c5a10").ljust(63) + b"\n" \
     + base64.b64encode(os.urandom(32)).ljust(63) + b"\n"
@@ -127,7 +128,7 @@ def test_many_replies_in_one_chunk_wake_every_waiter():
 
 
 def test_request_frame_layout():
-    """What send() writes: a uint32 length, the fixed header map, the body as given."""
+    """What request() writes: a uint32 length, the fixed header map, the body as given."""
     import socket
 
     import gevent.socket as gsocket
@@ -138,7 +139,7 @@ def test_request_frame_layout():
     transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 10, 1 << 20)
     try:
         body = msgpack.packb({const.IPROTO_KEY: [1]})
-        transport.send(1 << 40, const.REQUEST_TYPE_SELECT, 77, body)
+        caller = gevent.spawn(transport.request, 1 << 40, const.REQUEST_TYPE_SELECT, 77, body)
         gevent.sleep(0.01)
         data = b.recv(4096)
         assert data[0] == 0xce
@@ -148,10 +149,85 @@ def test_request_frame_layout():
         assert unpacker.unpack() == {const.IPROTO_REQUEST_TYPE: const.REQUEST_TYPE_SELECT,
                                      const.IPROTO_SYNC: 1 << 40, const.IPROTO_SCHEMA_ID: 77}
         assert unpacker.unpack() == {const.IPROTO_KEY: [1]}
+        transport.close()
+        assert isinstance(caller.get(timeout=1), ConnectionClosed)
     finally:
         transport.close()
         a.close()
         b.close()
+
+
+def _socketpair_transport():
+    import socket
+
+    import gevent.socket as gsocket
+
+    from gtarantool.transport import Stats, Transport
+    a, b = socket.socketpair()
+    transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 10, 1 << 20)
+    return transport, a, b
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later():
+    """A reply queued to wake its caller, who is interrupted before that: the
+    caller goes on to wait for something else and only that wakes it."""
+    from gevent.event import AsyncResult
+    transport, a, b = _socketpair_transport()
+    elsewhere = AsyncResult()
+
+    def caller():
+        try:
+            transport.request(7, None, None, b"")
+        except Interrupted:
+            pass
+        return elsewhere.get(timeout=2)
+
+    try:
+        glet = gevent.spawn(caller)
+        gevent.sleep(0)                         # it waits for sync 7
+        glet.kill(Interrupted, block=False)     # runs before the reply's wake-up
+        transport.feed(reply(7, "late"))
+        gevent.sleep(0)
+        assert not glet.dead and transport.in_flight == 0 and not transport._ready
+        elsewhere.set("right")
+        assert glet.get(timeout=2) == "right"
+        assert transport.alive
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+def test_callers_that_also_wait_for_other_things_get_their_own_replies(conn):
+    """Woken callers wake the next one themselves; some wait on timers, events
+    and timeouts in between, and each still gets exactly its own replies."""
+    from gevent.event import Event
+    go = Event()
+
+    def caller(i):
+        got = []
+        for n in range(30):
+            if n % 3 == 0:
+                gevent.sleep(0)
+            elif n % 3 == 1 and i % 2:
+                go.wait()
+            if i % 10 == 0 and n == 5:
+                with pytest.raises(gevent.Timeout):
+                    with gevent.Timeout(0.001):
+                        conn.call("sleep_and_return", 0.05, "late")
+            got.append(conn.call("echo", i, n).data)
+        return got
+
+    glets = [gevent.spawn(caller, i) for i in range(100)]
+    gevent.sleep(0.01)
+    go.set()
+    gevent.joinall(glets, timeout=30, raise_error=True)
+    assert [g.value for g in glets] == [[[i, n] for n in range(30)] for i in range(100)]
+    assert conn._transport.in_flight <= 10 and not conn._transport._ready
 
 
 def test_replies_larger_than_the_read_buffer(conn):
