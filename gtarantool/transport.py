@@ -124,8 +124,6 @@ class Transport:
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-        current = getcurrent()
-        pending[sync] = current
         buf = self._wbuf
         if not buf:
             self._wakeup.set()
@@ -135,6 +133,8 @@ class Transport:
         else:
             buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
                                          0x01cf, sync, 0x05ce, schema_version), body)
+        current = getcurrent()
+        pending[sync] = current   # only once nothing above can raise
         ready = self._ready
         try:
             if ready and current is not self._hub:
