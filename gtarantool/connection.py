@@ -38,7 +38,6 @@ from gtarantool.protocol import (
     Encoder,
     Response,
     make_response,
-    ok_response,
 )
 from gtarantool.transport import Stats, Transport
 
@@ -336,10 +335,9 @@ class Connection(RequestMethods, tarantool.Connection):
             value = transport.request(sync, code, self.schema_version, body)
         else:
             value = self._wait(transport, sync, code, body)
-        if type(value) is tuple:
-            _, reply_code, schema, reply, pushes = value
-            if not reply_code and pushes is None and type(reply) is dict:
-                return ok_response(self, sync, schema, reply)
+        if type(value) is Response:
+            value.conn = self
+            return value
         try:
             return self._response(value, Response, on_push, on_push_ctx)
         except SchemaReloadException as exc:
@@ -365,7 +363,12 @@ class Connection(RequestMethods, tarantool.Connection):
     def _response(self, value, response_class, on_push, on_push_ctx):
         """The reply ``value`` the transport delivered as a response object
         (or raised when it is an error)."""
-        if type(value) is not tuple:
+        if type(value) is Response:   # an OK reply, built by the reader
+            if response_class is Response:
+                value.conn = self
+                return value
+            value = (value._sync, value._code, value._schema_version, value._body, None)
+        elif type(value) is not tuple:
             raise value.with_traceback(None)
         sync, code, schema, body, pushes = value
         if pushes is not None:

@@ -4,10 +4,11 @@ A caller registers its greenlet under its sync id, appends its request (the
 header framed here, the body already encoded) to the write buffer and waits.
 The writer greenlet sends everything queued since its last flush in one call;
 the reader greenlet receives large chunks into one buffer, cuts them into
-frames, decodes each reply body and queues the reply for the greenlet with
-that sync id.  The hub wakes the first greenlet of the queue; each woken
-caller, when it waits for its next reply, wakes the next one itself: one
-greenlet switch per request instead of two through the hub.
+frames, decodes each reply (an OK one straight into its response object)
+and queues it for the greenlet with that sync id.  The hub wakes the first
+greenlet of the queue; each woken caller takes its reply from the queue and,
+when it waits for its next one, wakes the next caller itself: one greenlet
+switch per request instead of two through the hub.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
@@ -23,12 +24,19 @@ import sys
 import msgpack
 from gevent import Greenlet, getcurrent
 from gevent.event import Event
+from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
-from tarantool.const import IPROTO_CHUNK, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
+from tarantool.const import (
+    IPROTO_CHUNK,
+    IPROTO_DATA,
+    IPROTO_REQUEST_TYPE,
+    IPROTO_SCHEMA_ID,
+    IPROTO_SYNC,
+)
 from tarantool.error import NetworkError
 
 from gtarantool.errors import ConnectionClosed, ProtocolError
-from gtarantool.protocol import BodyDecoder
+from gtarantool.protocol import BodyDecoder, Response
 
 RECV_SIZE = 256 * 1024
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
@@ -67,13 +75,15 @@ class Transport:
     """A connected socket with its reader and writer greenlets.
 
     ``request(sync, code, schema_version, body)`` sends a request and returns
-    its reply, ``(sync, code, schema version, body, pushes)``, or the exception
-    that failed the connection.  ``body`` is the decoded body, or the exception
-    decoding it raised (that request fails, the connection stays up);
-    ``pushes`` is None or a list of ``(code, schema version, body)``.
-    (Nothing in it refers to the connection: the greenlet that switches with
-    it holds it until it runs again, and must not keep a dropped connection
-    alive.)
+    its reply: for an OK reply whose body is a map, and without push messages
+    (nearly every reply), its ``protocol.Response`` with ``conn`` None (the
+    caller sets it); otherwise ``(sync, code, schema version, body, pushes)``,
+    or the exception that failed the connection.  ``body`` is the decoded
+    body, or the exception decoding it raised (that request fails, the
+    connection stays up); ``pushes`` is None or a list of ``(code, schema
+    version, body)``.  (Nothing in a reply refers to the connection: the
+    greenlet that switches with it holds it until it runs again, and must not
+    keep a dropped connection alive.)
     ``send_many`` queues many requests whose replies go to one ``ReplySink``
     (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
     """
@@ -138,14 +148,21 @@ class Transport:
         ready = self._ready
         try:
             if ready and current is not self._hub:
-                # Wake the next caller whose reply is in: whoever wakes this
-                # one later switches back here with its reply.
-                waiting, reply = ready.popleft()
-                return waiting.switch(reply)
-            return self._hub.switch()
+                # Wake the next caller whose reply is in; it takes the reply
+                # from _ready itself.  (Passed in the switch, the reply would
+                # stay referenced from this frame until this greenlet runs
+                # again, and a response refers to its connection.)
+                ready[0][0].switch()
+            else:
+                self._hub.switch()
         except BaseException:
             self._forget(sync, current)
             raise
+        if ready and ready[0][0] is current:
+            return ready.popleft()[1]
+        self._forget(sync, current)
+        raise InvalidSwitchError("%r was switched to while it waited for the reply to "
+                                 "request %d, which has not come" % (current, sync))
 
     def send_many(self, requests, syncs, sink):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
@@ -235,11 +252,13 @@ class Transport:
         waits for something else."""
         ready = self._ready
         while ready:
-            waiting, reply = ready.popleft()
+            waiting = ready[0][0]
             try:
-                waiting.switch(reply)
+                waiting.switch()
             except BaseException:  # as gevent's Waiter: a greenlet that died raising
                 self._hub.handle_error(waiting, *sys.exc_info())
+            if ready and ready[0][0] is waiting:
+                ready.popleft()   # it did not take its reply (it was dead): never retry it
         self._waking = False
 
     # -- the writer greenlet -------------------------------------------------
@@ -331,6 +350,7 @@ class Transport:
         limit = self.max_response_size
         unpack = _TNT_FRAME.unpack_from
         unpackb = msgpack.unpackb
+        new_response = Response.__new__
         options = self._decoder.options
         if options is not None:
             use_list, raw, ext_hook = options
@@ -364,7 +384,23 @@ class Transport:
                                            strict_map_key=False, ext_hook=ext_hook)
                         except Exception as exc:  # noqa: BLE001 - that caller's error
                             body = {} if stop == pos + 28 else exc.with_traceback(None)
-                        ready.append((waiter, (sync, code, schema, body, None)))
+                        if code or type(body) is not dict:
+                            ready.append((waiter, (sync, code, schema, body, None)))
+                            pos = stop
+                            continue
+                        # An OK reply: protocol.ok_response, written out (a
+                        # call per reply costs more than the rest of it).
+                        resp = new_response(Response)
+                        resp._sync = sync
+                        resp._code = 0
+                        resp._body = body
+                        resp._schema_version = schema
+                        resp._return_code = 0
+                        rows = resp._data = body.get(IPROTO_DATA)
+                        if rows is not None and type(rows) is not list and not isinstance(
+                                rows, (list, tuple)):
+                            resp._data = [rows]
+                        ready.append((waiter, resp))
                     elif kind is ReplySink:
                         # Stored as bytes: decoded objects held until the
                         # pipeline collects them would keep the cyclic GC busy.

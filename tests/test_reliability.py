@@ -28,6 +28,7 @@ from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 import gtarantool
 from bench.faults import FaultProxy
 from gtarantool import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.protocol import Response
 from gtarantool.transport import Stats, Transport
 
 from . import fakepeer
@@ -494,6 +495,8 @@ def _decoded(body):
 
 def _norm(value):
     """A delivered value as (code, body, [(push code, push body)]), bodies _decoded."""
+    if isinstance(value, Response):   # an OK reply, built by the reader
+        return value._code, _decoded(value._body), []
     _sync, code, _schema, body, pushes = value
     return code, _decoded(body), [(c, _decoded(b)) for c, _s, b in pushes or []]
 

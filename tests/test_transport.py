@@ -202,6 +202,32 @@ def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later():
         b.close()
 
 
+def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply():
+    """Switched to by something else while it waits (a bug elsewhere), a caller
+    raises InvalidSwitchError and gives up its request; the reply queued for
+    another caller at that moment still reaches that caller."""
+    from gevent.exceptions import InvalidSwitchError
+    transport, a, b = _socketpair_transport()
+
+    def stray():   # in the hub, before it wakes anyone
+        transport.feed(reply(8, "eight"))
+        victim.switch("stray")
+
+    try:
+        victim = gevent.spawn(transport.request, 7, None, None, b"")
+        other = gevent.spawn(transport.request, 8, None, None, b"")
+        gevent.sleep(0)                          # both wait
+        gevent.get_hub().loop.run_callback(stray)
+        with pytest.raises(InvalidSwitchError):
+            victim.get(timeout=2)
+        assert other.get(timeout=2)[:4] == (8, 0, 1, {IPROTO_DATA: ["eight"]})
+        assert transport.alive and transport.in_flight == 0 and not transport._ready
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
 def test_callers_that_also_wait_for_other_things_get_their_own_replies(conn):
     """Woken callers wake the next one themselves; some wait on timers, events
     and timeouts in between, and each still gets exactly its own replies."""
