@@ -95,14 +95,17 @@ class RequestMethods:
         if index:
             space = self._index(space, index)
         kind = type(key)
-        key = [key] if kind is int or kind is str else wrap_key(key, select=True)
-        if offset or iterator is not None or limit != NO_LIMIT or not key:
-            if iterator is None:
-                iterator = ITERATOR_EQ if key else ITERATOR_ALL
-            body = self._encoder.select(space.space_no, space.index_no, offset, limit,
-                                        iterator_code(iterator), key)
+        if (kind is int or kind is str) and not offset and iterator is None and limit == NO_LIMIT:
+            body = space.select_scalar_prefix + space.pack(key)
         else:
-            body = space.select_prefix + space.pack(key)
+            key = [key] if kind is int or kind is str else wrap_key(key, select=True)
+            if offset or iterator is not None or limit != NO_LIMIT or not key:
+                if iterator is None:
+                    iterator = ITERATOR_EQ if key else ITERATOR_ALL
+                body = self._encoder.select(space.space_no, space.index_no, offset, limit,
+                                            iterator_code(iterator), key)
+            else:
+                body = space.select_prefix + space.pack(key)
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
@@ -114,13 +117,16 @@ class RequestMethods:
         if index:
             space = self._index(space, index)
         kind = type(key)
-        key = [key] if kind is int or kind is str else wrap_key(key)
+        if kind is int or kind is str:
+            prefix = space.update_scalar_prefix
+        else:
+            prefix, key = space.update_prefix, wrap_key(key)
         if type(op_list) is not list or on_push is not None:
             _check_args(op_list, on_push)
         op_list = self._ops_process(space.space_no, op_list)
         pack = space.pack
         return self._request(REQUEST_TYPE_UPDATE, b"".join(
-            (space.update_prefix, pack(key), OPS_KEY, pack(op_list))), on_push, on_push_ctx)
+            (prefix, pack(key), OPS_KEY, pack(op_list))), on_push, on_push_ctx)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
@@ -141,11 +147,13 @@ class RequestMethods:
         if index:
             space = self._index(space, index)
         kind = type(key)
-        key = [key] if kind is int or kind is str else wrap_key(key)
+        if kind is int or kind is str:
+            body = space.delete_scalar_prefix + space.pack(key)
+        else:
+            body = space.delete_prefix + space.pack(wrap_key(key))
         if on_push is not None:
             _check_args((), on_push)
-        return self._request(REQUEST_TYPE_DELETE, space.delete_prefix + space.pack(key),
-                             on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_DELETE, body, on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
         code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL

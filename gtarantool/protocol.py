@@ -123,11 +123,15 @@ class SpaceEncoder:
     EQ, no offset or limit), update and delete on one of its indexes, as
     their fixed parts, packed when it is made.  A body is its ``*_prefix``
     followed by the packed key or tuple (``pack``); an update's continues
-    with ``OPS_KEY`` and the packed operations.  (Callers join the pieces
-    themselves: a method per body would cost every request a Python call.)"""
+    with ``OPS_KEY`` and the packed operations.  A ``*_scalar_prefix`` ends
+    with the header of a one-element array, so that a scalar key (an int or
+    a str) is packed after it as it is, without a list made to hold it.
+    (Callers join the pieces themselves: a method per body would cost every
+    request a Python call.)"""
 
     __slots__ = ("space_no", "index_no", "pack", "insert_prefix", "select_prefix",
-                 "update_prefix", "delete_prefix")
+                 "update_prefix", "delete_prefix", "select_scalar_prefix",
+                 "update_scalar_prefix", "delete_scalar_prefix")
 
     def __init__(self, encoder, space_no, index_no):
         self.space_no = space_no
@@ -142,8 +146,12 @@ class SpaceEncoder:
                                     IPROTO_KEY)
         self.delete_prefix = prefix(3, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,
                                     IPROTO_KEY)
+        self.select_scalar_prefix = self.select_prefix + _ONE_ELEMENT_ARRAY
+        self.update_scalar_prefix = self.update_prefix + _ONE_ELEMENT_ARRAY
+        self.delete_scalar_prefix = self.delete_prefix + _ONE_ELEMENT_ARRAY
 
 
+_ONE_ELEMENT_ARRAY = b"\x91"
 OPS_KEY = bytes([IPROTO_TUPLE])   # an update's operations go under IPROTO_TUPLE
 _UPSERT_OPS_KEY = bytes([IPROTO_OPS])
 

@@ -71,6 +71,14 @@ CASES = [
      lambda c: RequestUpsert(c, 600, 0, [3, "v"], [("+", 1, 5)])),
     (lambda e: _by_key(e.space(700, 2).delete_prefix, e, [b"\x00bin"]),
      lambda c: RequestDelete(c, 700, 2, [b"\x00bin"])),
+    # A scalar key, packed after a prefix that holds its one-element array header.
+    (lambda e: _by_key(e.space(512, 3).select_scalar_prefix, e, 1 << 40),
+     lambda c: RequestSelect(c, 512, 3, [1 << 40], 0, 0xffffffff, 0)),
+    (lambda e: b"".join((e.space(600).update_scalar_prefix, e.pack("k"), OPS_KEY,
+                         e.pack([("+", 1, 5)]))),
+     lambda c: RequestUpdate(c, 600, 0, ["k"], [("+", 1, 5)])),
+    (lambda e: _by_key(e.space(700, 2).delete_scalar_prefix, e, -7),
+     lambda c: RequestDelete(c, 700, 2, [-7])),
 ]
 
 
