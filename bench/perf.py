@@ -115,6 +115,17 @@ def _cpu_ticks():
     return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
 
 
+def _steal_percent(before, after):
+    """The share of the CPU time between two ``_cpu_ticks()`` the host stole, or None."""
+    if before and after and after[0] > before[0]:
+        return 100 * (after[1] - before[1]) / (after[0] - before[0])
+    return None
+
+
+def _stolen(percent):
+    return "" if percent is None else "  (%.1f%% stolen)" % percent
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -125,23 +136,30 @@ def measure(args, out=sys.stdout):
     base = Config(workload="phases", procs=1, greenlets=args.greenlets, ops=args.ops,
                   size=args.size, wal=args.wal, quiet=True)
     runs = {"gtarantool": [], "asynctnt": [], "sync": [], "pipeline": [], "pipeline_asynctnt": []}
+    steal = {name: [] for name in runs}   # per run: % of the CPU time the host took
     with open_target(base) as target:
         for i in range(args.runs):
             for driver in ("gtarantool", "asynctnt") + (("sync",) if i < args.sync_runs else ()):
                 config = base.replace(driver=driver, ops=args.ops if driver != "sync"
                                       else args.sync_ops)
+                ticks = _cpu_ticks()
                 runs[driver].append(_phases(runner.run(config, target)))
-                print("run %d %-10s %s" % (i + 1, driver, "  ".join(
+                steal[driver].append(_steal_percent(ticks, _cpu_ticks()))
+                print("run %d %-10s %s%s" % (i + 1, driver, "  ".join(
                     "%s %.0f/s %.0f/cpu-s" % (op, p["ops_per_sec"], p["ops_per_client_cpu_second"])
-                    for op, p in runs[driver][-1].items())), file=out, flush=True)
+                    for op, p in runs[driver][-1].items()), _stolen(steal[driver][-1])),
+                    file=out, flush=True)
             for name, fn, extra in (("pipeline", _pipeline_gtarantool, args.window),
                                     ("pipeline_asynctnt", _tasks_asynctnt, args.greenlets)):
                 target.prepare(base.space)  # empty space: inserts start from key 0
+                ticks = _cpu_ticks()
                 runs[name].append(_in_child(fn, target.host, target.port, base.space,
                                             args.pipeline_ops, 16, extra))
-                print("run %d %-10s insert %.0f/s %.0f/cpu-s" % (
+                steal[name].append(_steal_percent(ticks, _cpu_ticks()))
+                print("run %d %-10s insert %.0f/s %.0f/cpu-s%s" % (
                     i + 1, name, runs[name][-1]["ops_per_sec"],
-                    runs[name][-1]["ops_per_client_cpu_second"]), file=out, flush=True)
+                    runs[name][-1]["ops_per_client_cpu_second"], _stolen(steal[name][-1])),
+                    file=out, flush=True)
 
     medians = {}
     for driver in ("gtarantool", "asynctnt", "sync"):
@@ -160,7 +178,7 @@ def measure(args, out=sys.stdout):
         medians[name] = {key: _median([r[key] for r in runs[name]])
                          for key in ("ops_per_sec", "ops_per_client_cpu_second",
                                      "system_us_per_op")}
-    return {"runs": runs, "medians": medians}
+    return {"runs": runs, "medians": medians, "run_steal_percent": steal}
 
 
 def verdict(medians):
@@ -249,9 +267,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     ticks0 = _cpu_ticks()
     result = measure(args)
-    ticks1 = _cpu_ticks()
-    if ticks0 and ticks1 and ticks1[0] > ticks0[0]:
-        result["steal_percent"] = 100 * (ticks1[1] - ticks0[1]) / (ticks1[0] - ticks0[0])
+    stolen = _steal_percent(ticks0, _cpu_ticks())
+    if stolen is not None:
+        result["steal_percent"] = stolen
     lines, ok = verdict(result["medians"])
     print("\nmedians of %d interleaved runs, %s ops per phase, %d-byte payloads, %d "
           "greenlets/tasks, one client process, server WAL %s, Linux %s, %d cores%s\n"

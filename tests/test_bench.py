@@ -235,6 +235,12 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
                 <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.01
     assert "client CPU per op, us (in the kernel)" in printed
     assert 0 <= result["steal_percent"] <= 100 and "stolen by the host" in printed
+    # and per run, on each run's line
+    assert [len(result["run_steal_percent"][name]) for name in ("gtarantool", "pipeline")] \
+        == [1, 1]
+    assert all(0 <= p <= 100 for p in result["run_steal_percent"]["asynctnt"])
+    assert len(re.findall(r"^run \d .*% stolen\)$", printed, re.M)) == len(
+        [v for values in result["run_steal_percent"].values() for v in values])
 
 
 def test_instructions_per_request_under_callgrind(capsys):
