@@ -123,7 +123,10 @@ class RequestMethods:
             prefix, key = space.update_prefix, wrap_key(key)
         if type(op_list) is not list or on_push is not None:
             _check_args(op_list, on_push)
-        op_list = self._ops_process(space.space_no, op_list)
+        for operation in op_list:
+            if type(operation[1]) is not int:   # maybe a field name, to swap for its number
+                op_list = self._ops_process(space.space_no, op_list)
+                break
         pack = space.pack
         return self._request(REQUEST_TYPE_UPDATE, b"".join(
             (prefix, pack(key), OPS_KEY, pack(op_list))), on_push, on_push_ctx)
