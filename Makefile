@@ -40,7 +40,7 @@ server:
 	@command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y tarantool; }
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): setup.py pyproject.toml gtarantool/_speedups.c
 	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip

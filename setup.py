@@ -1,4 +1,4 @@
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 setup(
     name="gtarantool",
@@ -7,6 +7,9 @@ setup(
     long_description=open("README.rst").read(),
     long_description_content_type="text/x-rst",
     packages=find_packages(include=["gtarantool", "gtarantool.*"]),
+    # The reader's inner loop in C; without a compiler (or on Python < 3.10) the
+    # build skips it and transport.py runs the same loop in Python.
+    ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True)],
     python_requires=">=3.8",
     install_requires=[
         "tarantool>=1.2,<2",

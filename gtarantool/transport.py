@@ -38,6 +38,11 @@ from tarantool.error import NetworkError
 from gtarantool.errors import ConnectionClosed, ProtocolError
 from gtarantool.protocol import BodyDecoder, Response
 
+try:
+    from gtarantool import _speedups
+except ImportError:   # built without a compiler: the same loop runs in Python
+    _speedups = None
+
 RECV_SIZE = 256 * 1024
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
@@ -110,6 +115,11 @@ class Transport:
         self._rview = memoryview(self._rbuf)
         self._rlen = 0                    # bytes of an incomplete frame at the front
         self._need = 0                    # bytes there must be before parsing again
+        self._cutter = None               # _cut's fast loop in C, when built
+        if _speedups is not None and self._decoder.options is not None:
+            self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
+                                                 self._decoder.options, Response,
+                                                 (ReplySink, _Pushes))
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -351,6 +361,7 @@ class Transport:
         unpack = _TNT_FRAME.unpack_from
         unpackb = msgpack.unpackb
         new_response = Response.__new__
+        cut = self._cutter and self._cutter.cut
         options = self._decoder.options
         if options is not None:
             use_list, raw, ext_hook = options
@@ -362,6 +373,8 @@ class Transport:
         self._need = 0
         try:
             while True:
+                if cut:   # replies to greenlets, in C; it stops at anything else
+                    pos = cut(data, pos, fast_end, limit)
                 # Tarantool writes every reply's length and header in one fixed
                 # layout: one struct call reads both.  Anything else (another
                 # layout, a push, an unknown sync, a partial frame) takes _frame().

@@ -18,6 +18,9 @@ from gtarantool.protocol import Encoder
 
 from .conftest import PASSWORD, USER
 
+# Every test with the reader's C loop and with its Python loop.
+pytestmark = pytest.mark.usefixtures("reader")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

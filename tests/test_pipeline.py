@@ -10,6 +10,9 @@ from gtarantool.pipeline import BATCH
 
 from .conftest import PASSWORD, USER
 
+# Every test with the reader's C loop and with its Python loop.
+pytestmark = pytest.mark.usefixtures("reader")
+
 
 def test_replies_in_request_order_with_errors_in_place(conn):
     base = 20_000_000

@@ -8,9 +8,14 @@ import gevent.server
 import msgpack
 import pytest
 from tarantool.const import IPROTO_DATA, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
+from tarantool.msgpack_ext.unpacker import ext_hook as tarantool_ext_hook
 
 import gtarantool
 from gtarantool.errors import ConnectionClosed
+from gtarantool.protocol import Response
+
+# The tests that run a transport, with the reader's C loop and with its Python loop.
+pytestmark = pytest.mark.usefixtures("reader")
 
 GREETING = (b"Tarantool 2.6.0 (Binary) 7e4f4a14-3a2b-4b4e-9d0a-4b1e4f0c5a10").ljust(63) + b"\n" \
     + base64.b64encode(os.urandom(32)).ljust(63) + b"\n"
@@ -21,6 +26,14 @@ def reply(sync, value):
     header = msgpack.packb({IPROTO_REQUEST_TYPE: 0, IPROTO_SYNC: sync, IPROTO_SCHEMA_ID: 1})
     body = msgpack.packb({IPROTO_DATA: [value]})
     return msgpack.packb(len(header) + len(body)) + header + body
+
+
+def tarantool_reply(sync, code, schema, body):
+    """A reply frame in the one layout Tarantool writes them in (uint32 length,
+    header {0: uint32, 1: uint64, 5: uint32}): what the reader's fast path takes."""
+    header = (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
+              + b"\x05\xce" + schema.to_bytes(4, "big"))
+    return b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
 
 
 class EchoPeer:
@@ -157,14 +170,15 @@ def test_request_frame_layout():
         b.close()
 
 
-def _socketpair_transport():
+def _socketpair_transport(max_in_flight=10):
     import socket
 
     import gevent.socket as gsocket
 
     from gtarantool.transport import Stats, Transport
     a, b = socket.socketpair()
-    transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 10, 1 << 20)
+    transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), max_in_flight,
+                          1 << 20)
     return transport, a, b
 
 
@@ -283,3 +297,76 @@ def test_large_batches_both_ways(conn):
             p.call("echo", i)
     assert [r.data for r in p.results()] == [[i] for i in range(3000)]
     assert conn.ping() >= 0
+
+
+def test_the_reader_loop_in_use(conn, reader):
+    """The C loop runs unless a test (or a missing compiler) takes it away."""
+    assert (conn._transport._cutter is not None) == (reader == "c")
+    assert conn.select("tester", 1).data is not None
+
+
+# (code, body bytes): what the reader's fast path sees and what it must make of it.
+FAST_PATH_REPLIES = [
+    (0, msgpack.packb({IPROTO_DATA: [[1, "a", b"\x00\xff"]]})),
+    (0, msgpack.packb({IPROTO_DATA: 5})),            # a scalar: wrapped in a list
+    (0, msgpack.packb({IPROTO_DATA: []})),
+    (0, msgpack.packb({0x42: "no data"})),
+    (0, b""),                                        # empty body: {}
+    (0, msgpack.packb({IPROTO_DATA: [1]}) + b"\x01"),  # a byte too many: ExtraData
+    (0, msgpack.packb([1, 2])),                      # not a map
+    (0, b"\x81\x30\x92\x01"),                        # cut short
+    (0, msgpack.packb({IPROTO_DATA: [msgpack.ExtType(99, b"x")]})),  # unknown extension
+    (0x8000 | 3, msgpack.packb({0x31: "Duplicate key exists"})),
+    (0x8000 | 109, msgpack.packb({0x31: "Wrong schema version"})),
+    (7, msgpack.packb({IPROTO_DATA: [2]})),          # another non-error code
+]
+
+
+def _delivered(value):
+    """A delivered reply in comparable form (exceptions by class name)."""
+    if type(value) is Response:
+        return ("Response", value._sync, value._code, value._body, value._schema_version,
+                value._return_code, value._data)
+    sync, code, schema, body, pushes = value
+    return (sync, code, schema, type(body).__name__ if isinstance(body, Exception) else body,
+            pushes)
+
+
+def _expected(sync, code, schema, body):
+    """What the caller must get, worked out with msgpack directly."""
+    try:
+        body = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=lambda code, data:
+                               tarantool_ext_hook(code, data, None)) if body else {}
+    except Exception as exc:  # noqa: BLE001
+        return (sync, code, schema, type(exc).__name__, None)
+    if code or type(body) is not dict:
+        return (sync, code, schema, body, None)
+    data = body.get(IPROTO_DATA)
+    return ("Response", sync, 0, body, schema, 0,
+            data if data is None or isinstance(data, list) else [data])
+
+
+def test_every_kind_of_reply_in_tarantools_layout_reaches_its_caller(reader):
+    """The reader's fast path (in C or in Python) on every kind of reply in the
+    layout Tarantool writes, with a reply in another layout in between: each
+    caller gets exactly the value the general decoding gives."""
+    frames = [((1 << 63) + i, code, 2 ** 32 - 1 - i, body)
+              for i, (code, body) in enumerate(FAST_PATH_REPLIES)]
+    half = len(frames) // 2
+    stream = (b"".join(tarantool_reply(*f) for f in frames[:half]) + reply(5, "other")
+              + b"".join(tarantool_reply(*f) for f in frames[half:]))
+    transport, a, b = _socketpair_transport(max_in_flight=100)
+    try:
+        callers = [gevent.spawn(transport.request, sync, None, None, b"")
+                   for sync in [f[0] for f in frames] + [5]]
+        gevent.sleep(0)
+        transport.feed(stream)
+        gevent.joinall(callers, timeout=2)
+        assert [_delivered(c.value) for c in callers[:-1]] == [_expected(*f) for f in frames]
+        assert callers[-1].value[:4] == (5, 0, 1, {IPROTO_DATA: ["other"]})
+        assert transport.alive and transport.in_flight == 0 and not transport._ready
+        assert transport.stats.responses == len(callers)
+    finally:
+        transport.close()
+        a.close()
+        b.close()
