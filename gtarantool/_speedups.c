@@ -1,22 +1,26 @@
 /* The reader's inner loop in C: what transport.Transport._cut does, written
  * out in Python there, for the replies that nearly every request gets.
  *
- * ReplyCutter(pending, ready, unpackb, options, response_type, skip_types)
- * .cut(data, pos, end, limit) takes the whole frames of data[pos:end], one
- * after another, while each is a reply to a greenlet waiting in `pending`
- * (sync -> waiter), in the layout Tarantool writes every reply in:
+ * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
+ * pushes_type).cut(data, pos, end, limit, wake) takes the whole frames of
+ * data[pos:end], one after another, while each is in the layout Tarantool
+ * writes every reply in
  *
  *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xce schema32 | body
  *
- * For each it pops the waiter, decodes the body with
- * unpackb(body, use_list=, raw=, strict_map_key=False, ext_hook=) (options
- * gives the three), and appends (waiter, value) to `ready`: value is the
- * response_type object for an OK reply whose body is a map, otherwise the
- * tuple (sync, code, schema version, body or the exception decoding it
- * raised, None).  It stops at the first frame it does not take (another
- * layout, too long, incomplete, a push, a sync not in `pending` or whose
- * waiter's type is in `skip_types`) and returns where that frame starts:
- * the Python code decides about it.
+ * and answers a request in `pending` (sync -> waiter) whose waiter is a
+ * greenlet or a sink_type (transport.ReplySink).  For a greenlet it pops the
+ * waiter, decodes the body with unpackb(body, use_list=, raw=,
+ * strict_map_key=False, ext_hook=) (options gives the three), and appends
+ * (waiter, value) to `ready`: value is the response_type object for an OK
+ * reply whose body is a map, otherwise the tuple (sync, code, schema version,
+ * body or the exception decoding it raised, None).  For a sink it stores
+ * (code, schema version, body bytes) in sink.replies[sync] and appends
+ * (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
+ * the first frame it does not take (another layout, too long, incomplete, a
+ * push, a sync not in `pending`, a pushes_type waiter) and returns where that
+ * frame starts and how many replies it stored in sinks without a wake-up:
+ * the Python code decides about the rest.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,7 +32,13 @@
 #define IPROTO_DATA 0x30
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
-    *str_data, *unpack_kwnames, *data_key, *zero, *empty_tuple;
+    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *empty_tuple;
+
+/* How bodies are decoded and OK replies built (borrowed references). */
+typedef struct {
+    PyObject *unpackb, *use_list, *raw, *ext_hook;
+    PyTypeObject *response_type;
+} Decoding;
 
 typedef struct {
     PyObject_HEAD
@@ -37,7 +47,8 @@ typedef struct {
     PyObject *unpackb;
     PyObject *use_list, *raw, *ext_hook;
     PyTypeObject *response_type;
-    PyObject *skip_types;       /* tuple of types */
+    PyObject *sink_type, *pushes_type;
+    Decoding decoding;          /* the five above */
 } ReplyCutter;
 
 static inline uint32_t
@@ -52,22 +63,11 @@ be64(const unsigned char *p)
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
 }
 
-static int
-skipped(ReplyCutter *self, PyObject *waiter)
-{
-    Py_ssize_t i, n = PyTuple_GET_SIZE(self->skip_types);
-    for (i = 0; i < n; i++) {
-        if ((PyObject *)Py_TYPE(waiter) == PyTuple_GET_ITEM(self->skip_types, i))
-            return 1;
-    }
-    return 0;
-}
-
 /* The decoded body (new reference), the exception decoding it raised
  * (traceback dropped), or NULL with an error set for anything that is not
  * an Exception (KeyboardInterrupt, ...), which must propagate. */
 static PyObject *
-decode_body(ReplyCutter *self, const unsigned char *start, Py_ssize_t size)
+decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
 {
     PyObject *view, *body, *type, *value, *tb;
     PyObject *args[5];
@@ -78,11 +78,11 @@ decode_body(ReplyCutter *self, const unsigned char *start, Py_ssize_t size)
     if (view == NULL)
         return NULL;
     args[0] = view;
-    args[1] = self->use_list;
-    args[2] = self->raw;
+    args[1] = d->use_list;
+    args[2] = d->raw;
     args[3] = Py_False;
-    args[4] = self->ext_hook;
-    body = PyObject_Vectorcall(self->unpackb, args, 1, unpack_kwnames);
+    args[4] = d->ext_hook;
+    body = PyObject_Vectorcall(d->unpackb, args, 1, unpack_kwnames);
     Py_DECREF(view);
     if (body != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
         return body;
@@ -95,13 +95,13 @@ decode_body(ReplyCutter *self, const unsigned char *start, Py_ssize_t size)
     return value;
 }
 
-/* protocol.ok_response without conn (the caller sets it). */
+/* protocol.ok_response, without conn (the caller sets it). */
 static PyObject *
-ok_response(ReplyCutter *self, PyObject *sync, PyObject *schema, PyObject *body)
+ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
 {
     PyObject *resp, *rows, *data;
 
-    resp = self->response_type->tp_new(self->response_type, empty_tuple, NULL);
+    resp = d->response_type->tp_new(d->response_type, empty_tuple, NULL);
     if (resp == NULL)
         return NULL;
     rows = PyDict_GetItemWithError(body, data_key);   /* borrowed */
@@ -134,6 +134,45 @@ fail:
     return NULL;
 }
 
+/* Store the reply in the frame at p in `sink`: 1 when that was its last, 0 or -1. */
+static int
+store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_size)
+{
+    PyObject *replies, *value, *outstanding, *left;
+    long n;
+    int stored;
+
+    value = Py_BuildValue("(kky#)", (unsigned long)be32(p + 8), (unsigned long)be32(p + 24),
+                          (const char *)p + HEADER_SIZE, body_size);
+    if (value == NULL)
+        return -1;
+    replies = PyObject_GetAttr(sink, str_replies);
+    if (replies == NULL) {
+        Py_DECREF(value);
+        return -1;
+    }
+    stored = PyObject_SetItem(replies, sync, value);
+    Py_DECREF(replies);
+    Py_DECREF(value);
+    if (stored < 0)
+        return -1;
+    outstanding = PyObject_GetAttr(sink, str_outstanding);
+    if (outstanding == NULL)
+        return -1;
+    n = PyLong_AsLong(outstanding);
+    Py_DECREF(outstanding);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    left = PyLong_FromLong(n - 1);
+    if (left == NULL)
+        return -1;
+    stored = PyObject_SetAttr(sink, str_outstanding, left);
+    Py_DECREF(left);
+    if (stored < 0)
+        return -1;
+    return n - 1 <= 0;
+}
+
 /* Queue the reply in the frame at p (whose waiter is already popped). */
 static int
 take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const unsigned char *p,
@@ -146,11 +185,11 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const unsigned char *p
     schema = PyLong_FromUnsignedLong(be32(p + 24));
     if (schema == NULL)
         goto done;
-    body = decode_body(self, p + HEADER_SIZE, body_size);
+    body = decode_body(&self->decoding, p + HEADER_SIZE, body_size);
     if (body == NULL)
         goto done;
     if (code_value == 0 && PyDict_CheckExact(body)) {
-        value = ok_response(self, sync, schema, body);
+        value = ok_response(&self->decoding, sync, schema, body);
     } else {
         code = PyLong_FromUnsignedLong(code_value);
         if (code == NULL)
@@ -180,13 +219,15 @@ static PyObject *
 ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer buffer;
-    Py_ssize_t pos, end, limit;
+    Py_ssize_t pos, end, limit, stored = 0;
     const unsigned char *data;
+    PyObject *wake;
 
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "cut(data, pos, end, limit)");
+    if (nargs != 5 || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "cut(data, pos, end, limit, wake list)");
         return NULL;
     }
+    wake = args[4];
     pos = PyLong_AsSsize_t(args[1]);
     end = PyLong_AsSsize_t(args[2]);
     limit = PyLong_AsSsize_t(args[3]);
@@ -218,25 +259,43 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         if (sync == NULL)
             goto error;
         waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
-        if (waiter == NULL || skipped(self, waiter)) {
+        if (waiter == NULL || (PyObject *)Py_TYPE(waiter) == self->pushes_type) {
             Py_DECREF(sync);
             if (PyErr_Occurred())
                 goto error;
             break;
         }
         Py_INCREF(waiter);
-        if (PyDict_DelItem(self->pending, sync) < 0
-                || take(self, waiter, sync, p, length - MIN_LENGTH) < 0) {
-            Py_DECREF(waiter);
-            Py_DECREF(sync);
-            goto error;
+        if (PyDict_DelItem(self->pending, sync) < 0)
+            goto fail;
+        if ((PyObject *)Py_TYPE(waiter) == self->sink_type) {
+            int last = store(waiter, sync, p, length - MIN_LENGTH);
+            if (last < 0)
+                goto fail;
+            if (last) {
+                PyObject *pair = PyTuple_Pack(2, waiter, Py_None);
+                if (pair == NULL || PyList_Append(wake, pair) < 0) {
+                    Py_XDECREF(pair);
+                    goto fail;
+                }
+                Py_DECREF(pair);
+            } else {
+                stored++;
+            }
+        } else if (take(self, waiter, sync, p, length - MIN_LENGTH) < 0) {
+            goto fail;
         }
         Py_DECREF(waiter);
         Py_DECREF(sync);
         pos = stop;
+        continue;
+fail:
+        Py_DECREF(waiter);
+        Py_DECREF(sync);
+        goto error;
     }
     PyBuffer_Release(&buffer);
-    return PyLong_FromSsize_t(pos);
+    return Py_BuildValue("(nn)", pos, stored);
 error:
     PyBuffer_Release(&buffer);
     return NULL;
@@ -245,14 +304,14 @@ error:
 static int
 ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *pending, *ready, *unpackb, *options, *response_type, *skip_types;
+    PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type;
     static char *names[] = {"pending", "ready", "unpackb", "options", "response_type",
-                            "skip_types", NULL};
+                            "sink_type", "pushes_type", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!:ReplyCutter", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!O!:ReplyCutter", names,
                                      &PyDict_Type, &pending, &ready, &unpackb,
                                      &PyTuple_Type, &options, &PyType_Type, &response_type,
-                                     &PyTuple_Type, &skip_types))
+                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type))
         return -1;
     if (PyTuple_GET_SIZE(options) != 3) {
         PyErr_SetString(PyExc_TypeError, "options must be (use_list, raw, ext_hook)");
@@ -267,7 +326,13 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
     Py_XSETREF(self->ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
     Py_XSETREF(self->response_type, (PyTypeObject *)Py_NewRef(response_type));
-    Py_XSETREF(self->skip_types, Py_NewRef(skip_types));
+    self->decoding.unpackb = self->unpackb;
+    self->decoding.use_list = self->use_list;
+    self->decoding.raw = self->raw;
+    self->decoding.ext_hook = self->ext_hook;
+    self->decoding.response_type = self->response_type;
+    Py_XSETREF(self->sink_type, Py_NewRef(sink_type));
+    Py_XSETREF(self->pushes_type, Py_NewRef(pushes_type));
     return 0;
 }
 
@@ -281,7 +346,8 @@ ReplyCutter_traverse(ReplyCutter *self, visitproc visit, void *arg)
     Py_VISIT(self->raw);
     Py_VISIT(self->ext_hook);
     Py_VISIT(self->response_type);
-    Py_VISIT(self->skip_types);
+    Py_VISIT(self->sink_type);
+    Py_VISIT(self->pushes_type);
     return 0;
 }
 
@@ -295,7 +361,8 @@ ReplyCutter_clear(ReplyCutter *self)
     Py_CLEAR(self->raw);
     Py_CLEAR(self->ext_hook);
     Py_CLEAR(self->response_type);
-    Py_CLEAR(self->skip_types);
+    Py_CLEAR(self->sink_type);
+    Py_CLEAR(self->pushes_type);
     return 0;
 }
 
@@ -309,7 +376,8 @@ ReplyCutter_dealloc(ReplyCutter *self)
 
 static PyMethodDef ReplyCutter_methods[] = {
     {"cut", (PyCFunction)(void (*)(void))ReplyCutter_cut, METH_FASTCALL,
-     "cut(data, pos, end, limit) -> where the first frame not taken starts"},
+     "cut(data, pos, end, limit, wake) -> (where the first frame not taken starts, "
+     "replies stored in sinks without a wake-up)"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -318,7 +386,7 @@ static PyTypeObject ReplyCutterType = {
     .tp_name = "gtarantool._speedups.ReplyCutter",
     .tp_basicsize = sizeof(ReplyCutter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The reader's loop over reply frames, for replies to waiting greenlets.",
+    .tp_doc = "The reader's loop over reply frames (see the top of _speedups.c).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)ReplyCutter_init,
     .tp_traverse = (traverseproc)ReplyCutter_traverse,
@@ -327,11 +395,99 @@ static PyTypeObject ReplyCutterType = {
     .tp_methods = ReplyCutter_methods,
 };
 
+static int
+is_zero(PyObject *number)
+{
+    int overflow;
+    return PyLong_CheckExact(number) && PyLong_AsLongAndOverflow(number, &overflow) == 0
+        && !overflow;
+}
+
+/* responses(conn, syncs, replies, unpackb, options, response_type, general):
+ * protocol.responses for a pipeline's replies (sync -> (code, schema version,
+ * body bytes) or an exception).  An OK reply whose body decodes to a map
+ * becomes a response_type object here; anything else is general(sync, value). */
+static PyObject *
+responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *conn, *syncs, *replies, *general, *options, *out;
+    Decoding d;
+    Py_ssize_t i, n;
+
+    if (nargs != 7 || !PyList_Check(args[1]) || !PyDict_Check(args[2])
+            || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != 3
+            || !PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "responses(conn, syncs list, replies dict, unpackb, "
+                        "(use_list, raw, ext_hook), response_type, general)");
+        return NULL;
+    }
+    conn = args[0];
+    syncs = args[1];
+    replies = args[2];
+    options = args[4];
+    general = args[6];
+    d.unpackb = args[3];
+    d.use_list = PyTuple_GET_ITEM(options, 0);
+    d.raw = PyTuple_GET_ITEM(options, 1);
+    d.ext_hook = PyTuple_GET_ITEM(options, 2);
+    d.response_type = (PyTypeObject *)args[5];
+    n = PyList_GET_SIZE(syncs);
+    out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *sync = PyList_GET_ITEM(syncs, i), *value, *result = NULL;
+        value = PyDict_GetItemWithError(replies, sync);   /* borrowed */
+        if (value == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, sync);
+            goto error;
+        }
+        if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 3
+                && PyBytes_CheckExact(PyTuple_GET_ITEM(value, 2))
+                && PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 2)) > 0
+                && is_zero(PyTuple_GET_ITEM(value, 0))) {
+            PyObject *bytes = PyTuple_GET_ITEM(value, 2);
+            PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
+                                         PyBytes_GET_SIZE(bytes));
+            if (body == NULL)
+                goto error;
+            if (PyDict_CheckExact(body)) {
+                result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body);
+                if (result != NULL && PyObject_SetAttr(result, str_conn, conn) < 0)
+                    Py_CLEAR(result);
+                Py_DECREF(body);
+                if (result == NULL)
+                    goto error;
+            } else {
+                Py_DECREF(body);   /* an error or not a map: the general way says which */
+            }
+        }
+        if (result == NULL) {
+            result = PyObject_CallFunctionObjArgs(general, sync, value, NULL);
+            if (result == NULL)
+                goto error;
+        }
+        PyList_SET_ITEM(out, i, result);
+    }
+    return out;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef speedups_functions[] = {
+    {"responses", (PyCFunction)(void (*)(void))responses, METH_FASTCALL,
+     "responses(conn, syncs, replies, unpackb, options, response_type, general) -> list"},
+    {NULL, NULL, 0, NULL}
+};
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gtarantool._speedups",
     .m_doc = "The reader's inner loop in C (optional: transport.py does the same without it).",
     .m_size = -1,
+    .m_methods = speedups_functions,
 };
 
 PyMODINIT_FUNC
@@ -345,6 +501,9 @@ PyInit__speedups(void)
             || !(str_schema_version = PyUnicode_InternFromString("_schema_version"))
             || !(str_return_code = PyUnicode_InternFromString("_return_code"))
             || !(str_data = PyUnicode_InternFromString("_data"))
+            || !(str_conn = PyUnicode_InternFromString("conn"))
+            || !(str_replies = PyUnicode_InternFromString("replies"))
+            || !(str_outstanding = PyUnicode_InternFromString("outstanding"))
             || !(unpack_kwnames = Py_BuildValue("(ssss)", "use_list", "raw", "strict_map_key",
                                                 "ext_hook"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))

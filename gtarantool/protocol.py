@@ -44,6 +44,11 @@ from tarantool.types import decode_box_error
 
 from gtarantool.errors import ProtocolError
 
+try:
+    from gtarantool import _speedups   # the reader's loops in C (see setup.py)
+except ImportError:   # built without a compiler: the same loops run in Python
+    _speedups = None
+
 ITERATORS = {
     "EQ": ITERATOR_EQ, "REQ": ITERATOR_REQ, "ALL": ITERATOR_ALL,
     "LT": ITERATOR_LT, "LE": ITERATOR_LE, "GE": ITERATOR_GE, "GT": ITERATOR_GT,
@@ -247,7 +252,7 @@ def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
     return resp
 
 
-def responses(conn, decoder, syncs, replies):
+def responses(conn, decoder, syncs, replies, fast=True):
     """The replies to ``syncs``, in order, as response objects (a pipeline's).
 
     ``replies`` maps each sync to ``(code, schema version, body bytes)`` or to
@@ -255,7 +260,12 @@ def responses(conn, decoder, syncs, replies):
     exception it raises (an error reply, a body that does not decode).
     Bodies are decoded here, as ``decoder.decode`` would, without a call each.
     (``decoder`` is None when nothing ever connected: then there is no reply.)"""
-    use_list, raw, ext_hook = (decoder and decoder.options) or (None, None, None)
+    options = decoder and decoder.options
+    if fast and _speedups is not None and options is not None:   # OK replies in C, others here
+        return _speedups.responses(conn, syncs, replies, msgpack.unpackb, options, Response,
+                                   lambda sync, value: responses(conn, decoder, [sync],
+                                                                 {sync: value}, False)[0])
+    use_list, raw, ext_hook = options or (None, None, None)
     unpackb = msgpack.unpackb
     out = []
     append = out.append

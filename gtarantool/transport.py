@@ -36,12 +36,7 @@ from tarantool.const import (
 from tarantool.error import NetworkError
 
 from gtarantool.errors import ConnectionClosed, ProtocolError
-from gtarantool.protocol import BodyDecoder, Response
-
-try:
-    from gtarantool import _speedups
-except ImportError:   # built without a compiler: the same loop runs in Python
-    _speedups = None
+from gtarantool.protocol import BodyDecoder, Response, _speedups
 
 RECV_SIZE = 256 * 1024
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
@@ -118,8 +113,8 @@ class Transport:
         self._cutter = None               # _cut's fast loop in C, when built
         if _speedups is not None and self._decoder.options is not None:
             self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
-                                                 self._decoder.options, Response,
-                                                 (ReplySink, _Pushes))
+                                                 self._decoder.options, Response, ReplySink,
+                                                 _Pushes)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -373,8 +368,9 @@ class Transport:
         self._need = 0
         try:
             while True:
-                if cut:   # replies to greenlets, in C; it stops at anything else
-                    pos = cut(data, pos, fast_end, limit)
+                if cut:   # the loop below, in C; it stops at pushes and anything odd
+                    pos, in_sinks = cut(data, pos, fast_end, limit, wake)
+                    stored += in_sinks
                 # Tarantool writes every reply's length and header in one fixed
                 # layout: one struct call reads both.  Anything else (another
                 # layout, a push, an unknown sync, a partial frame) takes _frame().

@@ -4,7 +4,7 @@ import os
 import pytest
 
 import gtarantool
-from gtarantool import transport
+from gtarantool import protocol, transport
 
 from bench.server import TarantoolServer
 
@@ -45,11 +45,12 @@ def conn(server):
 
 @pytest.fixture(params=["c", "python"])
 def reader(request, monkeypatch):
-    """Runs a test twice: with the reader's loop in C (gtarantool._speedups, which
-    must be built) and with the same loop in Python, as without a compiler.
+    """Runs a test twice: with the reader's loops in C (gtarantool._speedups, which
+    must be built) and with the same loops in Python, as without a compiler.
     Modules opt in with ``pytestmark = pytest.mark.usefixtures("reader")``."""
     if request.param == "python":
         monkeypatch.setattr(transport, "_speedups", None)
+        monkeypatch.setattr(protocol, "_speedups", None)
     elif transport._speedups is None:
         pytest.fail("gtarantool._speedups is not built (pip install -e . compiles it)")
     return request.param

@@ -32,6 +32,14 @@ def reply(sync, data=None, code=0, schema_id=1):
     return frame({IPROTO_CODE: code, IPROTO_SYNC: sync, IPROTO_SCHEMA_ID: schema_id}, body)
 
 
+def tarantool_frame(sync, body, code=0, schema_id=1):
+    """A reply with ``body`` (bytes) in the one layout Tarantool writes replies in
+    (uint32 length, header {0: uint32, 1: uint64, 5: uint32}): the reader's fast path."""
+    header = (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
+              + b"\x05\xce" + schema_id.to_bytes(4, "big"))
+    return b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
+
+
 class FakePeer:
     def __init__(self, handler):
         self.handler = handler

@@ -142,6 +142,7 @@ def test_space_cache_is_bounded(conn):
 
 
 def test_sql_response_fields(conn, ref):
+    ref.execute("DELETE FROM sqltest WHERE id IN (5001, 5002)")   # from an earlier run
     a = ref.execute("INSERT INTO sqltest VALUES (?, ?)", [5001, "z"])
     b = conn.execute("INSERT INTO sqltest VALUES (?, ?)", [5002, "z"])
     assert isinstance(b, type(a)) and type(b).__name__ == type(a).__name__
@@ -377,6 +378,8 @@ def test_schema_change_reloads_once_and_retries(server, conn):
     before = conn.stats.schema_reloads
     admin.eval("box.schema.space.create('late_space'):create_index('pk')")
     try:
+        for i in range(100):   # from an earlier run
+            admin.delete("tester", 4_000_000 + i)
         results = gevent.joinall([gevent.spawn(conn.insert, "tester", (4_000_000 + i, "s"))
                                   for i in range(100)], raise_error=True)
         assert all(r.value.rowcount == 1 for r in results)
@@ -397,6 +400,7 @@ def test_fetch_schema_false(server):
 
 
 def test_bad_arguments_raise_in_caller(conn):
+    conn.delete("tester", 5_000_001)   # from an earlier run
     with pytest.raises(TypeError):
         conn.insert("tester", "not a tuple")
     with pytest.raises(TypeError):

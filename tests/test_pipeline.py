@@ -16,6 +16,9 @@ pytestmark = pytest.mark.usefixtures("reader")
 
 def test_replies_in_request_order_with_errors_in_place(conn):
     base = 20_000_000
+    with conn.pipeline() as p:   # from an earlier run
+        for i in range(1000):
+            p.delete("tester", base + i)
     before = conn.stats.responses
     with conn.pipeline() as p:
         for i in range(1000):
@@ -29,7 +32,7 @@ def test_replies_in_request_order_with_errors_in_place(conn):
         p.ping()
     results = p.results()
     assert len(results) == 1007
-    assert all(isinstance(r, Response) for r in results[:1000])
+    assert all(isinstance(r, Response) and r.conn is conn for r in results[:1000])
     assert [r[0][0] for r in results[:1000]] == [base + i for i in range(1000)]
     assert isinstance(results[1000], DatabaseError) and results[1000].code == 3
     assert results[1001].data == [[base + 5, "p"]]

@@ -380,10 +380,12 @@ BAD_BODIES = [
 ]
 
 
+@pytest.mark.usefixtures("reader")
 def test_bad_reply_body_fails_its_request_only():
     """A frame whose body does not decode to one map fails the request it
-    answers, for single calls and in a pipeline; nothing of it leaks into the
-    next reply and the connection stays up."""
+    answers, for single calls and in a pipeline, in Tarantool's own layout and
+    in another; nothing of it leaks into the next reply and the connection
+    stays up."""
     def handler(peer, sock):
         sock.sendall(fakepeer.greeting())
         while True:
@@ -391,6 +393,9 @@ def test_bad_reply_body_fails_its_request_only():
             name = body[0x22]
             sync = header[fakepeer.IPROTO_SYNC]
             if name.startswith("bad"):
+                bad = BAD_BODIES[int(name[3:])][0]
+                sock.sendall(fakepeer.tarantool_frame(sync, bad))   # the fast paths' layout
+            elif name.startswith("odd"):
                 head = msgpack.packb({0: 0, 1: sync, 5: 1})
                 bad = BAD_BODIES[int(name[3:])][0]
                 sock.sendall(msgpack.packb(len(head) + len(bad)) + head + bad)
@@ -399,18 +404,19 @@ def test_bad_reply_body_fails_its_request_only():
 
     with fakepeer.FakePeer(handler) as peer:
         conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False, request_timeout=2)
-        for i, (_, expected) in enumerate(BAD_BODIES):
-            with pytest.raises(expected):
-                conn.call("bad%d" % i)
-            assert conn.call("good").data == ["good"]
-        with conn.pipeline() as p:
-            for i in range(len(BAD_BODIES)):
-                p.call("bad%d" % i)
-                p.call("good%d" % i)
-        results = p.results()
-        for i, (_, expected) in enumerate(BAD_BODIES):
-            assert isinstance(results[2 * i], expected), results[2 * i]
-            assert results[2 * i + 1].data == ["good%d" % i]
+        for kind in ("bad", "odd"):
+            for i, (_, expected) in enumerate(BAD_BODIES):
+                with pytest.raises(expected):
+                    conn.call("%s%d" % (kind, i))
+                assert conn.call("good").data == ["good"]
+            with conn.pipeline() as p:
+                for i in range(len(BAD_BODIES)):
+                    p.call("%s%d" % (kind, i))
+                    p.call("good%d" % i)
+            results = p.results()
+            for i, (_, expected) in enumerate(BAD_BODIES):
+                assert isinstance(results[2 * i], expected), results[2 * i]
+                assert results[2 * i + 1].data == ["good%d" % i]
         assert not conn.is_closed() and conn.stats.reconnects == 0
         conn.close()
         assert not peer.errors
@@ -603,9 +609,7 @@ def _stream(frames):
     out = []
     for sync, code, body, extra, fixed in frames:
         if fixed and not extra:   # Tarantool's own layout: the reader's fast path
-            payload = (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf"
-                       + sync.to_bytes(8, "big") + b"\x05\xce" + (42).to_bytes(4, "big") + body)
-            out.append(b"\xce" + len(payload).to_bytes(4, "big") + payload)
+            out.append(fakepeer.tarantool_frame(sync, body, code, 42))
             continue
         header = {0: code, 1: sync, 5: 42}
         header.update(extra)

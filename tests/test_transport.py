@@ -14,6 +14,8 @@ import gtarantool
 from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol import Response
 
+from .fakepeer import tarantool_frame
+
 # The tests that run a transport, with the reader's C loop and with its Python loop.
 pytestmark = pytest.mark.usefixtures("reader")
 
@@ -26,14 +28,6 @@ def reply(sync, value):
     header = msgpack.packb({IPROTO_REQUEST_TYPE: 0, IPROTO_SYNC: sync, IPROTO_SCHEMA_ID: 1})
     body = msgpack.packb({IPROTO_DATA: [value]})
     return msgpack.packb(len(header) + len(body)) + header + body
-
-
-def tarantool_reply(sync, code, schema, body):
-    """A reply frame in the one layout Tarantool writes them in (uint32 length,
-    header {0: uint32, 1: uint64, 5: uint32}): what the reader's fast path takes."""
-    header = (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
-              + b"\x05\xce" + schema.to_bytes(4, "big"))
-    return b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
 
 
 class EchoPeer:
@@ -353,8 +347,10 @@ def test_every_kind_of_reply_in_tarantools_layout_reaches_its_caller(reader):
     frames = [((1 << 63) + i, code, 2 ** 32 - 1 - i, body)
               for i, (code, body) in enumerate(FAST_PATH_REPLIES)]
     half = len(frames) // 2
-    stream = (b"".join(tarantool_reply(*f) for f in frames[:half]) + reply(5, "other")
-              + b"".join(tarantool_reply(*f) for f in frames[half:]))
+    stream = b"".join(tarantool_frame(sync, body, code, schema)
+                      for sync, code, schema, body in frames[:half]) + reply(5, "other") \
+        + b"".join(tarantool_frame(sync, body, code, schema)
+                   for sync, code, schema, body in frames[half:])
     transport, a, b = _socketpair_transport(max_in_flight=100)
     try:
         callers = [gevent.spawn(transport.request, sync, None, None, b"")
