@@ -43,6 +43,11 @@ server:
 $(STAMP): setup.py pyproject.toml gtarantool/_speedups.c
 	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+	@# a C compiler and Python's headers build gtarantool/_speedups.c, which the tests require
+	@command -v cc >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y gcc; }
+	@$(PY) -c "import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(\
+		sysconfig.get_paths()['include'], 'Python.h')))" || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y python3-dev; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,profile]'
 	touch $@
