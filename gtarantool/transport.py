@@ -5,10 +5,11 @@ header framed here, the body already encoded) to the write buffer and waits.
 The writer greenlet sends everything queued since its last flush in one call;
 the reader greenlet receives large chunks into one buffer, cuts them into
 frames, decodes each reply (an OK one straight into its response object)
-and queues it for the greenlet with that sync id.  The hub wakes the first
-greenlet of the queue; each woken caller takes its reply from the queue and,
-when it waits for its next one, wakes the next caller itself: one greenlet
-switch per request instead of two through the hub.
+and queues it for the greenlet with that sync id (``_cut``'s loop runs in C,
+``gtarantool._speedups``, when the package was built with a compiler).  The
+hub wakes the first greenlet of the queue; each woken caller takes its reply
+from the queue and, when it waits for its next one, wakes the next caller
+itself: one greenlet switch per request instead of two through the hub.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
