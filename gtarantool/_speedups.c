@@ -32,9 +32,11 @@
 #define IPROTO_DATA 0x30
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
-    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *empty_tuple;
+    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
+    *empty_tuple;
 
-/* How bodies are decoded and OK replies built (borrowed references). */
+/* How bodies are decoded and OK replies built: a ReplyCutter's own references,
+ * or responses()'s borrowed arguments. */
 typedef struct {
     PyObject *unpackb, *use_list, *raw, *ext_hook;
     PyTypeObject *response_type;
@@ -44,11 +46,8 @@ typedef struct {
     PyObject_HEAD
     PyObject *pending;          /* dict */
     PyObject *ready_append;     /* bound deque.append */
-    PyObject *unpackb;
-    PyObject *use_list, *raw, *ext_hook;
-    PyTypeObject *response_type;
     PyObject *sink_type, *pushes_type;
-    Decoding decoding;          /* the five above */
+    Decoding decoding;
 } ReplyCutter;
 
 static inline uint32_t
@@ -321,16 +320,11 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
     if (self->ready_append == NULL)
         return -1;
     Py_XSETREF(self->pending, Py_NewRef(pending));
-    Py_XSETREF(self->unpackb, Py_NewRef(unpackb));
-    Py_XSETREF(self->use_list, Py_NewRef(PyTuple_GET_ITEM(options, 0)));
-    Py_XSETREF(self->raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
-    Py_XSETREF(self->ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
-    Py_XSETREF(self->response_type, (PyTypeObject *)Py_NewRef(response_type));
-    self->decoding.unpackb = self->unpackb;
-    self->decoding.use_list = self->use_list;
-    self->decoding.raw = self->raw;
-    self->decoding.ext_hook = self->ext_hook;
-    self->decoding.response_type = self->response_type;
+    Py_XSETREF(self->decoding.unpackb, Py_NewRef(unpackb));
+    Py_XSETREF(self->decoding.use_list, Py_NewRef(PyTuple_GET_ITEM(options, 0)));
+    Py_XSETREF(self->decoding.raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
+    Py_XSETREF(self->decoding.ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
+    Py_XSETREF(self->decoding.response_type, (PyTypeObject *)Py_NewRef(response_type));
     Py_XSETREF(self->sink_type, Py_NewRef(sink_type));
     Py_XSETREF(self->pushes_type, Py_NewRef(pushes_type));
     return 0;
@@ -341,11 +335,11 @@ ReplyCutter_traverse(ReplyCutter *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->pending);
     Py_VISIT(self->ready_append);
-    Py_VISIT(self->unpackb);
-    Py_VISIT(self->use_list);
-    Py_VISIT(self->raw);
-    Py_VISIT(self->ext_hook);
-    Py_VISIT(self->response_type);
+    Py_VISIT(self->decoding.unpackb);
+    Py_VISIT(self->decoding.use_list);
+    Py_VISIT(self->decoding.raw);
+    Py_VISIT(self->decoding.ext_hook);
+    Py_VISIT(self->decoding.response_type);
     Py_VISIT(self->sink_type);
     Py_VISIT(self->pushes_type);
     return 0;
@@ -356,11 +350,11 @@ ReplyCutter_clear(ReplyCutter *self)
 {
     Py_CLEAR(self->pending);
     Py_CLEAR(self->ready_append);
-    Py_CLEAR(self->unpackb);
-    Py_CLEAR(self->use_list);
-    Py_CLEAR(self->raw);
-    Py_CLEAR(self->ext_hook);
-    Py_CLEAR(self->response_type);
+    Py_CLEAR(self->decoding.unpackb);
+    Py_CLEAR(self->decoding.use_list);
+    Py_CLEAR(self->decoding.raw);
+    Py_CLEAR(self->decoding.ext_hook);
+    Py_CLEAR(self->decoding.response_type);
     Py_CLEAR(self->sink_type);
     Py_CLEAR(self->pushes_type);
     return 0;
