@@ -30,10 +30,12 @@
 #define MIN_LENGTH (HEADER_SIZE - 5)
 #define IPROTO_CHUNK 0x80
 #define IPROTO_DATA 0x30
+#define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
-    *empty_tuple;
+    *empty_tuple, *str_error, *str_switch, *str_popleft, *str_forget,
+    *str_switched_early;
 
 /* How bodies are decoded and OK replies built: a ReplyCutter's own references,
  * or responses()'s borrowed arguments. */
@@ -389,6 +391,277 @@ static PyTypeObject ReplyCutterType = {
     .tp_methods = ReplyCutter_methods,
 };
 
+/* Requester(transport, slow, pending, ready, wbuf, wakeup_set, hub, getcurrent,
+ * max_in_flight).request(sync, code, schema_version, body) is
+ * transport.Transport.request for the requests nearly every caller makes: an
+ * int code below 128, a bytes body, ints that fit the header, a free slot and
+ * a live transport.  It frames the header, queues header and body for the
+ * writer, registers the current greenlet under its sync and switches away
+ * (to the next caller whose reply is in, or to the hub) until its reply is
+ * taken from `ready`.  Any other call goes to slow(transport, sync, code,
+ * schema_version, body), the Python method, unchanged; so do the rare ends:
+ * transport._forget(sync, greenlet) when the switch raises (a timeout, a
+ * kill), transport._switched_early(sync, greenlet) when it returns with no
+ * reply. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *transport, *slow;
+    PyObject *pending;          /* dict: sync -> waiter */
+    PyObject *ready;            /* deque of (greenlet, reply) */
+    PyObject *wbuf;             /* list of frames for the writer */
+    PyObject *wakeup_set;       /* bound Event.set: the writer's wake-up */
+    PyObject *hub, *hub_switch, *getcurrent;
+    Py_ssize_t max_in_flight;
+} Requester;
+
+static inline void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = v >> 24;
+    p[1] = v >> 16;
+    p[2] = v >> 8;
+    p[3] = v;
+}
+
+/* The request header as Transport.request packs it (_REQUEST_HEADER). */
+static PyObject *
+request_header(uint32_t code, unsigned long long sync, uint32_t schema, Py_ssize_t body_size)
+{
+    PyObject *header = PyBytes_FromStringAndSize(NULL, REQUEST_HEADER_SIZE);
+    unsigned char *p;
+
+    if (header == NULL)
+        return NULL;
+    p = (unsigned char *)PyBytes_AS_STRING(header);
+    p[0] = 0xce;
+    put_be32(p + 1, (uint32_t)(REQUEST_HEADER_SIZE - 5 + body_size));
+    p[5] = 0x83;
+    p[6] = 0x00;
+    p[7] = (unsigned char)code;
+    p[8] = 0x01;
+    p[9] = 0xcf;
+    put_be32(p + 10, (uint32_t)(sync >> 32));
+    put_be32(p + 14, (uint32_t)sync);
+    p[18] = 0x05;
+    p[19] = 0xce;
+    put_be32(p + 20, schema);
+    return header;
+}
+
+/* The first greenlet in `ready` (borrowed; it stays referenced from there),
+ * NULL when there is none. */
+static PyObject *
+first_ready(Requester *self)
+{
+    PyObject *first, *glet = NULL;
+
+    if (PyObject_Size(self->ready) <= 0)
+        return NULL;
+    first = PySequence_GetItem(self->ready, 0);
+    if (first == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (PyTuple_CheckExact(first) && PyTuple_GET_SIZE(first) == 2)
+        glet = PyTuple_GET_ITEM(first, 0);
+    Py_DECREF(first);
+    return glet;
+}
+
+static PyObject *
+Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *sync, *body, *error, *header, *current, *next, *res, *item, *value;
+    unsigned long long sync_value;
+    unsigned long schema_value;
+    long code_value;
+    Py_ssize_t queued;
+    PyObject *slow_args[5];
+
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "request(sync, code, schema_version, body)");
+        return NULL;
+    }
+    sync = args[0];
+    body = args[3];
+    if (!PyLong_CheckExact(sync) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
+            || !PyBytes_CheckExact(body)
+            || PyBytes_GET_SIZE(body) > 0xffffffffLL - (REQUEST_HEADER_SIZE - 5)
+            || PyDict_GET_SIZE(self->pending) >= self->max_in_flight)
+        goto slow;
+    code_value = PyLong_AsLong(args[1]);
+    sync_value = PyLong_AsUnsignedLongLong(sync);
+    schema_value = PyLong_AsUnsignedLong(args[2]);
+    if (PyErr_Occurred()) {   /* out of range: the Python method says how */
+        PyErr_Clear();
+        goto slow;
+    }
+    if (code_value < 0 || code_value > 127 || schema_value > 0xffffffffUL)
+        goto slow;
+    error = PyObject_GetAttr(self->transport, str_error);
+    if (error == NULL)
+        return NULL;
+    Py_DECREF(error);
+    if (error != Py_None)
+        goto slow;
+
+    header = request_header((uint32_t)code_value, sync_value, (uint32_t)schema_value,
+                            PyBytes_GET_SIZE(body));
+    if (header == NULL)
+        return NULL;
+    queued = PyList_GET_SIZE(self->wbuf);
+    if (queued == 0) {
+        res = PyObject_CallNoArgs(self->wakeup_set);
+        if (res == NULL) {
+            Py_DECREF(header);
+            return NULL;
+        }
+        Py_DECREF(res);
+        queued = PyList_GET_SIZE(self->wbuf);
+    }
+    if (PyList_Append(self->wbuf, header) < 0) {
+        Py_DECREF(header);
+        return NULL;
+    }
+    Py_DECREF(header);
+    if (PyList_Append(self->wbuf, body) < 0) {   /* two entries per request, or none */
+        PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
+        return NULL;
+    }
+    current = PyObject_CallNoArgs(self->getcurrent);
+    if (current == NULL)
+        return NULL;
+    if (PyDict_SetItem(self->pending, sync, current) < 0) {
+        Py_DECREF(current);
+        return NULL;
+    }
+
+    /* Wake the next caller whose reply is in (it takes its reply itself) or
+     * let the hub run; see Transport.request. */
+    next = current != self->hub ? first_ready(self) : NULL;
+    if (next != NULL)
+        res = PyObject_CallMethodNoArgs(next, str_switch);
+    else
+        res = PyObject_CallNoArgs(self->hub_switch);
+    if (res == NULL) {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        res = PyObject_CallMethodObjArgs(self->transport, str_forget, sync, current, NULL);
+        Py_DECREF(current);
+        if (res == NULL) {
+            _PyErr_ChainExceptions(type, exc, tb);
+            return NULL;
+        }
+        Py_DECREF(res);
+        PyErr_Restore(type, exc, tb);
+        return NULL;
+    }
+    Py_DECREF(res);
+    if (first_ready(self) != current) {
+        res = PyObject_CallMethodObjArgs(self->transport, str_switched_early, sync, current,
+                                         NULL);
+        Py_DECREF(current);
+        return res;
+    }
+    Py_DECREF(current);
+    item = PyObject_CallMethodNoArgs(self->ready, str_popleft);
+    if (item == NULL)
+        return NULL;
+    value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
+    Py_DECREF(item);
+    return value;
+
+slow:
+    slow_args[0] = self->transport;
+    memcpy(slow_args + 1, args, 4 * sizeof(PyObject *));
+    return PyObject_Vectorcall(self->slow, slow_args, 5, NULL);
+}
+
+static int
+Requester_init(Requester *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent;
+    Py_ssize_t max_in_flight;
+    static char *names[] = {"transport", "slow", "pending", "ready", "wbuf", "wakeup_set",
+                            "hub", "getcurrent", "max_in_flight", NULL};
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOn:Requester", names, &transport,
+                                     &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
+                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight))
+        return -1;
+    Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
+    if (self->hub_switch == NULL)
+        return -1;
+    Py_XSETREF(self->transport, Py_NewRef(transport));
+    Py_XSETREF(self->slow, Py_NewRef(slow));
+    Py_XSETREF(self->pending, Py_NewRef(pending));
+    Py_XSETREF(self->ready, Py_NewRef(ready));
+    Py_XSETREF(self->wbuf, Py_NewRef(wbuf));
+    Py_XSETREF(self->wakeup_set, Py_NewRef(wakeup_set));
+    Py_XSETREF(self->hub, Py_NewRef(hub));
+    Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
+    self->max_in_flight = max_in_flight;
+    return 0;
+}
+
+static int
+Requester_traverse(Requester *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->transport);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->ready);
+    Py_VISIT(self->wbuf);
+    Py_VISIT(self->wakeup_set);
+    Py_VISIT(self->hub);
+    Py_VISIT(self->hub_switch);
+    Py_VISIT(self->getcurrent);
+    return 0;
+}
+
+static int
+Requester_clear(Requester *self)
+{
+    Py_CLEAR(self->transport);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->ready);
+    Py_CLEAR(self->wbuf);
+    Py_CLEAR(self->wakeup_set);
+    Py_CLEAR(self->hub);
+    Py_CLEAR(self->hub_switch);
+    Py_CLEAR(self->getcurrent);
+    return 0;
+}
+
+static void
+Requester_dealloc(Requester *self)
+{
+    PyObject_GC_UnTrack(self);
+    Requester_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Requester_methods[] = {
+    {"request", (PyCFunction)(void (*)(void))Requester_request, METH_FASTCALL,
+     "request(sync, code, schema_version, body) -> the reply (see Transport.request)"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject RequesterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.Requester",
+    .tp_basicsize = sizeof(Requester),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The caller's side of Transport.request (see Requester in _speedups.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Requester_init,
+    .tp_traverse = (traverseproc)Requester_traverse,
+    .tp_clear = (inquiry)Requester_clear,
+    .tp_dealloc = (destructor)Requester_dealloc,
+    .tp_methods = Requester_methods,
+};
+
 static int
 is_zero(PyObject *number)
 {
@@ -502,14 +775,20 @@ PyInit__speedups(void)
                                                 "ext_hook"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
-            || !(empty_tuple = PyTuple_New(0)))
+            || !(empty_tuple = PyTuple_New(0))
+            || !(str_error = PyUnicode_InternFromString("error"))
+            || !(str_switch = PyUnicode_InternFromString("switch"))
+            || !(str_popleft = PyUnicode_InternFromString("popleft"))
+            || !(str_forget = PyUnicode_InternFromString("_forget"))
+            || !(str_switched_early = PyUnicode_InternFromString("_switched_early")))
         return NULL;
-    if (PyType_Ready(&ReplyCutterType) < 0)
+    if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0) {
+    if (PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
+            || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -116,6 +116,10 @@ class Transport:
             self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
                                                  self._decoder.options, Response, ReplySink,
                                                  _Pushes)
+        if _speedups is not None:   # request() in C: it shadows the method below
+            self.request = _speedups.Requester(self, Transport.request, self._pending,
+                                               self._ready, self._wbuf, self._wakeup.set,
+                                               self._hub, getcurrent, max_in_flight).request
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -166,9 +170,13 @@ class Transport:
             raise
         if ready and ready[0][0] is current:
             return ready.popleft()[1]
-        self._forget(sync, current)
+        self._switched_early(sync, current)
+
+    def _switched_early(self, sync, waiting):
+        """Something switched to ``waiting`` before its reply came: give up on it."""
+        self._forget(sync, waiting)
         raise InvalidSwitchError("%r was switched to while it waited for the reply to "
-                                 "request %d, which has not come" % (current, sync))
+                                 "request %d, which has not come" % (waiting, sync))
 
     def send_many(self, requests, syncs, sink):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
