@@ -139,7 +139,8 @@ def measure(args, out=sys.stdout):
     steal = {name: [] for name in runs}   # per run: % of the CPU time the host took
     with open_target(base) as target:
         for i in range(args.runs):
-            for driver in ("gtarantool", "asynctnt") + (("sync",) if i < args.sync_runs else ()):
+            sync_runs = args.runs if args.sync_runs is None else args.sync_runs
+            for driver in ("gtarantool", "asynctnt") + (("sync",) if i < sync_runs else ()):
                 config = base.replace(driver=driver, ops=args.ops if driver != "sync"
                                       else args.sync_ops)
                 ticks = _cpu_ticks()
@@ -254,8 +255,9 @@ def main(argv=None):
                         help="greenlets / asyncio tasks (default 100)")
     parser.add_argument("--sync-ops", type=int, default=20_000,
                         help="ops per phase for the slow sync client (default 20000)")
-    parser.add_argument("--sync-runs", type=int, default=3,
-                        help="runs of the sync client (default 3)")
+    parser.add_argument("--sync-runs", type=int, default=None,
+                        help="runs of the sync client, each interleaved with the others "
+                             "(default: every run)")
     parser.add_argument("--pipeline-ops", type=int, default=100_000,
                         help="pipelined 16-byte inserts (default 100000)")
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
