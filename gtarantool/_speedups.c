@@ -1,5 +1,7 @@
-/* The reader's inner loop in C: what transport.Transport._cut does, written
- * out in Python there, for the replies that nearly every request gets.
+/* The hot paths of transport.py in C, for what nearly every request does:
+ * Requester (below) sends a request and waits, as Transport.request; and the
+ * reader's inner loop, what transport.Transport._cut does, written out in
+ * Python there:
  *
  * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
  * pushes_type).cut(data, pos, end, limit, wake) takes the whole frames of
@@ -10,8 +12,9 @@
  *
  * and answers a request in `pending` (sync -> waiter) whose waiter is a
  * greenlet or a sink_type (transport.ReplySink).  For a greenlet it pops the
- * waiter, decodes the body with unpackb(body, use_list=, raw=,
- * strict_map_key=False, ext_hook=) (options gives the three), and appends
+ * waiter, decodes the body as unpackb(body, use_list=, raw=,
+ * strict_map_key=False, ext_hook=) does (options gives the three; it calls
+ * unpackb only for what its own decoder declines, see Reader), and appends
  * (waiter, value) to `ready`: value is the response_type object for an OK
  * reply whose body is a map, otherwise the tuple (sync, code, schema version,
  * body or the exception decoding it raised, None).  For a sink it stores
@@ -64,6 +67,244 @@ be64(const unsigned char *p)
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
 }
 
+/* msgpack, decoded as msgpack.unpackb(data, use_list=, raw=,
+ * strict_map_key=False) decodes it, for the types replies are made of.  It
+ * declines (NULL, no error set) whatever it does not decode exactly as unpackb
+ * would: ext types (ext_hook's), anything malformed or truncated, invalid
+ * UTF-8, unhashable map keys, nesting deeper than MAX_DEPTH; decode_body then
+ * calls unpackb, which decides.  (unpackb's call costs as much as decoding a
+ * small body: its keyword arguments and its context, per call.) */
+#define MAX_DEPTH 256
+
+typedef struct {
+    const unsigned char *p, *end;
+    int use_list, raw;
+} Reader;
+
+static PyObject *read_object(Reader *r, int depth);
+
+static inline int
+have(const Reader *r, Py_ssize_t n)
+{
+    return r->end - r->p >= n;
+}
+
+static inline uint16_t
+be16(const unsigned char *p)
+{
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
+
+/* The length in the next `width` bytes (1, 2 or 4), -1 when they are not there. */
+static Py_ssize_t
+read_length(Reader *r, int width)
+{
+    Py_ssize_t n;
+
+    if (!have(r, width))
+        return -1;
+    n = width == 1 ? r->p[0] : width == 2 ? be16(r->p) : (Py_ssize_t)be32(r->p);
+    r->p += width;
+    return n;
+}
+
+static PyObject *
+read_str(Reader *r, Py_ssize_t n)
+{
+    PyObject *s;
+
+    if (n < 0 || !have(r, n))
+        return NULL;
+    s = r->raw ? PyBytes_FromStringAndSize((const char *)r->p, n)
+               : PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+    r->p += n;
+    return s;
+}
+
+static PyObject *
+read_bin(Reader *r, Py_ssize_t n)
+{
+    PyObject *b;
+
+    if (n < 0 || !have(r, n))
+        return NULL;
+    b = PyBytes_FromStringAndSize((const char *)r->p, n);
+    r->p += n;
+    return b;
+}
+
+static PyObject *
+read_array(Reader *r, Py_ssize_t n, int depth)
+{
+    PyObject *seq, *item;
+    Py_ssize_t i;
+
+    if (n < 0 || !have(r, n) || depth >= MAX_DEPTH)   /* each item takes a byte at least */
+        return NULL;
+    seq = r->use_list ? PyList_New(n) : PyTuple_New(n);
+    if (seq == NULL)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        item = read_object(r, depth + 1);
+        if (item == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (r->use_list)
+            PyList_SET_ITEM(seq, i, item);
+        else
+            PyTuple_SET_ITEM(seq, i, item);
+    }
+    return seq;
+}
+
+static PyObject *
+read_map(Reader *r, Py_ssize_t n, int depth)
+{
+    PyObject *map, *key, *value;
+    Py_ssize_t i;
+
+    if (n < 0 || !have(r, 2 * n) || depth >= MAX_DEPTH)
+        return NULL;
+    map = PyDict_New();
+    if (map == NULL)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        key = read_object(r, depth + 1);
+        if (key == NULL)
+            goto fail;
+        if (PyUnicode_CheckExact(key))
+            PyUnicode_InternInPlace(&key);   /* as unpackb does */
+        value = read_object(r, depth + 1);
+        if (value == NULL) {
+            Py_DECREF(key);
+            goto fail;
+        }
+        if (PyDict_SetItem(map, key, value) < 0) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            goto fail;
+        }
+        Py_DECREF(key);
+        Py_DECREF(value);
+    }
+    return map;
+fail:
+    Py_DECREF(map);
+    return NULL;
+}
+
+/* The next object (new reference), or NULL (declined, maybe with an error set). */
+static PyObject *
+read_object(Reader *r, int depth)
+{
+    const unsigned char *p;
+    unsigned char b;
+    uint32_t bits32;
+    uint64_t bits64;
+    float f;
+    double d;
+
+    if (!have(r, 1))
+        return NULL;
+    b = *r->p++;
+    if (b <= 0x7f)
+        return PyLong_FromLong(b);
+    if (b >= 0xe0)
+        return PyLong_FromLong((signed char)b);
+    if (b >= 0xa0 && b <= 0xbf)
+        return read_str(r, b & 0x1f);
+    if (b >= 0x90 && b <= 0x9f)
+        return read_array(r, b & 0x0f, depth);
+    if (b <= 0x8f)
+        return read_map(r, b & 0x0f, depth);
+    p = r->p;
+    switch (b) {
+    case 0xc0:
+        Py_RETURN_NONE;
+    case 0xc2:
+        Py_RETURN_FALSE;
+    case 0xc3:
+        Py_RETURN_TRUE;
+    case 0xc4:
+        return read_bin(r, read_length(r, 1));
+    case 0xc5:
+        return read_bin(r, read_length(r, 2));
+    case 0xc6:
+        return read_bin(r, read_length(r, 4));
+    case 0xca:
+        if (!have(r, 4))
+            return NULL;
+        bits32 = be32(p);
+        memcpy(&f, &bits32, 4);
+        r->p += 4;
+        return PyFloat_FromDouble(f);
+    case 0xcb:
+        if (!have(r, 8))
+            return NULL;
+        bits64 = be64(p);
+        memcpy(&d, &bits64, 8);
+        r->p += 8;
+        return PyFloat_FromDouble(d);
+    case 0xcc:
+        if (!have(r, 1))
+            return NULL;
+        r->p += 1;
+        return PyLong_FromLong(p[0]);
+    case 0xcd:
+        if (!have(r, 2))
+            return NULL;
+        r->p += 2;
+        return PyLong_FromLong(be16(p));
+    case 0xce:
+        if (!have(r, 4))
+            return NULL;
+        r->p += 4;
+        return PyLong_FromUnsignedLong(be32(p));
+    case 0xcf:
+        if (!have(r, 8))
+            return NULL;
+        r->p += 8;
+        return PyLong_FromUnsignedLongLong(be64(p));
+    case 0xd0:
+        if (!have(r, 1))
+            return NULL;
+        r->p += 1;
+        return PyLong_FromLong((int8_t)p[0]);
+    case 0xd1:
+        if (!have(r, 2))
+            return NULL;
+        r->p += 2;
+        return PyLong_FromLong((int16_t)be16(p));
+    case 0xd2:
+        if (!have(r, 4))
+            return NULL;
+        r->p += 4;
+        return PyLong_FromLong((int32_t)be32(p));
+    case 0xd3:
+        if (!have(r, 8))
+            return NULL;
+        r->p += 8;
+        return PyLong_FromLongLong((int64_t)be64(p));
+    case 0xd9:
+        return read_str(r, read_length(r, 1));
+    case 0xda:
+        return read_str(r, read_length(r, 2));
+    case 0xdb:
+        return read_str(r, read_length(r, 4));
+    case 0xdc:
+        return read_array(r, read_length(r, 2), depth);
+    case 0xdd:
+        return read_array(r, read_length(r, 4), depth);
+    case 0xde:
+        return read_map(r, read_length(r, 2), depth);
+    case 0xdf:
+        return read_map(r, read_length(r, 4), depth);
+    default:   /* ext types, 0xc1 */
+        return NULL;
+    }
+}
+
 /* The decoded body (new reference), the exception decoding it raised
  * (traceback dropped), or NULL with an error set for anything that is not
  * an Exception (KeyboardInterrupt, ...), which must propagate. */
@@ -75,6 +316,15 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
 
     if (size == 0)
         return PyDict_New();
+    {
+        Reader r = {start, start + size, PyObject_IsTrue(d->use_list), PyObject_IsTrue(d->raw)};
+        body = r.use_list < 0 || r.raw < 0 ? NULL : read_object(&r, 0);
+        if (body != NULL && r.p == r.end)
+            return body;
+        Py_XDECREF(body);   /* bytes after it: unpackb says how that fails */
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
     view = PyMemoryView_FromMemory((char *)start, size, PyBUF_READ);
     if (view == NULL)
         return NULL;
@@ -752,7 +1002,7 @@ static PyMethodDef speedups_functions[] = {
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gtarantool._speedups",
-    .m_doc = "The reader's inner loop in C (optional: transport.py does the same without it).",
+    .m_doc = "transport.py's hot paths in C (optional: transport.py does the same without it).",
     .m_size = -1,
     .m_methods = speedups_functions,
 };

@@ -5,8 +5,9 @@ header framed here, the body already encoded) to the write buffer and waits.
 The writer greenlet sends everything queued since its last flush in one call;
 the reader greenlet receives large chunks into one buffer, cuts them into
 frames, decodes each reply (an OK one straight into its response object)
-and queues it for the greenlet with that sync id (``_cut``'s loop runs in C,
-``gtarantool._speedups``, when the package was built with a compiler).  The
+and queues it for the greenlet with that sync id (``request``'s common case
+and ``_cut``'s loop run in C, ``gtarantool._speedups``, when the package was
+built with a compiler).  The
 hub wakes the first greenlet of the queue; each woken caller takes its reply
 from the queue and, when it waits for its next one, wakes the next caller
 itself: one greenlet switch per request instead of two through the hub.
@@ -116,10 +117,12 @@ class Transport:
             self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
                                                  self._decoder.options, Response, ReplySink,
                                                  _Pushes)
-        if _speedups is not None:   # request() in C: it shadows the method below
-            self.request = _speedups.Requester(self, Transport.request, self._pending,
-                                               self._ready, self._wbuf, self._wakeup.set,
-                                               self._hub, getcurrent, max_in_flight).request
+        self._requester = None            # request()'s common case in C, when built
+        if _speedups is not None:
+            self._requester = _speedups.Requester(self, Transport.request, self._pending,
+                                                  self._ready, self._wbuf, self._wakeup.set,
+                                                  self._hub, getcurrent, max_in_flight)
+            self.request = self._requester.request   # shadows the method below
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name

@@ -45,9 +45,10 @@ def conn(server):
 
 @pytest.fixture(params=["c", "python"])
 def reader(request, monkeypatch):
-    """Runs a test twice: with the reader's loops in C (gtarantool._speedups, which
-    must be built) and with the same loops in Python, as without a compiler.
-    Modules opt in with ``pytestmark = pytest.mark.usefixtures("reader")``."""
+    """Runs a test twice: with the hot paths in C (gtarantool._speedups, which
+    must be built: the reader's loops, the request's) and with the same paths
+    in Python, as without a compiler.  Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("reader")``."""
     if request.param == "python":
         monkeypatch.setattr(transport, "_speedups", None)
         monkeypatch.setattr(protocol, "_speedups", None)

@@ -293,9 +293,10 @@ def test_large_batches_both_ways(conn):
     assert conn.ping() >= 0
 
 
-def test_the_reader_loop_in_use(conn, reader):
-    """The C loop runs unless a test (or a missing compiler) takes it away."""
+def test_the_c_paths_in_use(conn, reader):
+    """The C loop and request run unless a test (or a missing compiler) takes them away."""
     assert (conn._transport._cutter is not None) == (reader == "c")
+    assert (conn._transport._requester is not None) == (reader == "c")
     assert conn.select("tester", 1).data is not None
 
 

@@ -1,0 +1,178 @@
+"""gtarantool._speedups's body decoder against msgpack.unpackb, the reference.
+
+The reader decodes reply bodies itself and hands anything it does not decode
+exactly as ``msgpack.unpackb`` would back to unpackb; these tests feed it
+msgpack written with every type byte and every width, then garbage, through
+a ``ReplyCutter`` (the way replies reach it) and compare.
+"""
+import collections
+import math
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gtarantool.protocol import Response
+from gtarantool.transport import ReplySink, _Pushes
+from tests.fakepeer import tarantool_frame
+
+_speedups = pytest.importorskip("gtarantool._speedups", reason="built by pip install -e .")
+
+
+def _ext_hook(code, data):
+    return ("ext", code, data)
+
+
+def _decode(body, use_list=True, raw=False):
+    """What the C reader makes of ``body``: the decoded body, or the exception."""
+    pending, ready = {7: object()}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (use_list, raw, _ext_hook),
+                                   Response, ReplySink, _Pushes)
+    frame = tarantool_frame(7, body, code=1)   # an error code: the body comes back as decoded
+    assert cutter.cut(frame, 0, len(frame), 1 << 31, []) == (len(frame), 0)
+    (_, (_, _, _, decoded, _)), = ready
+    return decoded
+
+
+def _reference(body, use_list=True, raw=False):
+    try:
+        return msgpack.unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
+                               ext_hook=_ext_hook)
+    except Exception as exc:  # noqa: BLE001 - the reference's failure is the expectation
+        return exc
+
+
+def _same(a, b):
+    """Equal, of the same types all the way down (1 == 1.0 == True is not enough)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, BaseException):
+        return str(a) == str(b)
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, (list, tuple)):   # (dict items are pairs: NaN keys compare too)
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a.items(), b.items()))
+    return a == b
+
+
+def _check(body, use_list=True, raw=False):
+    got, want = _decode(body, use_list, raw), _reference(body, use_list, raw)
+    assert _same(got, want), (body, got, want)
+
+
+# -- msgpack with every encoding of each value, not just the shortest ----------
+
+def _uint(draw, n):
+    fits = [(fmt, tag) for fmt, tag, top in (("B", 0xcc, 0xff), (">H", 0xcd, 0xffff),
+                                              (">I", 0xce, 0xffffffff), (">Q", 0xcf, 1 << 64))
+            if n <= top]
+    if n < 0x80:
+        fits.append(("fix", None))
+    fmt, tag = draw(st.sampled_from(fits))
+    return bytes([n]) if fmt == "fix" else bytes([tag]) + struct.pack(fmt, n)
+
+
+def _int(draw, n):
+    if n >= 0 and draw(st.booleans()):
+        return _uint(draw, n)
+    fits = [(fmt, tag) for fmt, tag, low, high in (
+        ("b", 0xd0, -128, 127), (">h", 0xd1, -1 << 15, (1 << 15) - 1),
+        (">i", 0xd2, -1 << 31, (1 << 31) - 1), (">q", 0xd3, -1 << 63, (1 << 63) - 1))
+        if low <= n <= high]
+    if -32 <= n < 0:
+        fits.append(("fix", None))
+    if not fits:
+        return _uint(draw, n)
+    fmt, tag = draw(st.sampled_from(fits))
+    return struct.pack("b", n) if fmt == "fix" else bytes([tag]) + struct.pack(fmt, n)
+
+
+def _length(draw, n, fix_tag, fix_max, tags):
+    """A length prefix: fix_tag + n when it fits, or a tagged uint8/16/32."""
+    options = [(tag, fmt) for tag, fmt, top in zip(tags, ("B", ">H", ">I"),
+                                                     (0xff, 0xffff, 0xffffffff))
+               if tag is not None and n <= top]
+    if fix_tag is not None and n <= fix_max:
+        options.append((None, None))
+    tag, fmt = draw(st.sampled_from(options))
+    return bytes([fix_tag | n]) if tag is None else bytes([tag]) + struct.pack(fmt, n)
+
+
+@st.composite
+def packed(draw, depth=0):
+    """One msgpack object, as bytes, in any of its valid encodings."""
+    kinds = ["nil", "bool", "int", "float32", "float64", "str", "bin", "ext"]
+    if depth < 3:
+        kinds += ["array", "map"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "nil":
+        return b"\xc0"
+    if kind == "bool":
+        return draw(st.sampled_from([b"\xc2", b"\xc3"]))
+    if kind == "int":
+        return _int(draw, draw(st.integers(-1 << 63, (1 << 64) - 1)))
+    if kind == "float32":
+        return b"\xca" + struct.pack(">f", draw(st.floats(width=32)))
+    if kind == "float64":
+        return b"\xcb" + struct.pack(">d", draw(st.floats()))
+    if kind == "str":
+        data = draw(st.text(max_size=40)).encode("utf-8") if draw(st.booleans()) else \
+            draw(st.binary(max_size=40))   # not always valid UTF-8
+        return _length(draw, len(data), 0xa0, 31, (0xd9, 0xda, 0xdb)) + data
+    if kind == "bin":
+        data = draw(st.binary(max_size=40))
+        return _length(draw, len(data), None, 0, (0xc4, 0xc5, 0xc6)) + data
+    if kind == "ext":
+        data = draw(st.binary(min_size=1, max_size=20))
+        fixed = {1: 0xd4, 2: 0xd5, 4: 0xd6, 8: 0xd7, 16: 0xd8}
+        prefix = (bytes([fixed[len(data)]]) if len(data) in fixed and draw(st.booleans())
+                  else _length(draw, len(data), None, 0, (0xc7, 0xc8, 0xc9)))
+        return prefix + struct.pack("b", draw(st.integers(-128, 127))) + data
+    items = draw(st.lists(packed(depth + 1), max_size=6 if kind == "array" else 8))
+    if kind == "map":
+        items = items[:len(items) // 2 * 2]
+        return _length(draw, len(items) // 2, 0x80, 15, (None, 0xde, 0xdf)) + b"".join(items)
+    return _length(draw, len(items), 0x90, 15, (None, 0xdc, 0xdd)) + b"".join(items)
+
+
+@settings(max_examples=600, deadline=None)
+@given(packed(), st.booleans(), st.booleans())
+def test_every_encoding_decodes_as_msgpack_does(body, use_list, raw):
+    _check(body, use_list, raw)
+
+
+@settings(max_examples=400, deadline=None)
+@given(packed(), st.data())
+def test_cut_truncated_padded_and_corrupted_bodies_fail_as_msgpack_fails(body, data):
+    """Whatever the decoder declines goes to unpackb: same value or same error."""
+    cut = data.draw(st.integers(0, len(body)))
+    _check(body[:cut] or b"\xc1")
+    _check(body + data.draw(st.binary(min_size=1, max_size=4)))
+    at = data.draw(st.integers(0, len(body) - 1))
+    _check(body[:at] + bytes([data.draw(st.integers(0, 255))]) + body[at + 1:])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=64))
+def test_garbage_fails_as_msgpack_fails(body):
+    _check(body)
+
+
+@pytest.mark.parametrize("body", [
+    msgpack.packb({0x30: [[1, "x" * 1536, b"\x00" * 300, -1.5, None, True]]}),  # a select's
+    b"\x81\xa1k" + b"\x91" * 300 + b"\xc0",     # nested deeper than the decoder goes
+    b"\x81\xa1k" + b"\x91" * 2000 + b"\xc0",    # deeper than unpackb allows
+    b"\x82\xa1k\x01\xa1k\x02",                  # a repeated key: the last one wins
+    b"\x81\x91\x01\x02",                        # an unhashable key
+    b"\xdd\xff\xff\xff\xff\x01",                # a length far beyond the body
+    b"\xa3\xff\xfe\xfd",                        # invalid UTF-8
+    b"\x81\x00\xc7\x03\x05abc",                 # ext: the hook's value
+], ids=["select", "deep", "too-deep", "repeated-key", "list-key", "long-length",
+        "bad-utf8", "ext"])
+def test_edge_cases(body):
+    _check(body)
+    _check(body, use_list=False, raw=True)
