@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 
 #define HEADER_SIZE 28          /* length prefix and header, as above */
@@ -40,11 +41,17 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *empty_tuple, *str_error, *str_switch, *str_popleft, *str_forget,
     *str_switched_early;
 
+/* The fields ok_response sets, in this order (see field_names). */
+enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
+
 /* How bodies are decoded and OK replies built: a ReplyCutter's own references,
  * or responses()'s borrowed arguments. */
 typedef struct {
     PyObject *unpackb, *use_list, *raw, *ext_hook;
     PyTypeObject *response_type;
+    /* response_type's slot for each field: its offset in the object, or 0
+     * where the field is set as an attribute (see find_slots) */
+    Py_ssize_t slots[N_FIELDS];
 } Decoding;
 
 typedef struct {
@@ -346,6 +353,41 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
     return value;
 }
 
+/* Fill d->slots: where response_type keeps each field, when that is a
+ * plain object slot (__slots__), which ok_response then writes directly, as
+ * the slot's descriptor would; a field kept any other way gets 0. */
+static void
+find_slots(Decoding *d)
+{
+    PyObject **names[N_FIELDS] = {&str_data, &str_sync, &str_code, &str_body,
+                                  &str_schema_version, &str_return_code};
+    int i;
+
+    for (i = 0; i < N_FIELDS; i++) {
+        PyObject *descr = _PyType_Lookup(d->response_type, *names[i]);   /* borrowed */
+        PyMemberDef *member;
+
+        d->slots[i] = 0;
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type))
+            continue;
+        member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            d->slots[i] = member->offset;
+    }
+}
+
+static int
+set_field(const Decoding *d, PyObject *resp, int field, PyObject *name, PyObject *value)
+{
+    PyObject **slot;
+
+    if (d->slots[field] == 0)
+        return PyObject_SetAttr(resp, name, value);
+    slot = (PyObject **)((char *)resp + d->slots[field]);
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
 /* protocol.ok_response, without conn (the caller sets it). */
 static PyObject *
 ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
@@ -368,16 +410,16 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
             goto fail;
         PyList_SET_ITEM(data, 0, Py_NewRef(rows));
     }
-    if (PyObject_SetAttr(resp, str_data, data) < 0) {
+    if (set_field(d, resp, F_DATA, str_data, data) < 0) {
         Py_DECREF(data);
         goto fail;
     }
     Py_DECREF(data);
-    if (PyObject_SetAttr(resp, str_sync, sync) < 0
-            || PyObject_SetAttr(resp, str_code, zero) < 0
-            || PyObject_SetAttr(resp, str_body, body) < 0
-            || PyObject_SetAttr(resp, str_schema_version, schema) < 0
-            || PyObject_SetAttr(resp, str_return_code, zero) < 0)
+    if (set_field(d, resp, F_SYNC, str_sync, sync) < 0
+            || set_field(d, resp, F_CODE, str_code, zero) < 0
+            || set_field(d, resp, F_BODY, str_body, body) < 0
+            || set_field(d, resp, F_SCHEMA_VERSION, str_schema_version, schema) < 0
+            || set_field(d, resp, F_RETURN_CODE, str_return_code, zero) < 0)
         goto fail;
     return resp;
 fail:
@@ -577,6 +619,7 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->decoding.raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
     Py_XSETREF(self->decoding.ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
     Py_XSETREF(self->decoding.response_type, (PyTypeObject *)Py_NewRef(response_type));
+    find_slots(&self->decoding);
     Py_XSETREF(self->sink_type, Py_NewRef(sink_type));
     Py_XSETREF(self->pushes_type, Py_NewRef(pushes_type));
     return 0;
@@ -658,6 +701,7 @@ typedef struct {
     PyObject *transport, *slow;
     PyObject *pending;          /* dict: sync -> waiter */
     PyObject *ready;            /* deque of (greenlet, reply) */
+    PyObject *ready_popleft;    /* its bound popleft */
     PyObject *wbuf;             /* list of frames for the writer */
     PyObject *wakeup_set;       /* bound Event.set: the writer's wake-up */
     PyObject *hub, *hub_switch, *getcurrent;
@@ -814,7 +858,7 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
         return res;
     }
     Py_DECREF(current);
-    item = PyObject_CallMethodNoArgs(self->ready, str_popleft);
+    item = PyObject_CallNoArgs(self->ready_popleft);
     if (item == NULL)
         return NULL;
     value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
@@ -842,6 +886,9 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
     if (self->hub_switch == NULL)
         return -1;
+    Py_XSETREF(self->ready_popleft, PyObject_GetAttr(ready, str_popleft));
+    if (self->ready_popleft == NULL)
+        return -1;
     Py_XSETREF(self->transport, Py_NewRef(transport));
     Py_XSETREF(self->slow, Py_NewRef(slow));
     Py_XSETREF(self->pending, Py_NewRef(pending));
@@ -861,6 +908,7 @@ Requester_traverse(Requester *self, visitproc visit, void *arg)
     Py_VISIT(self->slow);
     Py_VISIT(self->pending);
     Py_VISIT(self->ready);
+    Py_VISIT(self->ready_popleft);
     Py_VISIT(self->wbuf);
     Py_VISIT(self->wakeup_set);
     Py_VISIT(self->hub);
@@ -876,6 +924,7 @@ Requester_clear(Requester *self)
     Py_CLEAR(self->slow);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->ready);
+    Py_CLEAR(self->ready_popleft);
     Py_CLEAR(self->wbuf);
     Py_CLEAR(self->wakeup_set);
     Py_CLEAR(self->hub);
@@ -948,6 +997,7 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d.raw = PyTuple_GET_ITEM(options, 1);
     d.ext_hook = PyTuple_GET_ITEM(options, 2);
     d.response_type = (PyTypeObject *)args[5];
+    find_slots(&d);
     n = PyList_GET_SIZE(syncs);
     out = PyList_New(n);
     if (out == NULL)
