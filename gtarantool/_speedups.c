@@ -364,15 +364,21 @@ find_slots(Decoding *d)
     int i;
 
     for (i = 0; i < N_FIELDS; i++) {
-        PyObject *descr = _PyType_Lookup(d->response_type, *names[i]);   /* borrowed */
+        /* on the class, a slot's attribute is its member descriptor */
+        PyObject *descr = PyObject_GetAttr((PyObject *)d->response_type, *names[i]);
         PyMemberDef *member;
 
         d->slots[i] = 0;
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type))
+        if (descr == NULL) {
+            PyErr_Clear();
             continue;
-        member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
-            d->slots[i] = member->offset;
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+                d->slots[i] = member->offset;
+        }
+        Py_DECREF(descr);
     }
 }
 
@@ -837,13 +843,22 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
         res = PyObject_CallMethodNoArgs(next, str_switch);
     else
         res = PyObject_CallNoArgs(self->hub_switch);
-    if (res == NULL) {
+    if (res == NULL) {   /* a timeout, a kill: forget the request, then raise */
         PyObject *type, *exc, *tb;
         PyErr_Fetch(&type, &exc, &tb);
         res = PyObject_CallMethodObjArgs(self->transport, str_forget, sync, current, NULL);
         Py_DECREF(current);
-        if (res == NULL) {
-            _PyErr_ChainExceptions(type, exc, tb);
+        if (res == NULL) {   /* raise what _forget raised, in the context of the first */
+            PyObject *type2, *exc2, *tb2;
+            PyErr_NormalizeException(&type, &exc, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(exc, tb);
+            PyErr_Fetch(&type2, &exc2, &tb2);
+            PyErr_NormalizeException(&type2, &exc2, &tb2);
+            PyException_SetContext(exc2, exc);   /* steals exc */
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            PyErr_Restore(type2, exc2, tb2);
             return NULL;
         }
         Py_DECREF(res);

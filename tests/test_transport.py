@@ -180,7 +180,13 @@ class Interrupted(Exception):
     pass
 
 
-def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later():
+# A ping (framed by request(), in C when built) and a frame passed whole (always Python).
+REQUEST_FORMS = pytest.mark.parametrize("code, schema", [(64, 0), (None, None)],
+                                        ids=["ping", "whole-frame"])
+
+
+@REQUEST_FORMS
+def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later(code, schema):
     """A reply queued to wake its caller, who is interrupted before that: the
     caller goes on to wait for something else and only that wakes it."""
     from gevent.event import AsyncResult
@@ -189,7 +195,7 @@ def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later():
 
     def caller():
         try:
-            transport.request(7, None, None, b"")
+            transport.request(7, code, schema, b"")
         except Interrupted:
             pass
         return elsewhere.get(timeout=2)
@@ -210,7 +216,8 @@ def test_a_caller_interrupted_after_its_reply_came_is_not_woken_with_it_later():
         b.close()
 
 
-def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply():
+@REQUEST_FORMS
+def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply(code, schema):
     """Switched to by something else while it waits (a bug elsewhere), a caller
     raises InvalidSwitchError and gives up its request; the reply queued for
     another caller at that moment still reaches that caller."""
@@ -222,14 +229,40 @@ def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply():
         victim.switch("stray")
 
     try:
-        victim = gevent.spawn(transport.request, 7, None, None, b"")
-        other = gevent.spawn(transport.request, 8, None, None, b"")
+        victim = gevent.spawn(transport.request, 7, code, schema, b"")
+        other = gevent.spawn(transport.request, 8, code, schema, b"")
         gevent.sleep(0)                          # both wait
         gevent.get_hub().loop.run_callback(stray)
         with pytest.raises(InvalidSwitchError):
             victim.get(timeout=2)
         assert other.get(timeout=2)[:4] == (8, 0, 1, {IPROTO_DATA: ["eight"]})
         assert transport.alive and transport.in_flight == 0 and not transport._ready
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+@REQUEST_FORMS
+def test_an_error_while_forgetting_a_request_is_raised_in_the_interruptions_context(
+        code, schema, monkeypatch):
+    """(Cannot happen unless transport.py is broken:) when giving up an
+    interrupted request fails, that failure is raised, chained to the
+    interruption, and the caller's greenlet is not left waiting."""
+    transport, a, b = _socketpair_transport()
+
+    def broken_forget(sync, waiting):
+        raise RuntimeError("forget failed for %d" % sync)
+
+    monkeypatch.setattr(transport, "_forget", broken_forget)
+    try:
+        glet = gevent.spawn(transport.request, 7, code, schema, b"")
+        gevent.sleep(0)
+        glet.kill(Interrupted, block=True, timeout=2)
+        assert glet.dead
+        assert isinstance(glet.exception, RuntimeError)
+        assert str(glet.exception) == "forget failed for 7"
+        assert isinstance(glet.exception.__context__, Interrupted)
     finally:
         transport.close()
         a.close()
