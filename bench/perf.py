@@ -137,9 +137,9 @@ def measure(args, out=sys.stdout):
                   size=args.size, wal=args.wal, quiet=True)
     runs = {"gtarantool": [], "asynctnt": [], "sync": [], "pipeline": [], "pipeline_asynctnt": []}
     steal = {name: [] for name in runs}   # per run: % of the CPU time the host took
+    sync_runs = args.runs if args.sync_runs is None else args.sync_runs
     with open_target(base) as target:
         for i in range(args.runs):
-            sync_runs = args.runs if args.sync_runs is None else args.sync_runs
             for driver in ("gtarantool", "asynctnt") + (("sync",) if i < sync_runs else ()):
                 config = base.replace(driver=driver, ops=args.ops if driver != "sync"
                                       else args.sync_ops)
