@@ -41,7 +41,7 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *empty_tuple, *str_error, *str_switch, *str_popleft, *str_forget,
     *str_switched_early;
 
-/* The fields ok_response sets, in this order (see field_names). */
+/* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
 
 /* How bodies are decoded and OK replies built: a ReplyCutter's own references,
