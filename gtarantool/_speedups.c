@@ -839,10 +839,13 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     /* Wake the next caller whose reply is in (it takes its reply itself) or
      * let the hub run; see Transport.request. */
     next = current != self->hub ? first_ready(self) : NULL;
-    if (next != NULL)
+    if (next != NULL) {
+        Py_INCREF(next);   /* it takes its entry from `ready`, and may end, before we run */
         res = PyObject_CallMethodNoArgs(next, str_switch);
-    else
+        Py_DECREF(next);
+    } else {
         res = PyObject_CallNoArgs(self->hub_switch);
+    }
     if (res == NULL) {   /* a timeout, a kill: forget the request, then raise */
         PyObject *type, *exc, *tb;
         PyErr_Fetch(&type, &exc, &tb);
