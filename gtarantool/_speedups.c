@@ -38,7 +38,7 @@
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
-    *empty_tuple, *str_error, *str_switch, *str_popleft, *str_forget,
+    *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early;
 
 /* The fields ok_response sets (find_slots names them in this order). */
@@ -694,10 +694,11 @@ static PyTypeObject ReplyCutterType = {
  * max_in_flight).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
- * a live transport.  It frames the header, queues header and body for the
- * writer, registers the current greenlet under its sync and switches away
- * (to the next caller whose reply is in, or to the hub) until its reply is
- * taken from `ready`.  Any other call goes to slow(transport, sync, code,
+ * a live transport (stop() not called: Transport._fail calls it when it sets
+ * transport.error).  It frames the header, queues header and body for the
+ * writer, registers the current greenlet under its sync and switches away (to
+ * the next caller whose reply is in, or to the hub) until its reply is taken
+ * from `ready`.  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
  * transport._forget(sync, greenlet) when the switch raises (a timeout, a
  * kill), transport._switched_early(sync, greenlet) when it returns with no
@@ -712,6 +713,7 @@ typedef struct {
     PyObject *wakeup_set;       /* bound Event.set: the writer's wake-up */
     PyObject *hub, *hub_switch, *getcurrent;
     Py_ssize_t max_in_flight;
+    int stopped;                /* the transport died: every call goes to slow() */
 } Requester;
 
 static inline void
@@ -771,7 +773,7 @@ first_ready(Requester *self)
 static PyObject *
 Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *sync, *body, *error, *header, *current, *next, *res, *item, *value;
+    PyObject *sync, *body, *header, *current, *next, *res, *item, *value;
     unsigned long long sync_value;
     unsigned long schema_value;
     long code_value;
@@ -787,7 +789,7 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     if (!PyLong_CheckExact(sync) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
             || !PyBytes_CheckExact(body)
             || PyBytes_GET_SIZE(body) > 0xffffffffLL - (REQUEST_HEADER_SIZE - 5)
-            || PyDict_GET_SIZE(self->pending) >= self->max_in_flight)
+            || PyDict_GET_SIZE(self->pending) >= self->max_in_flight || self->stopped)
         goto slow;
     code_value = PyLong_AsLong(args[1]);
     sync_value = PyLong_AsUnsignedLongLong(sync);
@@ -797,12 +799,6 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
         goto slow;
     }
     if (code_value < 0 || code_value > 127 || schema_value > 0xffffffffUL)
-        goto slow;
-    error = PyObject_GetAttr(self->transport, str_error);
-    if (error == NULL)
-        return NULL;
-    Py_DECREF(error);
-    if (error != Py_None)
         goto slow;
 
     header = request_header((uint32_t)code_value, sync_value, (uint32_t)schema_value,
@@ -959,9 +955,18 @@ Requester_dealloc(Requester *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *
+Requester_stop(Requester *self, PyObject *unused)
+{
+    self->stopped = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Requester_methods[] = {
     {"request", (PyCFunction)(void (*)(void))Requester_request, METH_FASTCALL,
      "request(sync, code, schema_version, body) -> the reply (see Transport.request)"},
+    {"stop", (PyCFunction)Requester_stop, METH_NOARGS,
+     "stop(): the transport died; from now on every request goes to the Python method"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -1094,7 +1099,6 @@ PyInit__speedups(void)
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
             || !(empty_tuple = PyTuple_New(0))
-            || !(str_error = PyUnicode_InternFromString("error"))
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))
             || !(str_forget = PyUnicode_InternFromString("_forget"))

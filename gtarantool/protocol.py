@@ -45,8 +45,8 @@ from tarantool.types import decode_box_error
 from gtarantool.errors import ProtocolError
 
 try:
-    from gtarantool import _speedups   # the reader's loops in C (see setup.py)
-except ImportError:   # built without a compiler: the same loops run in Python
+    from gtarantool import _speedups   # the hot paths in C (see setup.py)
+except ImportError:   # built without a compiler: the same paths run in Python
     _speedups = None
 
 ITERATORS = {

@@ -7,10 +7,10 @@ the reader greenlet receives large chunks into one buffer, cuts them into
 frames, decodes each reply (an OK one straight into its response object)
 and queues it for the greenlet with that sync id (``request``'s common case
 and ``_cut``'s loop run in C, ``gtarantool._speedups``, when the package was
-built with a compiler).  The
-hub wakes the first greenlet of the queue; each woken caller takes its reply
-from the queue and, when it waits for its next one, wakes the next caller
-itself: one greenlet switch per request instead of two through the hub.
+built with a compiler).  The hub wakes the first greenlet of the queue; each
+woken caller takes its reply from the queue and, when it waits for its next
+one, wakes the next caller itself: one greenlet switch per request instead of
+two through the hub.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
@@ -501,6 +501,8 @@ class Transport:
         if self.error is not None:
             return
         self.error = exc
+        if self._requester is not None:
+            self._requester.stop()
         try:
             self._sock.close()
         except OSError:

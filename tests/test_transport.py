@@ -244,6 +244,25 @@ def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply(code, 
 
 
 @REQUEST_FORMS
+def test_a_request_on_a_dead_transport_raises_why_it_died(code, schema):
+    """Once the server is gone, a request raises that error at once: it is
+    neither queued for a writer that no longer runs nor left waiting."""
+    from tarantool.error import NetworkError
+    transport, a, b = _socketpair_transport()
+    try:
+        b.close()                                  # EOF: the reader fails the transport
+        gevent.sleep(0.01)
+        assert not transport.alive
+        with gevent.Timeout(2):
+            with pytest.raises(NetworkError, match="closed the connection"):
+                transport.request(7, code, schema, b"")
+        assert transport.in_flight == 0 and not transport._wbuf
+    finally:
+        transport.close()
+        a.close()
+
+
+@REQUEST_FORMS
 def test_an_error_while_forgetting_a_request_is_raised_in_the_interruptions_context(
         code, schema, monkeypatch):
     """(Cannot happen unless transport.py is broken:) when giving up an
