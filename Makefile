@@ -40,10 +40,10 @@ server:
 	@command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y tarantool; }
 
-$(STAMP): setup.py pyproject.toml gtarantool/_speedups.c
+$(STAMP): setup.py pyproject.toml gtarantool/_speedups.c gtarantool/_encoder.c
 	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
-	@# a C compiler and Python's headers build gtarantool/_speedups.c, which the tests require
+	@# a C compiler and Python's headers build gtarantool/_speedups.c and _encoder.c, which the tests require
 	@command -v cc >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y gcc; }
 	@$(PY) -c "import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(\
 		sysconfig.get_paths()['include'], 'Python.h')))" || { $(SUDO) apt-get update && \

@@ -7,10 +7,11 @@ setup(
     long_description=open("README.rst").read(),
     long_description_content_type="text/x-rst",
     packages=find_packages(include=["gtarantool", "gtarantool.*"]),
-    # The hot paths in C (the request's, the reader's loops); without a compiler (or
-    # on Python < 3.10) the build skips them and transport.py and protocol.py run
-    # the same paths in Python.
-    ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True)],
+    # The hot paths in C (the request's, the reader's loops, request bodies);
+    # without a compiler (or on Python < 3.10) the build skips them and
+    # transport.py and protocol.py run the same paths in Python.
+    ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True),
+                 Extension("gtarantool._encoder", ["gtarantool/_encoder.c"], optional=True)],
     python_requires=">=3.8",
     install_requires=[
         "tarantool>=1.2,<2",

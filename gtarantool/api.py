@@ -73,7 +73,7 @@ class RequestMethods:
             space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_INSERT, space.insert_prefix + space.pack(values),
+        return self._request(REQUEST_TYPE_INSERT, space.join(space.insert_prefix, values),
                              on_push, on_push_ctx)
 
     def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
@@ -82,7 +82,7 @@ class RequestMethods:
             space = self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
-        return self._request(REQUEST_TYPE_REPLACE, space.insert_prefix + space.pack(values),
+        return self._request(REQUEST_TYPE_REPLACE, space.join(space.insert_prefix, values),
                              on_push, on_push_ctx)
 
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
@@ -96,7 +96,7 @@ class RequestMethods:
             space = self._index(space, index)
         kind = type(key)
         if (kind is int or kind is str) and not offset and iterator is None and limit == NO_LIMIT:
-            body = space.select_scalar_prefix + space.pack(key)
+            body = space.join(space.select_scalar_prefix, key)
         else:
             key = [key] if kind is int or kind is str else wrap_key(key, select=True)
             if offset or iterator is not None or limit != NO_LIMIT or not key:
@@ -105,7 +105,7 @@ class RequestMethods:
                 body = self._encoder.select(space.space_no, space.index_no, offset, limit,
                                             iterator_code(iterator), key)
             else:
-                body = space.select_prefix + space.pack(key)
+                body = space.join(space.select_prefix, key)
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
@@ -127,9 +127,8 @@ class RequestMethods:
             if type(operation[1]) is not int:   # maybe a field name, to swap for its number
                 op_list = self._ops_process(space.space_no, op_list)
                 break
-        pack = space.pack
-        return self._request(REQUEST_TYPE_UPDATE, b"".join(
-            (prefix, pack(key), OPS_KEY, pack(op_list))), on_push, on_push_ctx)
+        return self._request(REQUEST_TYPE_UPDATE, space.join(prefix, key, OPS_KEY, op_list),
+                             on_push, on_push_ctx)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
                on_push_ctx=None):
@@ -151,9 +150,9 @@ class RequestMethods:
             space = self._index(space, index)
         kind = type(key)
         if kind is int or kind is str:
-            body = space.delete_scalar_prefix + space.pack(key)
+            body = space.join(space.delete_scalar_prefix, key)
         else:
-            body = space.delete_prefix + space.pack(wrap_key(key))
+            body = space.join(space.delete_prefix, wrap_key(key))
         if on_push is not None:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_DELETE, body, on_push, on_push_ctx)

@@ -415,7 +415,7 @@ class Connection(RequestMethods, tarantool.Connection):
         super()._check_features()
         # Set up the per-connection codec once the server version is known.
         self._packer = None
-        self._encoder = Encoder(self._packer_factory())
+        self._encoder = Encoder.for_connection(self)
 
 
 def _describe(exc):

@@ -37,6 +37,7 @@ from tarantool.const import (
     REQUEST_TYPE_ERROR,
     REQUEST_TYPE_UPSERT,
 )
+from tarantool import request as tarantool_request
 from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
@@ -48,6 +49,10 @@ try:
     from gtarantool import _speedups   # the hot paths in C (see setup.py)
 except ImportError:   # built without a compiler: the same paths run in Python
     _speedups = None
+try:
+    from gtarantool import _encoder    # Encoder.join in C
+except ImportError:
+    _encoder = None
 
 ITERATORS = {
     "EQ": ITERATOR_EQ, "REQ": ITERATOR_REQ, "ALL": ITERATOR_ALL,
@@ -83,13 +88,36 @@ class Encoder:
     ``upsert`` here take every argument.  Either way the fixed part of a body
     (map header, space, index, iterator...) is packed once and each call packs
     only the key, tuple or operations.  Field order is tarantool-python's.
+
+    ``join(raw, obj, raw, obj, ...)`` is ``raw + pack(obj) + raw + ...``: in
+    C (``_encoder.c``) it makes a body in one piece, with one copy of its
+    strings, when the packer is a ``msgpack.Packer`` whose only non-default
+    settings are ``use_bin_type`` (given here) and a ``default`` hook;
+    tarantool-python's is one.  Without ``use_bin_type`` (another kind of
+    packer) it joins ``pack``'s results.
     """
 
     CACHE_LIMIT = 4096
 
-    def __init__(self, packer):
-        self.pack = packer.pack
+    def __init__(self, packer, use_bin_type=None):
+        self.pack = pack = packer.pack
+        if _encoder is not None and use_bin_type is not None:
+            self.join = _encoder.BodyEncoder(pack, use_bin_type).join
+        else:
+            def join(*parts):
+                pieces = list(parts)
+                pieces[1::2] = map(pack, parts[1::2])
+                return b"".join(pieces)
+            self.join = join
         self._prefixes = {}
+
+    @classmethod
+    def for_connection(cls, conn):
+        """The encoder for ``conn``'s packer (``conn._packer_factory()``)."""
+        packer = conn._packer_factory()
+        if conn._packer_factory_impl is tarantool_request.packer_factory:
+            return cls(packer, use_bin_type=conn.encoding is not None)
+        return cls(packer)
 
     def prefix(self, size, *fields):
         """The header of a ``size``-entry map and ``fields`` (k1, v1, ..., km),
@@ -112,7 +140,7 @@ class Encoder:
             prefix = self._cached(cache_key, 6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
                                   IPROTO_OFFSET, offset, IPROTO_LIMIT, limit, IPROTO_ITERATOR,
                                   iterator, IPROTO_KEY)
-        return prefix + self.pack(key)
+        return self.join(prefix, key)
 
     def upsert(self, space, index, values, ops):
         cache_key = (REQUEST_TYPE_UPSERT, space, index)
@@ -120,28 +148,28 @@ class Encoder:
         if prefix is None:
             prefix = self._cached(cache_key, 4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
                                   IPROTO_TUPLE)
-        return b"".join((prefix, self.pack(values), _UPSERT_OPS_KEY, self.pack(ops)))
+        return self.join(prefix, values, _UPSERT_OPS_KEY, ops)
 
 
 class SpaceEncoder:
     """The bodies of insert and replace on one space, and of select (by key:
     EQ, no offset or limit), update and delete on one of its indexes, as
     their fixed parts, packed when it is made.  A body is its ``*_prefix``
-    followed by the packed key or tuple (``pack``); an update's continues
-    with ``OPS_KEY`` and the packed operations.  A ``*_scalar_prefix`` ends
-    with the header of a one-element array, so that a scalar key (an int or
-    a str) is packed after it as it is, without a list made to hold it.
-    (Callers join the pieces themselves: a method per body would cost every
-    request a Python call.)"""
+    followed by the packed key or tuple: ``join(prefix, key)`` (the
+    ``Encoder``'s); an update's continues with ``OPS_KEY`` and the packed
+    operations.  A ``*_scalar_prefix`` ends with the header of a one-element
+    array, so that a scalar key (an int or a str) is packed after it as it
+    is, without a list made to hold it.  (Callers call ``join`` themselves: a
+    method per body would cost every request a Python call.)"""
 
-    __slots__ = ("space_no", "index_no", "pack", "insert_prefix", "select_prefix",
+    __slots__ = ("space_no", "index_no", "join", "insert_prefix", "select_prefix",
                  "update_prefix", "delete_prefix", "select_scalar_prefix",
                  "update_scalar_prefix", "delete_scalar_prefix")
 
     def __init__(self, encoder, space_no, index_no):
         self.space_no = space_no
         self.index_no = index_no
-        self.pack = encoder.pack
+        self.join = encoder.join
         prefix = encoder.prefix
         self.insert_prefix = prefix(2, IPROTO_SPACE_ID, space_no, IPROTO_TUPLE)
         self.select_prefix = prefix(6, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, index_no,

@@ -45,13 +45,15 @@ def conn(server):
 
 @pytest.fixture(params=["c", "python"])
 def reader(request, monkeypatch):
-    """Runs a test twice: with the hot paths in C (gtarantool._speedups, which
-    must be built: the reader's loops, the request's) and with the same paths
-    in Python, as without a compiler.  Modules opt in with
-    ``pytestmark = pytest.mark.usefixtures("reader")``."""
+    """Runs a test twice: with the hot paths in C (gtarantool._speedups and
+    _encoder, which must be built: the reader's loops, the request's, request
+    bodies) and with the same paths in Python, as without a compiler.  Modules
+    opt in with ``pytestmark = pytest.mark.usefixtures("reader")``."""
     if request.param == "python":
         monkeypatch.setattr(transport, "_speedups", None)
         monkeypatch.setattr(protocol, "_speedups", None)
-    elif transport._speedups is None:
-        pytest.fail("gtarantool._speedups is not built (pip install -e . compiles it)")
+        monkeypatch.setattr(protocol, "_encoder", None)
+    elif transport._speedups is None or protocol._encoder is None:
+        pytest.fail("gtarantool._speedups or _encoder is not built (pip install -e . "
+                    "compiles them)")
     return request.param

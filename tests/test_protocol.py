@@ -42,18 +42,19 @@ class _Conn:
         return 7
 
 
-@pytest.fixture
-def encoder():
-    return Encoder(msgpack.Packer())
+@pytest.fixture(params=["c", "python"])
+def encoder(request):
+    """An Encoder whose join is the C one (``_encoder``), or the Python one."""
+    return Encoder(msgpack.Packer(), use_bin_type=True if request.param == "c" else None)
 
 
 def _by_key(prefix, encoder, key):
     """A body as api.py joins it: a SpaceEncoder prefix, then the packed key or tuple."""
-    return prefix + encoder.pack(key)
+    return encoder.join(prefix, key)
 
 
 def _update(space, key, ops):
-    return space.update_prefix + space.pack(key) + OPS_KEY + space.pack(ops)
+    return space.join(space.update_prefix, key, OPS_KEY, ops)
 
 
 CASES = [
@@ -74,8 +75,7 @@ CASES = [
     # A scalar key, packed after a prefix that holds its one-element array header.
     (lambda e: _by_key(e.space(512, 3).select_scalar_prefix, e, 1 << 40),
      lambda c: RequestSelect(c, 512, 3, [1 << 40], 0, 0xffffffff, 0)),
-    (lambda e: b"".join((e.space(600).update_scalar_prefix, e.pack("k"), OPS_KEY,
-                         e.pack([("+", 1, 5)]))),
+    (lambda e: e.join(e.space(600).update_scalar_prefix, "k", OPS_KEY, [("+", 1, 5)]),
      lambda c: RequestUpdate(c, 600, 0, ["k"], [("+", 1, 5)])),
     (lambda e: _by_key(e.space(700, 2).delete_scalar_prefix, e, -7),
      lambda c: RequestDelete(c, 700, 2, [-7])),

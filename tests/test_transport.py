@@ -2,6 +2,7 @@
 split its greeting and replies at every byte boundary on demand."""
 import base64
 import os
+import types
 
 import gevent
 import gevent.server
@@ -349,6 +350,7 @@ def test_the_c_paths_in_use(conn, reader):
     """The C loop and request run unless a test (or a missing compiler) takes them away."""
     assert (conn._transport._cutter is not None) == (reader == "c")
     assert (conn._transport._requester is not None) == (reader == "c")
+    assert (type(conn._encoder.join) is not types.FunctionType) == (reader == "c")
     assert conn.select("tester", 1).data is not None
 
 

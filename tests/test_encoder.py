@@ -1,0 +1,186 @@
+"""gtarantool._encoder's request bodies against tarantool-python's packer, the reference.
+
+``Encoder.join(raw, obj, ...)`` must give exactly ``raw + pack(obj) + ...``
+for every object, and the packer's own error where it raises: the C encoder
+writes the built-in types itself, in the shortest form as msgpack does, and
+passes everything else to the packer.  The Python ``join`` (no compiler) is
+checked against the same reference.
+"""
+import collections
+import datetime
+import decimal
+import enum
+import types
+import uuid
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tarantool.request import packer_factory
+
+from gtarantool import protocol
+from gtarantool.protocol import Encoder
+
+
+@pytest.fixture(autouse=True)
+def _built():
+    """These tests fail, not skip, where the extension was not built (as ``reader``'s)."""
+    if protocol._encoder is None:
+        pytest.fail("gtarantool._encoder is not built (pip install -e . compiles it)")
+
+
+def _packer(use_bin_type):
+    """tarantool-python's packer, as a connection with or without an encoding makes it."""
+    conn = types.SimpleNamespace(encoding="utf-8" if use_bin_type else None,
+                                 version_id=(2 << 16) | (10 << 8))
+    return packer_factory(conn)
+
+
+def _joins(use_bin_type):
+    """(C join, Python join, the packer's pack) for one packer."""
+    packer = _packer(use_bin_type)
+    c_join = Encoder(packer, use_bin_type).join
+    python_join = Encoder(packer).join
+    assert type(c_join) is not types.FunctionType and type(python_join) is types.FunctionType
+    return c_join, python_join, packer.pack
+
+
+def _outcome(function, *args):
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - the failure is the outcome compared
+        return type(exc), str(exc)
+
+
+def _check(use_bin_type, obj):
+    c_join, python_join, pack = _joins(use_bin_type)
+    expected = _outcome(lambda: b"<" + pack(obj) + b"|" + pack(obj) + b">")
+    assert _outcome(c_join, b"<", obj, b"|", obj, b">") == expected
+    assert _outcome(python_join, b"<", obj, b"|", obj, b">") == expected
+    assert _outcome(c_join, b"", obj) == _outcome(pack, obj)
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Text(str):
+    pass
+
+
+class Items(list):
+    pass
+
+
+Point = collections.namedtuple("Point", "x y")
+
+# Each width's first and last value, and whatever the C encoder hands to the packer.
+EDGES = [
+    None, True, False, 0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
+    2**63 - 1, 2**63, 2**64 - 1, 2**64, -1, -32, -33, -128, -129, -32768, -32769,
+    -2**31, -2**31 - 1, -2**63, -2**63 - 1, 10**30,
+    0.0, -0.0, 1.5, 1e300, float("inf"), float("nan"),
+    "", "a" * 31, "a" * 32, "a" * 255, "a" * 256, "a" * 65535, "a" * 65536, "é" * 20,
+    "\U0001f600" * 70, "\ud800", "x\udcff",
+    b"", b"\x00" * 31, b"\x00" * 32, b"\xff" * 255, b"\xff" * 256, b"x" * 65535, b"x" * 65536,
+    [], (), [1] * 15, [1] * 16, (None,) * 65535, [0] * 65536, {}, {i: i for i in range(15)},
+    {str(i): [i] for i in range(16)}, {i: None for i in range(65536)},
+    {(1, 2): "tuple key", None: 1, 1.5: b"", False: []},
+    Color.RED, Text("sub"), Items([1]), Point(1, 2), bytearray(b"ba"), memoryview(b"mv"),
+    decimal.Decimal("1.25"), uuid.UUID(int=5), datetime.datetime(2026, 11, 22, 10, 0),
+    [1, "a", decimal.Decimal("2")], {"k": uuid.UUID(int=1)}, object(), [object()],
+    {"set": {1, 2}}, 1j,
+]
+
+
+@pytest.mark.parametrize("use_bin_type", [True, False])
+@pytest.mark.parametrize("obj", EDGES, ids=lambda obj: type(obj).__name__)
+def test_every_width_and_every_type_handed_on(use_bin_type, obj):
+    _check(use_bin_type, obj)
+
+
+@pytest.mark.parametrize("depth", [1, 63, 64, 65, 200, 600])
+def test_nesting(depth):
+    """Deeper than the C encoder goes, the packer decides (and past 511 raises)."""
+    obj = 7
+    for level in range(depth):
+        obj = [obj] if level % 2 else {"k": obj}
+    _check(True, obj)
+
+
+# Any code points, lone surrogates included (which st.text leaves out).
+codepoints = st.lists(st.integers(0, 0x10ffff) | st.integers(0xd800, 0xdfff), max_size=40)
+scalars = (st.none() | st.booleans() | st.integers(-2**65, 2**65)
+           | st.floats(allow_nan=True, allow_infinity=True)
+           | st.text() | st.binary() | codepoints.map(lambda cs: "".join(map(chr, cs)))
+           | st.sampled_from([decimal.Decimal("0.5"), uuid.UUID(int=9), Color.RED, Text("t")]))
+keys = st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.text() | st.binary()
+objects = st.recursive(scalars, lambda inner: st.lists(inner, max_size=20)
+                       | st.lists(inner, max_size=20).map(tuple)
+                       | st.dictionaries(keys, inner, max_size=20), max_leaves=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.booleans(), objects)
+def test_any_object_as_the_packer_packs_it(use_bin_type, obj):
+    _check(use_bin_type, obj)
+
+
+@pytest.mark.parametrize("parts", [(), (b"only",), (b"a", 1, b"b"), (b"a", [1], b"b", "x")])
+def test_parts_alternate_raw_and_packed(parts):
+    c_join, python_join, pack = _joins(True)
+    expected = b"".join(pack(p) if i % 2 else p for i, p in enumerate(parts))
+    assert c_join(*parts) == python_join(*parts) == expected
+
+
+def test_bad_parts_are_refused():
+    c_join, _, _ = _joins(True)
+    with pytest.raises(TypeError, match="part 2 must be bytes, not str"):
+        c_join(b"a", 1, "b", 2)
+    with pytest.raises(TypeError, match="at most 8 parts"):
+        c_join(*([b"", 1] * 5))
+
+
+def test_a_packer_that_returns_no_bytes():
+    join = protocol._encoder.BodyEncoder(lambda obj: "not bytes", True).join
+    assert join(b"a", 1) == b"a\x01"   # packed by the C encoder: no call
+    with pytest.raises(TypeError, match="pack"):
+        join(b"a", object())
+
+
+def test_the_connection_picks_the_c_join_for_its_own_packer(server):
+    import gtarantool
+
+    for encoding, use_bin_type in (("utf-8", True), (None, False)):
+        with gtarantool.connect(server.host, server.port, user="test", password="secret",
+                                encoding=encoding) as conn:
+            assert type(conn._encoder.join) is not types.FunctionType
+            assert conn._encoder.join(b"", b"x") == msgpack.packb(b"x", use_bin_type=use_bin_type)
+            conn.replace("tester", (4242, "é", b"\xff"))
+            assert conn.select("tester", 4242).data[0][:3] == (
+                [4242, "é", b"\xff"] if encoding else [4242, "é".encode(), b"\xff"])
+            conn.delete("tester", 4242)
+
+
+def test_another_packer_factory_gets_the_python_join(server):
+    import gtarantool
+
+    packed = []
+
+    def factory(conn):
+        packer = msgpack.Packer(use_bin_type=False)
+
+        class Counting:
+            def pack(self, obj):
+                packed.append(obj)
+                return packer.pack(obj)
+        return Counting()
+
+    with gtarantool.connect(server.host, server.port, user="test", password="secret",
+                            packer_factory=factory) as conn:
+        assert type(conn._encoder.join) is types.FunctionType
+        conn.replace("tester", (4243, "x"))
+        assert (4243, "x") in packed
+        assert conn.select("tester", 4243).data[0][:2] == [4243, "x"]
+        conn.delete("tester", 4243)
