@@ -51,6 +51,25 @@ SCHEMA_RETRIES = 3
 
 _live = weakref.WeakSet()
 
+# A connection's attributes, gtarantool's and then tarantool.Connection's (1.x).
+# They live in slots: in a __dict__ with more than 30 keys, Python 3.11 cannot
+# specialise a method call on the object, so every ``conn.insert(...)`` (and
+# every ``self._request(...)``) would take the generic method lookup.  An
+# attribute missing here still works, in the __dict__.
+_ATTRIBUTES = (
+    "request_timeout", "max_in_flight", "max_response_size", "stats", "_transport", "_syncs",
+    "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder", "_decoder", "_spaces",
+    "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
+    "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
+    "reconnect_delay", "connected", "error", "encoding", "use_list", "call_16",
+    "connection_timeout", "transport", "ssl_key_file", "ssl_cert_file", "ssl_ca_file",
+    "ssl_ciphers", "ssl_password", "ssl_password_file", "fetch_schema", "schema",
+    "schema_version", "uuid", "version_id", "required_protocol_version", "required_features",
+    "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
+    "_protocol_version", "_features", "_client_protocol_version", "_client_features",
+    "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
+)
+
 
 class Connection(RequestMethods, tarantool.Connection):
     """A gevent-aware ``tarantool.Connection`` shared by many greenlets.
@@ -68,6 +87,10 @@ class Connection(RequestMethods, tarantool.Connection):
     ``connection_timeout`` (connect and greeting) defaults to 10 s rather than
     forever, so connecting to a frozen server fails instead of hanging.
     """
+
+    # (A name tarantool.Connection's class defines must stay its own.)
+    __slots__ = tuple(name for name in _ATTRIBUTES
+                      if not any(name in vars(base) for base in tarantool.Connection.__mro__))
 
     def __init__(self, host=tarantool.connection.DEFAULT_HOST,
                  port=tarantool.connection.DEFAULT_PORT, *args,

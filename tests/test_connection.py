@@ -48,6 +48,20 @@ def test_is_a_tarantool_connection(conn):
     assert conn.ping() >= 0
 
 
+def test_attributes_live_in_slots(server):
+    """Nothing lands in the instance __dict__ (see connection._ATTRIBUTES): a
+    tarantool-python that sets a new attribute makes this fail, not only slower."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    try:
+        conn.insert("tester", (900_001, "slots"))
+        conn.delete("tester", 900_001)
+        conn.close()
+        conn.ping()   # reconnects
+        assert vars(conn) == {}
+    finally:
+        conn.close()
+
+
 # Each case runs on a reference connection and on gtarantool with keys that do
 # not collide, then the outcomes are compared.  ``k`` is the key base.
 CASES = {
