@@ -12,8 +12,8 @@
  * of (None, bool, int within 64 bits, float, str, bytes, list, tuple, dict),
  * nested at most MAX_DEPTH deep.  Any other object (subclasses, Decimal, UUID,
  * datetime, bytearray, a str with lone surrogates, an int beyond 64 bits...)
- * makes it call pack(obj) for that part instead, so every body and every
- * error is the packer's own.
+ * makes it call pack(obj) for every object part of that body instead, so
+ * every body and every error is the packer's own.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -275,6 +275,29 @@ put(const BodyEncoder *self, unsigned char *p, PyObject *obj)
     }
 }
 
+/* Packs every object part with pack(): once one is declined.  pack() runs
+ * Python code (a default hook, a finaliser), which may change an object
+ * already sized; packing them all, in order, leaves nothing sized to be
+ * written later, and each part is what the packer saw at its turn. */
+static int
+pack_all(const BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs,
+         PyObject **packed, Py_ssize_t *sizes)
+{
+    Py_ssize_t i;
+
+    for (i = 1; i < nargs; i += 2) {
+        packed[i] = PyObject_CallOneArg(self->pack, args[i]);
+        if (packed[i] == NULL)
+            return -1;
+        if (!PyBytes_CheckExact(packed[i])) {
+            PyErr_SetString(PyExc_TypeError, "pack() returned something not bytes");
+            return -1;
+        }
+        sizes[i] = PyBytes_GET_SIZE(packed[i]);
+    }
+    return 0;
+}
+
 static PyObject *
 BodyEncoder_join(BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -282,6 +305,7 @@ BodyEncoder_join(BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t sizes[MAX_PARTS], total = 0, i;
     PyObject *result = NULL;
     unsigned char *p;
+    int declined = 0;
 
     if (nargs > MAX_PARTS) {
         PyErr_Format(PyExc_TypeError, "join() takes at most %d parts", MAX_PARTS);
@@ -293,24 +317,18 @@ BodyEncoder_join(BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs)
             if (!PyBytes_CheckExact(part)) {
                 PyErr_Format(PyExc_TypeError, "join(): part %zd must be bytes, not %.100s",
                              i, Py_TYPE(part)->tp_name);
-                goto done;
+                return NULL;
             }
             sizes[i] = PyBytes_GET_SIZE(part);
-        } else {
+        } else if (!declined) {
             sizes[i] = sized(self, part, 0);
-            if (sizes[i] == DECLINED) {
-                packed[i] = PyObject_CallOneArg(self->pack, part);
-                if (packed[i] == NULL)
-                    goto done;
-                if (!PyBytes_CheckExact(packed[i])) {
-                    PyErr_SetString(PyExc_TypeError, "pack() returned something not bytes");
-                    goto done;
-                }
-                sizes[i] = PyBytes_GET_SIZE(packed[i]);
-            }
+            declined = sizes[i] == DECLINED;
         }
-        total += sizes[i];
     }
+    if (declined && pack_all(self, args, nargs, packed, sizes) < 0)
+        goto done;
+    for (i = 0; i < nargs; i++)
+        total += sizes[i];
     result = PyBytes_FromStringAndSize(NULL, total);
     if (result == NULL)
         goto done;

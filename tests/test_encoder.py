@@ -184,3 +184,20 @@ def test_another_packer_factory_gets_the_python_join(server):
         assert (4243, "x") in packed
         assert conn.select("tester", 4243).data[0][:2] == [4243, "x"]
         conn.delete("tester", 4243)
+
+
+def test_a_packer_hook_that_changes_an_earlier_part():
+    """The packer runs Python code (its default hook) for a type the C encoder
+    declines; parts already sized may change meanwhile.  The body is still
+    what packing each part in turn gives, never a buffer overrun."""
+    key = [1]
+
+    def default(obj):
+        key.extend(range(100000))   # the earlier part grows after it was sized
+        return "hooked"
+
+    pack = msgpack.Packer(default=default, use_bin_type=True).pack
+    join = protocol._encoder.BodyEncoder(pack, True).join
+    body = join(b"<", key, b"|", object(), b">")
+    assert body == b"<" + msgpack.packb([1]) + b"|" + msgpack.packb("hooked") + b">"
+    assert len(key) == 100001
