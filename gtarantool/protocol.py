@@ -105,6 +105,10 @@ class Encoder:
             self.join = _encoder.BodyEncoder(pack, use_bin_type).join
         else:
             def join(*parts):
+                if len(parts) == 2:   # most bodies: a prefix and a key or tuple
+                    return parts[0] + pack(parts[1])
+                if len(parts) == 4:   # update's and upsert's
+                    return b"".join((parts[0], pack(parts[1]), parts[2], pack(parts[3])))
                 pieces = list(parts)
                 pieces[1::2] = map(pack, parts[1::2])
                 return b"".join(pieces)

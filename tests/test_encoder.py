@@ -55,10 +55,12 @@ def _outcome(function, *args):
 
 def _check(use_bin_type, obj):
     c_join, python_join, pack = _joins(use_bin_type)
-    expected = _outcome(lambda: b"<" + pack(obj) + b"|" + pack(obj) + b">")
-    assert _outcome(c_join, b"<", obj, b"|", obj, b">") == expected
-    assert _outcome(python_join, b"<", obj, b"|", obj, b">") == expected
-    assert _outcome(c_join, b"", obj) == _outcome(pack, obj)
+    # Two parts (most bodies), four (update's, upsert's) and any other count.
+    for parts in ((b"", obj), (b"<", obj, b"|", obj), (b"<", obj, b"|", obj, b">")):
+        expected = _outcome(lambda: b"".join(pack(p) if i % 2 else p
+                                             for i, p in enumerate(parts)))
+        assert _outcome(c_join, *parts) == expected
+        assert _outcome(python_join, *parts) == expected
 
 
 class Color(enum.IntEnum):
