@@ -8,8 +8,9 @@ setup(
     long_description_content_type="text/x-rst",
     packages=find_packages(include=["gtarantool", "gtarantool.*"]),
     # The hot paths in C (the request's, the reader's loops, request bodies);
-    # without a compiler (or on Python < 3.10) the build skips them and
-    # transport.py and protocol.py run the same paths in Python.
+    # without a compiler (or on Python < 3.10; < 3.11 for _encoder.c, which
+    # uses PyFloat_Pack8) the build skips them and transport.py and
+    # protocol.py run the same paths in Python.
     ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True),
                  Extension("gtarantool._encoder", ["gtarantool/_encoder.c"], optional=True)],
     python_requires=">=3.8",

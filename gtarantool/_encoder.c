@@ -17,6 +17,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+/* setup.py marks the extension optional: older Pythons build without it
+ * and use protocol.py's Python join. */
+#error "needs Python 3.11 or later (PyFloat_Pack8)"
+#endif
 #include <stdint.h>
 #include <string.h>
 

@@ -27,6 +27,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030A0000
+/* setup.py marks the extension optional: older Pythons build without it
+ * and run transport.py's and protocol.py's Python paths. */
+#error "needs Python 3.10 or later (Py_NewRef, PyModule_AddObjectRef)"
+#endif
 #include <structmember.h>
 #include <stdint.h>
 
