@@ -280,10 +280,10 @@ put(const BodyEncoder *self, unsigned char *p, PyObject *obj)
     }
 }
 
-/* Packs every object part with pack(): once one is declined.  pack() runs
- * Python code (a default hook, a finaliser), which may change an object
- * already sized; packing them all, in order, leaves nothing sized to be
- * written later, and each part is what the packer saw at its turn. */
+/* Packs every object part with pack(), for a body with a declined part.
+ * pack() runs Python code (a default hook, a finaliser), which may change an
+ * object already sized; packing them all, in order, leaves nothing sized to
+ * be written later, and each part is what the packer saw at its turn. */
 static int
 pack_all(const BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs,
          PyObject **packed, Py_ssize_t *sizes)
