@@ -36,8 +36,9 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 
 all: test
 
+# TARANTOOL=/path/to/tarantool: every target starts that server binary instead.
 server:
-	@command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+	@[ -n "$(TARANTOOL)" ] || command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y tarantool; }
 
 $(STAMP): setup.py pyproject.toml gtarantool/_speedups.c gtarantool/_encoder.c

@@ -16,17 +16,34 @@ import time
 
 INSTALL_HINT = ("the Tarantool server binary 'tarantool' is not on PATH; install it with "
                 "'sudo apt-get install tarantool' (Debian/Ubuntu) or run 'make test', "
-                "which installs it")
+                "which installs it; or name a binary with TARANTOOL=/path/to/tarantool")
 
 GREETING_SIZE = 128
 
 
 def find_binary():
-    """Path of the ``tarantool`` binary, or RuntimeError saying how to install it."""
+    """Path of the server binary: ``$TARANTOOL`` when set (any build, e.g. one of
+    ``../shared/tarantool/*/tarantool``), else ``tarantool`` on PATH; RuntimeError
+    saying how to get one otherwise."""
+    named = os.environ.get("TARANTOOL")
+    if named:
+        path = shutil.which(named)
+        if path is None:
+            raise RuntimeError("TARANTOOL=%s is not an executable file" % named)
+        return os.path.abspath(path)
     path = shutil.which("tarantool")
     if path is None:
         raise RuntimeError(INSTALL_HINT)
     return path
+
+
+def binary_version(binary=None):
+    """The server's version as a tuple of ints, e.g. ``(3, 8, 0)``."""
+    out = subprocess.run([binary or find_binary(), "--version"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, check=True).stdout
+    words = out.split()
+    number = words[1].split("-")[0] if len(words) > 1 else ""
+    return tuple(int(part) for part in number.split(".") if part.isdigit())
 
 
 def free_port():
