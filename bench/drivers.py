@@ -11,7 +11,9 @@ import importlib.util
 import threading
 import time
 
+import msgpack
 import tarantool
+from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
 from bench.recorder import LockedRecorder, Recorder
 from bench.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
@@ -131,6 +133,22 @@ class CountingSocket:
                 "bytes_out": self.bytes_out, "bytes_in": self.bytes_in}
 
 
+def _unpacker_factory(conn):
+    """tarantool-python's own unpacker (``tarantool.response.unpacker_factory``, the
+    same settings and cost per reply) except that a string that is not UTF-8 is
+    decoded with escapes instead of raising: since 2.10, error messages quote
+    tuples, bytes fields raw ("Duplicate key exists ... "), and the workload's
+    payloads are bytes.  The bench must count that reply as the server's error,
+    as box.stat does."""
+    kwargs = {"use_list": conn.use_list, "raw": False, "strict_map_key": False,
+              "unicode_errors": "backslashreplace"}
+
+    def ext_hook(code, data):
+        return unpacker_ext_hook(code, data, msgpack.Unpacker(**kwargs))
+    kwargs["ext_hook"] = ext_hook
+    return msgpack.Unpacker(**kwargs)
+
+
 class Driver:
     recorder_class = Recorder
     # tarantool-python raises exactly this class for an error response; its subclasses
@@ -145,7 +163,8 @@ class Driver:
 
     def _tarantool_connection(self):
         conn = tarantool.Connection(self.host, self.port, user=self.config.user,
-                                    password=self.config.password)
+                                    password=self.config.password,
+                                    unpacker_factory=_unpacker_factory)
         conn._socket = CountingSocket(conn._socket)
         return conn
 

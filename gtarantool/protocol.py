@@ -311,6 +311,9 @@ def responses(conn, decoder, syncs, replies, fast=True):
                 else:
                     body = unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
                                    ext_hook=ext_hook)
+            except Exception as exc:  # noqa: BLE001 - make_response judges it
+                body = exc.with_traceback(None)
+            try:
                 if code or type(body) is not dict:
                     value = make_response(Response, conn, sync, code, schema, body)
                 else:
@@ -327,10 +330,16 @@ def make_response(cls, conn, sync, code, schema_version, body):
     that failed to decode (an exception) is raised; one that is not a map
     raises ProtocolError."""
     if type(body) is not dict:
-        if isinstance(body, Exception):
+        if code >= REQUEST_TYPE_ERROR and isinstance(body, UnicodeDecodeError):
+            # Since 2.10 some messages quote tuples, bytes fields as they are
+            # ("Duplicate key exists ... [1, "\xff"]"): the server's error, not
+            # an undecodable reply.  The string that failed is the message.
+            body = {IPROTO_ERROR_24: body.object.decode("utf-8", "backslashreplace")}
+        elif isinstance(body, Exception):
             raise body
-        raise ProtocolError("the body of reply %d is a %s, not a map"
-                            % (sync, type(body).__name__))
+        else:
+            raise ProtocolError("the body of reply %d is a %s, not a map"
+                                % (sync, type(body).__name__))
     if code < REQUEST_TYPE_ERROR:
         return ok_response(conn, sync, schema_version, body, cls, code)
     resp = cls.__new__(cls)
