@@ -187,8 +187,11 @@ class Connection(RequestMethods, tarantool.Connection):
                 else:
                     self.schema = None
             except Exception as exc:
+                # As tarantool-python: whatever fails while connecting (auth, a
+                # required_protocol_version the server lacks...) is a NetworkError
+                # with the cause chained.
                 self._drop_transport(ConnectionClosed("connect failed: %s" % (exc,)))
-                if isinstance(exc, (NetworkError, ConfigurationError)):
+                if isinstance(exc, NetworkError):
                     raise
                 raise NetworkError("cannot connect to %s:%s: %s"
                                    % (self.host, self.port, _describe(exc))) from exc

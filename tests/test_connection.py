@@ -1,10 +1,12 @@
 """gtarantool.Connection against a real Tarantool, compared with tarantool.Connection."""
+import decimal
 import inspect
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import gevent
 import pytest
@@ -545,3 +547,183 @@ def _pipelined(c):
     p.select("tester", 31_000_001)
     p.call("echo", 1)
     return [r.data for r in p.results()]
+
+
+# -- 2.10+ data, errors and features, call by call with tarantool-python --------
+
+def server_version(conn):
+    return tuple(conn.version_id.to_bytes(3, "big"))   # tarantool's version_id(major, minor, patch)
+
+
+def needs(conn, version, what):
+    if server_version(conn) < version:
+        pytest.skip("needs Tarantool %s+ (%s); server is %s"
+                    % (".".join(map(str, version)), what, ".".join(map(str, server_version(conn)))))
+
+
+def detailed(fn):
+    """``outcome`` with the error's message and extension (the box.error stack),
+    the exception type of a client-side failure, and each value's repr (a
+    Datetime compares equal across time zones)."""
+    try:
+        r = fn()
+    except DatabaseError as exc:
+        return ("error", type(exc).__name__, exc.code, exc.message, repr(exc.extra_info))
+    except Exception as exc:  # noqa: BLE001 - compared with the reference's
+        return ("raised", type(exc).__name__)
+    if isinstance(r, Response):
+        return (type(r).__name__, r.data, repr(r.data))
+    return ("value", r, repr(r))
+
+
+def rekey(o, old, new):
+    """``o`` with the key ``old`` written as ``new`` (in lists, tuples and strings)."""
+    if isinstance(o, (list, tuple)):
+        return type(o)(rekey(x, old, new) for x in o)
+    if isinstance(o, str):
+        return o.replace(str(old), str(new))
+    return new if type(o) is int and o == old else o
+
+
+def _dt(**kw):
+    return tarantool.Datetime(year=2022, month=8, day=31, hour=18, minute=7, sec=54,
+                              nsec=308543321, **kw)
+
+
+# name -> (first server version, what needs it, case(conn, key))
+NEWER_CASES = {
+    "decimal_38_digits": ((2, 3, 0), "decimal", lambda c, k: c.replace(
+        "tester", (k, "d", decimal.Decimal("1234567890123456789012345678901234567.8")))),
+    "decimal_tiny": ((2, 3, 0), "decimal", lambda c, k: c.replace(
+        "tester", (k, "d", decimal.Decimal("-0.00000000000000000000000000000000000001")))),
+    "decimal_from_lua": ((2, 3, 0), "decimal", lambda c, k: c.eval(
+        "return require('decimal').new('-9999999999999999999999999999999999999.9')")),
+    "decimal_76_digits": ((2, 3, 0), "decimal", lambda c, k: c.replace(
+        "tester", (k, "d", decimal.Decimal("1" * 76)))),
+    "uuid": ((2, 4, 1), "uuid", lambda c, k: c.replace(
+        "tester", (k, "u", uuid.UUID("ae28d4f6-076c-49dd-8227-7f9fae9592d0")))),
+    "uuid_from_lua": ((2, 4, 1), "uuid", lambda c, k: c.eval(
+        "return require('uuid').fromstr('64d22e4d-ac92-4a23-899a-e59f34af5479')")),
+    "datetime_utc": ((2, 10, 0), "datetime", lambda c, k: c.replace(
+        "tester", (k, "t", _dt()))),
+    "datetime_offset": ((2, 10, 0), "datetime", lambda c, k: c.replace(
+        "tester", (k, "t", _dt(tzoffset=180)))),
+    "datetime_tz_name": ((2, 10, 0), "datetime", lambda c, k: c.replace(
+        "tester", (k, "t", _dt(tz="Europe/Moscow")))),
+    "datetime_from_lua": ((2, 10, 0), "datetime", lambda c, k: c.eval(
+        "return require('datetime').new{year = 2000, month = 1, day = 1, nsec = 5, "
+        "tz = 'Asia/Tokyo'}")),
+    "interval": ((2, 10, 0), "interval", lambda c, k: c.replace("tester", (k, "i", tarantool.Interval(
+        year=1, month=-2, week=3, day=4, hour=5, minute=6, sec=7, nsec=8,
+        adjust=tarantool.IntervalAdjust.LAST)))),
+    "interval_from_lua": ((2, 10, 0), "interval", lambda c, k: c.eval(
+        "return require('datetime').interval.new{year = 3, min = -4, adjust = 'excess'}")),
+    "datetime_arithmetic": ((2, 10, 0), "interval", lambda c, k: c.eval(
+        "local a, b = ... return a + b, a - a", _dt(tz="Europe/Moscow"),
+        tarantool.Interval(month=1, adjust=tarantool.IntervalAdjust.LAST))),
+    "box_error_object": ((2, 10, 0), "error extension", lambda c, k: c.eval(
+        "return box.error.new{type = 'MyError', reason = 'custom', code = 1234}")),
+    "box_error_stack": ((2, 10, 0), "error extension", lambda c, k: c.eval(
+        "local inner = box.error.new{reason = 'inner', code = 1} "
+        "local outer = box.error.new{reason = 'outer', code = 2} "
+        "outer:set_prev(inner) error(outer)")),
+    "box_error_fields": ((2, 10, 0), "error extension", lambda c, k: c.eval(
+        "box.error(box.error.NO_SUCH_USER, 'nobody')")),
+    "sql_types": ((2, 10, 0), "SQL", lambda c, k: c.execute(
+        "SELECT CAST(? AS DECIMAL), CAST(? AS UUID), ?, NULL",
+        [decimal.Decimal("1.5"), "ae28d4f6-076c-49dd-8227-7f9fae9592d0", b"\x00\x01"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEWER_CASES))
+def test_newer_types_and_errors_as_tarantool_python(name, conn, ref, reader):
+    version, what, case = NEWER_CASES[name]
+    needs(conn, version, what)
+    base = (6_000_000 if reader == "c" else 7_000_000) + sorted(NEWER_CASES).index(name) * 1000
+    expected = detailed(lambda: case(ref, base))
+    got = detailed(lambda: case(conn, base + 500))
+    assert rekey(got, base + 500, base) == expected
+    if expected[0] != "Response" or not name.startswith(("decimal", "uuid", "datetime",
+                                                           "interval")):
+        return
+    # What each stored reads back the same through both connections.
+    stored = [conn.select("tester", key).data for key in (base, base + 500)]
+    assert [ref.select("tester", key).data for key in (base, base + 500)] == stored
+    assert [row[1:] for row in stored[0]] == [row[1:] for row in stored[1]]
+
+
+def test_protocol_version_and_features_as_tarantool_python(conn, ref):
+    """IPROTO_ID: what gtarantool negotiated is what tarantool-python did."""
+    needs(conn, (2, 10, 0), "IPROTO_ID")
+    assert conn._protocol_version is not None and conn._features is not None
+    assert (conn._protocol_version, conn._features) == (ref._protocol_version, ref._features)
+    assert (conn._server_protocol_version, conn._server_features, conn._server_auth_type) == \
+        (ref._server_protocol_version, ref._server_features, ref._server_auth_type)
+
+
+@pytest.mark.parametrize("option", [{"required_protocol_version": 99},
+                                    {"required_features": [99]},
+                                    {"password": "wrong"}],
+                         ids=["protocol_version", "features", "auth"])
+def test_failures_during_connect_are_network_errors(server, option):
+    """As tarantool-python's connect(): whatever fails while connecting raises
+    NetworkError, the cause chained; nothing is left open."""
+    kwargs = dict({"user": USER, "password": PASSWORD}, **option)
+    with pytest.raises(NetworkError) as theirs:
+        tarantool.Connection(server.host, server.port, **kwargs)
+    with pytest.raises(NetworkError) as ours:
+        gtarantool.connect(server.host, server.port, **kwargs)
+    cause = theirs.value.__cause__
+    assert type(ours.value.__cause__) is type(cause)
+    assert (getattr(cause, "message", None) or str(cause)) in str(ours.value)
+
+
+def test_required_protocol_version_the_server_has(server):
+    needs(tarantool.connect(server.host, server.port), (2, 10, 0), "IPROTO_ID")
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           required_protocol_version=1, required_features=[0, 2])
+    assert c.ping(notime=True) == "Success"
+    c.close()
+
+
+def test_socket_fd_with_box_session_new(server, conn):
+    """A socket the server adopted with box.session.new (3.0+), passed as socket_fd."""
+    if conn.eval("return box.session.new == nil").data[0]:
+        pytest.skip("needs Tarantool 3.0+ (box.session.new); server is %s"
+                    % ".".join(map(str, server_version(conn))))
+    port = conn.eval("""
+        fd_server = fd_server or require('socket').tcp_server('127.0.0.1', 0, function(s)
+            box.session.new({type = 'binary', fd = s:fd(), user = 'test'})
+            s:detach()
+        end)
+        return fd_server:name().port""").data[0]
+    import socket
+    # The connection owns the descriptor (and closes it), as tarantool-python's.
+    fd = socket.create_connection(("127.0.0.1", port)).detach()
+    c = gtarantool.connect(None, None, socket_fd=fd)
+    assert c.eval("return box.session.user()").data == ["test"]
+    c.insert("tester", (5_100_001, "fd"))
+    assert c.select("tester", 5_100_001).data == [[5_100_001, "fd"]]
+    assert c.delete("tester", 5_100_001).rowcount == 1
+    c.close()
+
+
+def test_fetch_schema_false_and_sql(server):
+    """Without a schema: spaces by number, SQL with its metadata."""
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           fetch_schema=False)
+    r = tarantool.Connection(server.host, server.port, user=USER, password=PASSWORD,
+                             fetch_schema=False)
+    try:
+        assert c.schema is None
+        space = c.eval("return box.space.tester.id").data[0]
+        assert outcome(lambda: c.replace(space, (5_200_001, "ns"))) == \
+            outcome(lambda: r.replace(space, (5_200_001, "ns")))
+        query = "SELECT * FROM sqltest WHERE id > ? ORDER BY id LIMIT 3"
+        ours, theirs = c.execute(query, [0]), r.execute(query, [0])
+        assert (ours.data, ours.rowcount, ours.body) == (theirs.data, theirs.rowcount, theirs.body)
+        with pytest.raises(tarantool.error.NotSupportedError):
+            c.select("tester", 1)
+    finally:
+        c.close()
+        r.close()
