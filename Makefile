@@ -36,10 +36,19 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 
 all: test
 
-# TARANTOOL=/path/to/tarantool: every target starts that server binary instead.
+# TARANTOOL=/path/to/tarantool: every target starts that server binary instead
+# (a build of 2.11 or 3.x gets the shared libraries it needs installed).
+TARANTOOL_RUNTIME := libicu72 libreadline8 libssl3 libunwind8 libgomp1
+
 server:
-	@[ -n "$(TARANTOOL)" ] || command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+ifeq ($(TARANTOOL),)
+	@command -v tarantool >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y tarantool; }
+else
+	@"$(TARANTOOL)" --version >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		$(SUDO) apt-get install -y --no-install-recommends $(TARANTOOL_RUNTIME); }
+	@"$(TARANTOOL)" --version | head -n 1
+endif
 
 $(STAMP): setup.py pyproject.toml gtarantool/_speedups.c gtarantool/_encoder.c
 	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
