@@ -20,6 +20,7 @@ import sys
 
 from bench import drivers, perf
 from bench.config import OPERATIONS, Config
+from bench.server import binary_version, find_binary
 from bench.target import open_target
 from bench.workloads import Payloads, Phase
 
@@ -146,6 +147,7 @@ def main(argv=None):
         if op not in OPERATIONS + (PIPELINE,):
             parser.error("unknown operation %r; expected some of %s"
                          % (op, ", ".join(OPERATIONS + (PIPELINE,))))
+    print("server: Tarantool %s (%s)" % (".".join(map(str, binary_version())), find_binary()))
     print(table(measure(args), args))
     return 0
 

@@ -24,6 +24,7 @@ import time
 
 from bench import runner
 from bench.config import OPERATIONS, Config
+from bench.server import binary_version
 from bench.target import open_target
 
 DEFAULT_WINDOW = 10_000   # requests per pipeline in target 4
@@ -274,8 +275,10 @@ def main(argv=None):
         result["steal_percent"] = stolen
     lines, ok = verdict(result["medians"])
     print("\nmedians of %d interleaved runs, %s ops per phase, %d-byte payloads, %d "
-          "greenlets/tasks, one client process, server WAL %s, Linux %s, %d cores%s\n"
-          % (args.runs, "{:,}".format(args.ops), args.size, args.greenlets, args.wal,
+          "greenlets/tasks, one client process, Tarantool %s, server WAL %s, Linux %s, "
+          "%d cores%s\n"
+          % (args.runs, "{:,}".format(args.ops), args.size, args.greenlets,
+             ".".join(map(str, binary_version())), args.wal,
              os.uname().release, os.cpu_count(),
              "; %.1f%% of the CPU time stolen by the host" % result["steal_percent"]
              if "steal_percent" in result else ""))
