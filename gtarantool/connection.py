@@ -29,6 +29,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
+from gtarantool import watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
@@ -68,6 +69,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
+    "_watchers", "_stream_ids",
 )
 
 
@@ -127,6 +129,8 @@ class Connection(RequestMethods, tarantool.Connection):
         self._finalizer = None                   # stops the transport if we are dropped
         self._connect_failures = 0               # reconnect cycles that gave up
         self._connect_error = None
+        self._watchers = None                    # watchers.Watchers, made by the first watch()
+        self._stream_ids = itertools.count(1)
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -195,6 +199,8 @@ class Connection(RequestMethods, tarantool.Connection):
             if self._connected_once:
                 self.stats.reconnects += 1
             self._connected_once = True
+            if self._watchers is not None:
+                self._watchers.attach(self._transport)
 
     def _read_greeting(self):
         data = b""
@@ -255,6 +261,9 @@ class Connection(RequestMethods, tarantool.Connection):
             self._transport = self._socket = None
             self.connected = False
             return
+        watchers, self._watchers = self._watchers, None
+        if watchers is not None:
+            watchers.close()
         self._drop_transport(ConnectionClosed("connection closed by close()"))
 
     def is_closed(self):
@@ -433,6 +442,22 @@ class Connection(RequestMethods, tarantool.Connection):
         """A :class:`gtarantool.pipeline.Pipeline` on this connection: queue many
         requests from one greenlet, then collect every reply in order."""
         return Pipeline(self)
+
+    # -- Tarantool 2.10+ features, each in its own module ----------------------
+
+    def watch(self, key, callback):
+        """Call ``callback(key, value)`` with the current value of ``key``
+        (``box.status``, ``box.id``, a ``box.broadcast`` key...), then once per
+        change, in a greenlet of the connection's; returns a
+        :class:`gtarantool.watchers.Watcher` (``unregister()``).  Watchers are
+        registered again after a reconnect (the callback gets the current value
+        again); ``close()`` unregisters them.  Tarantool 2.10+, else
+        :class:`gtarantool.FeatureNotSupported`."""
+        return watchers.watch(self, key, callback)
+
+    def watch_once(self, key):
+        """The current value of ``key``, without watching it (Tarantool 3.0+)."""
+        return watchers.watch_once(self, key)
 
     def _check_features(self):
         super()._check_features()
