@@ -29,7 +29,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
-from gtarantool import watchers
+from gtarantool import streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
@@ -40,6 +40,7 @@ from gtarantool.protocol import (
     Response,
     make_response,
 )
+from gtarantool.sql import PreparedStatement
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -458,6 +459,23 @@ class Connection(RequestMethods, tarantool.Connection):
     def watch_once(self, key):
         """The current value of ``key``, without watching it (Tarantool 3.0+)."""
         return watchers.watch_once(self, key)
+
+    def stream(self):
+        """A new :class:`gtarantool.streams.Stream` (Tarantool 2.10+): this
+        connection's data methods under a stream id of its own, plus
+        ``begin()``, ``commit()`` and ``rollback()``."""
+        return streams.Stream(self)
+
+    def transaction(self, isolation=None, timeout=None):
+        """``with conn.transaction() as tx:`` begins a transaction on a new
+        stream, commits it when the block ends, rolls it back when the block
+        raises.  See :meth:`gtarantool.streams.Stream.begin`."""
+        return streams.transaction(self, isolation, timeout)
+
+    def prepare(self, sql):
+        """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`
+        (``execute(params)``, ``unprepare()``; a context manager)."""
+        return PreparedStatement(self, sql)
 
     def _check_features(self):
         super()._check_features()
