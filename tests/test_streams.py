@@ -239,3 +239,26 @@ def test_lost_connection_fails_the_transaction_and_resends_nothing():
         conn.close()
     finally:
         srv.cleanup()
+
+
+@needs_streams
+@pytest.mark.usefixtures("reader")
+def test_stream_replies_take_the_plain_replies_path(mconn):
+    """The server's replies to stream requests carry no stream id: the reader
+    takes them the way it takes plain replies (its fixed-layout loop, in C or
+    Python, when it knows the server's layout; ``_frame`` otherwise)."""
+    transport = mconn._transport
+    general = transport._frame
+    slow = []
+    transport._frame = lambda *args: slow.append(args[1]) or general(*args)
+    for i in range(100):
+        mconn.insert("tester", (i, "plain"))
+    plain, slow[:] = len(slow), []
+    with mconn.transaction() as tx:
+        for i in range(100, 200):
+            tx.insert("tester", (i, "stream"))
+        slow[:] = []
+        for i in range(200, 300):
+            tx.insert("tester", (i, "stream"))
+        in_stream = len(slow)
+    assert in_stream == plain
