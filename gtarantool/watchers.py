@@ -72,6 +72,9 @@ class _Key:
 
 class Watchers:
     """A connection's watchers (``conn._watchers``, made by the first ``watch``).
+    While a key is watched, the transport's hooks refer to it and so keep the
+    connection alive (its callbacks may still run) until ``close()`` or the
+    last ``unregister()``.
 
     It owns the runner greenlets and, while the connection is lost and some
     key is watched, a greenlet that reconnects it (nobody else might send a
@@ -97,7 +100,10 @@ class Watchers:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _Key(key)
-            self._send(IPROTO_WATCH, key)
+            if self._transport is self._conn._transport:
+                self._send(IPROTO_WATCH, key)
+            else:
+                self.attach(self._conn._transport)   # watches every key, this one too
         watcher = Watcher(self, key, callback)
         state.watchers.append(watcher)
         if state.version:   # the value is known: this one gets it now
@@ -113,6 +119,10 @@ class Watchers:
         if not state.watchers:
             del self._keys[watcher.key]
             self._send(IPROTO_UNWATCH, watcher.key)
+            if not self._keys:
+                # Hooked to the transport (whose greenlets the hub holds), we
+                # would keep the connection from being garbage-collected.
+                self._detach()
 
     def close(self):
         """Unregister every watcher; kill and join the greenlets."""
@@ -131,7 +141,7 @@ class Watchers:
     def attach(self, transport):
         """Route ``transport``'s events here and watch every key on it (called
         on every connect: the server forgets a session's watchers)."""
-        if self._closed:
+        if self._closed or not self._keys:
             return
         self._detach()
         self._transport = transport
@@ -235,7 +245,6 @@ def watch(conn, key, callback):
     registry = conn._watchers
     if registry is None:
         registry = conn._watchers = Watchers(conn)
-        registry.attach(conn._transport)
     return registry.watch(key, callback)
 
 

@@ -1,6 +1,8 @@
 """Watchers (conn.watch, conn.watch_once) against a real server."""
+import gc
 import logging
 import time
+import weakref
 
 import gevent
 import pytest
@@ -203,3 +205,17 @@ def test_watch_once(conn):
     assert conn.watch_once("box.status")["status"] == "running"
     with pytest.raises(TypeError):
         conn.watch_once(1)
+
+
+@needs_watchers
+def test_a_connection_whose_watchers_are_gone_can_be_collected(server):
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    seen = []
+    watcher = conn.watch("collected", lambda key, value: seen.append(value))
+    wait_for(lambda: seen)
+    watcher.unregister()
+    ref = weakref.ref(conn)
+    del conn, watcher
+    gevent.sleep(0.01)
+    gc.collect()
+    assert ref() is None
