@@ -30,6 +30,7 @@ IPROTO_UNWATCH = 75
 IPROTO_WATCH_ONCE = 77
 IPROTO_EVENT_KEY = 0x57
 IPROTO_EVENT_DATA = 0x58
+MAX_RECONNECT_DELAY = 5.0   # seconds between the watchers' reconnect cycles, at most
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +226,17 @@ class Watchers:
 
     def _reconnect(self):
         conn = self._conn
+        delay = max(conn.reconnect_delay, 0.1)
         try:
             while self._keys and not self._closed:
                 try:
                     conn._ensure_connected()   # connect() calls attach()
                     return
                 except Exception as exc:  # noqa: BLE001 - retried until close()
-                    log.warning("watchers: reconnect to %s:%s failed: %s",
-                                conn.host, conn.port, exc)
-                    gevent.sleep(max(conn.reconnect_delay, 0.1))
+                    log.warning("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
+                                conn.host, conn.port, delay, exc)
+                    gevent.sleep(delay)
+                    delay = min(delay * 2, MAX_RECONNECT_DELAY)
         finally:
             self._reconnector = None
 
