@@ -112,10 +112,14 @@ def main(argv=None):
                 cpu, done = run_kind(conn, kind, args.n, args.greenlets, args.per_tx)
                 per_op[kind].append(cpu / done)
         base = statistics.median(per_op["plain"])
-        print("%-8s %14s %8s" % ("kind", "CPU us/replace", "ratio"))
+        requests = {"plain": 1.0, "stream": 1.0, "tx": (args.per_tx + 2) / args.per_tx}
+        print("%-8s %14s %8s %16s %14s" % ("kind", "CPU us/replace", "ratio",
+                                           "requests/replace", "CPU us/request"))
         for kind in KINDS:
             median = statistics.median(per_op[kind])
-            print("%-8s %14.2f %8.2f" % (kind, median * 1e6, median / base))
+            print("%-8s %14.2f %8.2f %16.2f %14.2f" % (kind, median * 1e6, median / base,
+                                                       requests[kind],
+                                                       median * 1e6 / requests[kind]))
         delays = watcher_latency(conn, args.events)
         if delays:
             print("watcher: box.broadcast -> callback over %d events: median %.0f us, "
