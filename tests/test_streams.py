@@ -228,6 +228,10 @@ def test_lost_connection_fails_the_transaction_and_resends_nothing():
         assert isinstance(in_flight.exception, NetworkError)
         with pytest.raises(NetworkError, match="lost during the transaction"):
             tx.insert("tester", (2, "lost"))
+        with tx.pipeline() as pipe:
+            pipe.insert("tester", (5, "lost"))
+        lost, = pipe.results()
+        assert isinstance(lost, NetworkError) and "lost during the transaction" in str(lost)
         with pytest.raises(NetworkError, match="lost during the transaction"):
             tx.commit()
         assert not tx.in_transaction
@@ -262,3 +266,26 @@ def test_stream_replies_take_the_plain_replies_path(mconn):
             tx.insert("tester", (i, "stream"))
         in_stream = len(slow)
     assert in_stream == plain
+
+
+@needs_streams
+def test_a_pipeline_in_a_transaction(mconn):
+    s = mconn.stream()
+    s.begin()
+    with s.pipeline() as pipe:
+        for i in range(2000):
+            pipe.insert("tester", (i, "piped"))
+        pipe.insert("tester", (0, "duplicate"))
+        pipe.select("tester", limit=5)
+    results = pipe.results()
+    assert all(r.data == [[i, "piped"]] for i, r in enumerate(results[:2000]))
+    assert isinstance(results[2000], DatabaseError)
+    assert len(results[2001].data) == 5
+    assert mconn.select("tester", 1).data == []   # not committed yet
+    s.commit()
+    assert len(mconn.select("tester").data) == 2000
+    s.begin()
+    with s.pipeline() as pipe:
+        pipe.delete("tester", 1)
+    s.rollback()
+    assert mconn.select("tester", 1).data == [[1, "piped"]]
