@@ -66,7 +66,8 @@ class ReplicaSet:
 
     def eval(self, srv, lua, *args):
         """Run ``lua`` on ``srv`` over a short-lived tarantool-python connection."""
-        conn = tarantool.Connection(srv.host, srv.port, user=self.user, password=self.password)
+        conn = tarantool.Connection(srv.host, srv.port, user=self.user, password=self.password,
+                                    fetch_schema=False)   # no SELECTs in box.stat()
         try:
             return conn.eval(lua, list(args)).data
         finally:

@@ -448,14 +448,14 @@ class ConnectionPool:
         """A request on ``instance`` raised ``exc`` (being handled): learn from it,
         then re-raise it, or return another instance to re-send a read to."""
         instance.errors += 1
-        if isinstance(exc, DatabaseError):
-            if exc.code == ER_READONLY and instance.state.read_only is False:
-                # No more writes here until the monitor says otherwise.
-                self._set_state(instance, HEALTHY, True, instance.box_status)
-            if exc.code in (ER_READONLY, ER_LOADING):
+        if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
+            if isinstance(exc, DatabaseError) and exc.code in (ER_READONLY, ER_LOADING):
+                if exc.code == ER_READONLY and instance.state.read_only is False:
+                    # No more writes here until the monitor says otherwise.
+                    self._set_state(instance, HEALTHY, True, instance.box_status)
                 instance.wakeup.set()
             raise exc
-        if not isinstance(exc, NetworkError) or isinstance(exc, RequestTimeout):
+        if isinstance(exc, RequestTimeout):
             raise exc
         if instance.conn.is_closed() and self.pool.get(instance.name) is instance:
             instance.last_error = exc
