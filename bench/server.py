@@ -60,9 +60,8 @@ class TarantoolServer:
     """One local ``tarantool`` process.  Use as a context manager or call start/stop."""
 
     def __init__(self, lua="", *, port=None, unix_socket=False, wal_mode="write",
-                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None, cfg=""):
+                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None):
         self.lua = lua
-        self.cfg = cfg          # more box.cfg options, Lua: "read_only = true, ..."
         self.wal_mode = wal_mode
         self.memtx_memory = memtx_memory
         self.readahead = readahead
@@ -90,10 +89,9 @@ class TarantoolServer:
         path = os.path.join(self.workdir, "init.lua")
         with open(path, "w") as f:
             f.write("box.cfg{listen=%s, work_dir=%s, wal_mode=%s, memtx_memory=%d, "
-                    "readahead=%d, log=%s, net_msg_max=%d%s}\n"
+                    "readahead=%d, log=%s, net_msg_max=%d}\n"
                     % (_lua_str(self.listen), _lua_str(self.workdir), _lua_str(self.wal_mode),
-                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16,
-                       ", " + self.cfg if self.cfg else ""))
+                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16))
             f.write(self.lua)
             f.write("\n")
             # box.cfg returns after recovery; before that the port may already
