@@ -9,11 +9,11 @@ import time
 
 import tarantool
 
-from bench.server import TarantoolServer, free_port
+from bench.server import TarantoolServer, binary_version, free_port
 
 # Small timeouts: a dead peer is noticed, and a restart without the master
 # goes on, within about a second instead of Tarantool's default 30.
-REPLICATION = "replication_connect_timeout = 1, replication_timeout = 0.2"
+REPLICATION = {"replication_connect_timeout": 1, "replication_timeout": 0.2}
 GRANT = """
 box.once('replicaset-replication', function()
     box.schema.user.grant(%r, 'replication', nil, nil, {if_not_exists = true})
@@ -36,7 +36,10 @@ class ReplicaSet:
         self.servers = [TarantoolServer(lua + GRANT % user, port=ports[0],
                                         memtx_memory=memtx_memory, cfg=REPLICATION)]
         for port in ports[1:]:
-            cfg = "replication = {%r}, read_only = true, %s" % (self.uris[0], REPLICATION)
+            cfg = dict(REPLICATION, replication=self.uris[0], read_only=True)
+            if binary_version() >= (2, 11):
+                # 'auto' wants every member listed; a replica here joins from the master only.
+                cfg["bootstrap_strategy"] = "legacy"
             self.servers.append(TarantoolServer(lua, port=port, memtx_memory=memtx_memory,
                                                 cfg=cfg))
 

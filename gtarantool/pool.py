@@ -40,11 +40,11 @@ from tarantool.mesh_connection import prepare_address
 from tarantool.utils import ENCODING_DEFAULT
 
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
-from gtarantool.errors import ConnectionClosed, RequestTimeout
+from gtarantool.errors import ConnectionClosed, FeatureNotSupported, RequestTimeout
 from gtarantool.protocol import NO_LIMIT
 
 __all__ = ["ConnectionPool", "Mode", "RoundRobinStrategy", "LeastInFlightStrategy",
-           "RolePoll"]
+           "RolePoll", "RoleWatch"]
 
 ANY, RW, RO, PREFER_RW, PREFER_RO = Mode.ANY, Mode.RW, Mode.RO, Mode.PREFER_RW, Mode.PREFER_RO
 HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
@@ -172,8 +172,9 @@ def _cycle(keys):
 # -- role sources --------------------------------------------------------------
 
 class RolePoll:
-    """Learns an instance's role by calling ``box.info`` (every refresh, as
-    tarantool-python; needs execute access to ``box.info``)."""
+    """Learns an instance's role by calling ``box.info`` on every check (as
+    tarantool-python; needs execute access to ``box.info``).  For servers
+    without watchers (before 2.10)."""
 
     name = "poll"
 
@@ -181,13 +182,53 @@ class RolePoll:
         self._pool = pool
         self._instance = instance
 
-    def refresh(self):
+    def refresh(self, woken):
         info = self._instance.conn.call("box.info").data[0]
         self._pool._set_state(self._instance, HEALTHY if info["status"] == "running"
                               else UNHEALTHY, info["ro"], info["status"])
 
     def close(self):
         pass
+
+
+class RoleWatch(RolePoll):
+    """Learns an instance's role from the ``box.status`` watcher (Tarantool
+    2.10+): the server pushes ``is_ro`` and ``status`` as they change, so the
+    pool knows of a promotion one round trip after it.  Periodic checks only
+    ping (is the connection alive?); a check woken by a wrong-role error polls
+    ``box.info``, since that error may be older or newer than the last push.
+
+    Raises ``gtarantool.FeatureNotSupported`` on an older server.
+    """
+
+    name = "watch"
+
+    def __init__(self, pool, instance):
+        super().__init__(pool, instance)
+        self._first = gevent.event.Event()
+        # The connection watches again after each reconnect (and calls us with
+        # the current value): one registration lasts as long as the instance.
+        self._watcher = instance.conn.watch("box.status", self._on_status)
+        try:
+            self._first.wait()   # the current value (bounded by the check's timeout)
+        except BaseException:
+            self._watcher.unregister()
+            raise
+
+    def _on_status(self, key, value):
+        status = value.get("status") if isinstance(value, dict) else None
+        self._pool._set_state(self._instance, HEALTHY if status == "running" else UNHEALTHY,
+                              value.get("is_ro") if status else None, status)
+        self._first.set()
+
+    def refresh(self, woken):
+        if woken:
+            super().refresh(woken)
+        else:
+            self._instance.conn.ping()
+
+    def close(self):
+        self._watcher.unregister()
 
 
 # -- the pool ----------------------------------------------------------------------
@@ -371,12 +412,13 @@ class ConnectionPool:
     def _monitor(self, instance):
         """Check ``instance`` every ``refresh_delay``, or at once when woken; never
         dies of an error (killed by close() or remove())."""
+        woken = False
         while True:
             instance.wakeup.clear()
             timer = Timeout(self.connection_timeout)
             timer.start()
             try:
-                self._check(instance)
+                self._check(instance, woken)
             except (Exception, Timeout) as exc:   # any failure: unavailable until the next check
                 if exc is timer:
                     exc = NetworkError("no answer within connection_timeout=%ss"
@@ -388,22 +430,28 @@ class ConnectionPool:
             finally:
                 timer.close()
             instance.checked.set()
-            instance.wakeup.wait(self.refresh_delay)
+            woken = instance.wakeup.wait(self.refresh_delay)
 
-    def _check(self, instance):
+    def _check(self, instance, woken):
         conn = instance.conn
         if conn.is_closed():
             if instance.state.status is HEALTHY:
                 self._set_state(instance, UNHEALTHY, None, None)
-            if instance.source is not None:
-                instance.source.close()
-                instance.source = None
+            if isinstance(instance.source, RoleWatch):
+                # Its watcher comes back with the connection and the current value.
+                woken = True
+            elif instance.source is not None:
+                instance.source = None   # the server may have been upgraded: try watching
             # ping() reconnects as any request would (connect() would drop a
             # connection a request just re-established).
             conn.ping()
         if instance.source is None:
-            instance.source = RolePoll(self, instance)
-        instance.source.refresh()
+            try:
+                instance.source = RoleWatch(self, instance)
+                return
+            except FeatureNotSupported:
+                instance.source = RolePoll(self, instance)
+        instance.source.refresh(woken)
 
     def _set_state(self, instance, status, read_only, box_status):
         instance.box_status = box_status
@@ -592,6 +640,12 @@ class ConnectionPool:
         """A :class:`gtarantool.Pipeline` on one instance picked by ``mode`` (default
         RW).  Its requests bypass the pool: no retry, no per-instance counts."""
         return self._pick(mode).conn.pipeline()
+
+    def transaction(self, isolation=None, timeout=None):
+        """``with pool.transaction() as tx:`` an interactive transaction on the
+        read-write instance (see ``Connection.transaction``; Tarantool 2.10+ with
+        ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it."""
+        return self._pick(RW).conn.transaction(isolation, timeout)
 
 
 def _crud_method(name):
