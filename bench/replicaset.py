@@ -25,23 +25,25 @@ class ReplicaSet:
     """``servers[0]`` is the master; ``addrs`` is a ``ConnectionPool`` address list.
 
     ``lua`` runs on every member after ``box.cfg`` (it must create ``user``
-    with ``password`` on the master; replicas receive it by replication).
+    with ``password`` on the master; replicas receive it by replication);
+    ``cfg`` adds ``box.cfg`` options on every member.
     """
 
     def __init__(self, lua, replicas=2, user="test", password="secret",
-                 memtx_memory=128 << 20):
+                 memtx_memory=128 << 20, cfg=None):
         self.user, self.password = user, password
         ports = [free_port() for _ in range(replicas + 1)]
         self.uris = ["%s:%s@127.0.0.1:%d" % (user, password, port) for port in ports]
         self.servers = [TarantoolServer(lua + GRANT % user, port=ports[0],
-                                        memtx_memory=memtx_memory, cfg=REPLICATION)]
+                                        memtx_memory=memtx_memory,
+                                        cfg=dict(REPLICATION, **cfg or {}))]
         for port in ports[1:]:
-            cfg = dict(REPLICATION, replication=self.uris[0], read_only=True)
+            extra = dict(REPLICATION, replication=self.uris[0], read_only=True, **cfg or {})
             if binary_version() >= (2, 11):
                 # 'auto' wants every member listed; a replica here joins from the master only.
-                cfg["bootstrap_strategy"] = "legacy"
+                extra["bootstrap_strategy"] = "legacy"
             self.servers.append(TarantoolServer(lua, port=port, memtx_memory=memtx_memory,
-                                                cfg=cfg))
+                                                cfg=extra))
 
     @property
     def master(self):

@@ -190,6 +190,23 @@ def test_pipeline_runs_on_the_instance_of_its_mode(rs):
         assert [reply.data for reply in p.results()] == [[True]]
 
 
+@pytest.mark.skipif(binary_version() < (2, 10), reason="needs Tarantool 2.10+ (streams); "
+                    "server is %s" % ".".join(map(str, binary_version())))
+def test_transaction_runs_on_the_master():
+    with ReplicaSet(_lua(), user=USER, password=PASSWORD,
+                    cfg={"memtx_use_mvcc_engine": True}) as rs:
+        with make_pool(rs) as pool:
+            with pool.transaction() as tx:
+                tx.insert("tester", (1, "t"))
+                tx.insert("tester", (2, "t"))
+            with pytest.raises(KeyError):
+                with pool.transaction() as tx:
+                    tx.insert("tester", (3, "t"))
+                    raise KeyError("rolled back")
+            rs.wait_synced()
+            assert pool.select("tester", mode=Mode.RO).data == [[1, "t"], [2, "t"]]
+
+
 def test_a_wrong_role_error_makes_the_pool_check_at_once(rs):
     """ER_READONLY from an instance makes its monitor check it at once (a box.info
     CALL on it), although the next periodic check is a minute away."""
