@@ -151,6 +151,8 @@ class PoolDriver(GeventDriver):
     """gtarantool.ConnectionPool: ``greenlets`` greenlets over one pool per process;
     selects on read-only instances, writes on the read-write one."""
 
+    select_mode = "RO"   # a tarantool.Mode name
+
     def open(self):
         import gtarantool
         hosts = parse_hosts(self.host)
@@ -161,8 +163,8 @@ class PoolDriver(GeventDriver):
         for instance in self.pool.pool.values():
             instance.conn.select(self.config.space, 0)
         self.calls = tarantool_calls(self.pool, self.config.space, self.payloads)
-        space, ro = self.config.space, gtarantool.Mode.RO
-        self.calls["select"] = lambda key: self.pool.select(space, key, mode=ro).data
+        space, mode = self.config.space, gtarantool.Mode[self.select_mode]
+        self.calls["select"] = lambda key: self.pool.select(space, key, mode=mode).data
 
     def counters(self):
         """The connections' counters summed, and the requests each instance got
