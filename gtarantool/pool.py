@@ -17,6 +17,7 @@ A request that fails because the instance is gone (a network error) or has
 the wrong role (``ER_READONLY``, ``ER_LOADING``) makes its monitor check at
 once instead of waiting for the next period.
 """
+import functools
 import itertools
 import time
 
@@ -47,6 +48,7 @@ __all__ = ["ConnectionPool", "Mode", "RoundRobinStrategy", "LeastInFlightStrateg
            "RolePoll", "RoleWatch"]
 
 ANY, RW, RO, PREFER_RW, PREFER_RO = Mode.ANY, Mode.RW, Mode.RO, Mode.PREFER_RW, Mode.PREFER_RO
+MODES = (ANY, RW, RO, PREFER_RW, PREFER_RO)   # their values are 1..5
 HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
 
 ER_READONLY = 7
@@ -247,7 +249,7 @@ class Instance:
         self.last_change = None      # time.time() of the last change of state
         self.box_status = None       # box.info.status as last seen
         self.last_error = None       # why the instance is unavailable
-        self.source = None           # RolePoll or RoleWatch, set after each connect
+        self.source = None           # RolePoll or RoleWatch, set by the first check that connects
         self.wakeup = gevent.event.Event()    # check now (a request saw a wrong role)
         self.checked = gevent.event.Event()   # the first check is done
         self.monitor = None
@@ -299,6 +301,7 @@ class ConnectionPool:
         self.retry_reads = retry_reads
         self.pool = {}
         self.strategy = strategy_class(self.pool)
+        self._next = ()
         self._closed = True
         self._topology_changed = gevent.event.Event()
         for addr in addrs:
@@ -323,7 +326,7 @@ class ConnectionPool:
         conn = Connection(addr["host"], addr["port"], socket_fd=addr["socket_fd"],
                           connect_now=False, **extra, **self._options)
         instance = self.pool[name] = Instance(name, addr, conn)
-        self.strategy.update()
+        self._reroute()
         return instance
 
     def connect(self):
@@ -354,7 +357,7 @@ class ConnectionPool:
         """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
         for its requests in flight, then close its connection."""
         instance = self.pool.pop(name)
-        self.strategy.update()
+        self._reroute()
         self._changed()
         if instance.in_flight:
             instance.drained = gevent.event.Event()
@@ -462,7 +465,7 @@ class ConnectionPool:
         instance.state = InstanceState(status, read_only)
         instance.last_change = time.time()
         if self.pool.get(instance.name) is instance:
-            self.strategy.update()
+            self._reroute()
             self._changed()
 
     def _changed(self):
@@ -472,7 +475,30 @@ class ConnectionPool:
 
     # -- routing ----------------------------------------------------------------------
 
+    def _reroute(self):
+        """Membership or a role changed: tell the strategy, and rebuild ``_next``,
+        the picker of each mode by ``mode._value_`` (with the default strategy, the
+        bound ``__next__`` of a rotation over the instances themselves: the cheapest
+        pick there is)."""
+        self.strategy.update()
+        table = [None] * 6
+        if type(self.strategy) is RoundRobinStrategy:
+            self.strategy.build()
+            any_, rw, ro = (itertools.cycle([self.pool[key] for key in keys]).__next__
+                            if keys else None
+                            for keys in (self.strategy.any, self.strategy.rw, self.strategy.ro))
+            table[1:] = [any_, rw, ro, rw or ro, ro or rw]
+        self._next = tuple(picker or functools.partial(self._pick, mode)
+                           for mode, picker in zip((ANY,) + MODES, table))
+
+    def _route(self, mode):
+        try:
+            return self._next[mode._value_]()
+        except AttributeError:
+            raise ValueError("Unexpected mode %r" % (mode,)) from None
+
     def _pick(self, mode):
+        """The strategy's pick (or, when no instance fits, a wait of ``wait_timeout``)."""
         try:
             return self.pool[self.strategy.getnext(mode)]
         except PoolTopologyError:
@@ -538,15 +564,19 @@ class ConnectionPool:
         return self._send(other, mode, method, args, kwargs, False)
 
     def _request(self, mode, method, *args, **kwargs):
-        return self._send(self._pick(mode), mode, method, args, kwargs, method in READS)
+        return self._send(self._route(mode), mode, method, args, kwargs, method in READS)
 
-    # select, insert and replace are written out: each saves the generic path's
-    # argument packing (what remains is one strategy call and two counters).
+    # The data methods are written out (a shared helper would cost each request
+    # a call and the packing of its arguments): pick, count, send, learn.  A
+    # ``mode`` that is no tarantool.Mode fails in _route with ValueError.
 
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
         """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
-        instance = self._pick(mode)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
         instance.in_flight += 1
         instance.requests += 1
         try:
@@ -565,12 +595,14 @@ class ConnectionPool:
 
     def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.insert`` (default mode RW)."""
-        instance = self._pick(mode)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
         instance.in_flight += 1
         instance.requests += 1
         try:
-            return instance.conn.insert(space_name, values, on_push=on_push,
-                                        on_push_ctx=on_push_ctx)
+            return instance.conn.insert(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
         except Exception as exc:
             self._failed(instance, exc, mode, False)
         finally:
@@ -580,12 +612,14 @@ class ConnectionPool:
 
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.replace`` (default mode RW)."""
-        instance = self._pick(mode)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
         instance.in_flight += 1
         instance.requests += 1
         try:
-            return instance.conn.replace(space_name, values, on_push=on_push,
-                                         on_push_ctx=on_push_ctx)
+            return instance.conn.replace(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
         except Exception as exc:
             self._failed(instance, exc, mode, False)
         finally:
@@ -596,19 +630,58 @@ class ConnectionPool:
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.update`` (default mode RW)."""
-        return self._request(mode, "update", space_name, key, op_list, index=index,
-                             on_push=on_push, on_push_ctx=on_push_ctx)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.update(space_name, key, op_list, index=index, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.upsert`` (default mode RW)."""
-        return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
-                             on_push=on_push, on_push_ctx=on_push_ctx)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.upsert(space_name, tuple_value, op_list, index=index,
+                                        on_push=on_push, on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.delete`` (default mode RW)."""
-        return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
-                             on_push_ctx=on_push_ctx)
+        try:
+            instance = self._next[mode._value_]()
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.delete(space_name, key, index=index, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
         """``Connection.call``; ``mode`` is required."""
@@ -639,13 +712,13 @@ class ConnectionPool:
     def pipeline(self, mode=RW):
         """A :class:`gtarantool.Pipeline` on one instance picked by ``mode`` (default
         RW).  Its requests bypass the pool: no retry, no per-instance counts."""
-        return self._pick(mode).conn.pipeline()
+        return self._route(mode).conn.pipeline()
 
     def transaction(self, isolation=None, timeout=None):
         """``with pool.transaction() as tx:`` an interactive transaction on the
         read-write instance (see ``Connection.transaction``; Tarantool 2.10+ with
         ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it."""
-        return self._pick(RW).conn.transaction(isolation, timeout)
+        return self._route(RW).conn.transaction(isolation, timeout)
 
 
 def _crud_method(name):
