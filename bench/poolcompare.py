@@ -8,13 +8,14 @@ thread per instance: it runs without gevent, not monkey-patched):
   alternating a replace (RW) and a select (RO) of 100-byte tuples, for ``S``
   seconds; runs interleaved, medians reported;
 * failover: 20 writers insert unique keys; the master is killed (SIGKILL), a
-  replica promoted (``box.cfg{read_only = false}``) 0.3 s later; the figure is the
+  replica promoted (``box.cfg{read_only = false}``) 0.3 s later (the kill comes at a
+  random point of the pools' ``refresh_delay`` period); the figure is the
   time from the promotion to the first write acknowledged by the new master.
   Each failover run gets a fresh replica set.
 """
 import argparse
 import json
-import os
+import random
 import statistics
 import subprocess
 import sys
@@ -134,7 +135,8 @@ def failover(client, refresh_delay, seconds=6.0):
         proc = _start_child([client, "failover", json.dumps(rs.addrs), str(refresh_delay),
                              str(seconds)])
         proc.stdout.readline()       # ready
-        time.sleep(1.0)
+        # A random phase against the pools' periodic checks (which start with them).
+        time.sleep(1.0 + random.uniform(0, refresh_delay))
         rs.master.kill()
         time.sleep(0.3)
         rs.promote(rs.replicas[0])
