@@ -104,7 +104,7 @@ class Pipeline(RequestMethods):
         syncs = list(itertools.islice(conn._syncs, len(requests)))
         start = len(sink.syncs)
         try:
-            conn._ensure_connected().send_many(requests, syncs, sink)
+            self._send(requests, syncs, sink)
         except BaseException as exc:
             # The rest were not sent: they keep their places, failed with this
             # (a timeout or kill: wait() fails them, as every unanswered one).
@@ -114,6 +114,9 @@ class Pipeline(RequestMethods):
                 for sync in unsent:
                     sink.replies[sync] = exc
             raise
+
+    def _send(self, requests, syncs, sink):
+        self._conn._ensure_connected().send_many(requests, syncs, sink)
 
     def wait(self):
         """Send what is queued and block until every request has its reply (or error).

@@ -22,6 +22,7 @@ from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
 
 from gtarantool import features, sql
 from gtarantool.api import RequestMethods
+from gtarantool.pipeline import Pipeline
 from gtarantool.protocol import Response, ResponseExecute
 
 IPROTO_BEGIN = 14
@@ -133,6 +134,18 @@ class Stream(RequestMethods):
                     raise
                 conn._reload_schema(exc.schema_version)
 
+    def _header(self, code, sync, length):
+        """A pipelined request's length prefix and header (schema version 0,
+        as the connection's pipelines send)."""
+        return _HEADER.pack(0xce, _HEADER_LEN + length, 0x84, 0, code, 0x01, 0xcf, sync,
+                            0x05, 0xce, 0, 0x0a, 0xcf, self.stream_id)
+
+    def pipeline(self):
+        """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
+        stream (in its transaction, when one is open): many writes of one
+        transaction without a round trip each."""
+        return StreamPipeline(self)
+
     def execute(self, query, params=None):
         """SQL in this stream (as ``Connection.execute``)."""
         if self._conn._encoder is None:
@@ -185,6 +198,18 @@ class Stream(RequestMethods):
 
     def __repr__(self):
         return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
+
+
+class StreamPipeline(Pipeline):
+    """A pipeline of a stream's: see ``Stream.pipeline``."""
+
+    def __init__(self, stream):
+        super().__init__(stream._conn)
+        self._stream = stream
+
+    def _send(self, requests, syncs, sink):
+        stream = self._stream
+        stream._transport().send_many(requests, syncs, sink, stream._header)
 
 
 @contextmanager

@@ -192,12 +192,14 @@ class Transport:
             self._wakeup.set()
         self._wbuf += (frame, b"")
 
-    def send_many(self, requests, syncs, sink):
+    def send_many(self, requests, syncs, sink, header=None):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
         under ``syncs`` (one each, in order), their replies going to ``sink``,
         and add each sync to ``sink.syncs`` as it is queued.  Waits for room in
         ``max_in_flight`` as ``send`` does; what an exception leaves unsent is
-        not queued and not in ``sink.syncs``."""
+        not queued and not in ``sink.syncs``.  ``header(code, sync, body
+        length)``, when given, makes each request's length prefix and header
+        (a stream's, with its id)."""
         pending = self._pending
         buf = self._wbuf
         pack = _REQUEST_HEADER.pack
@@ -210,6 +212,12 @@ class Transport:
                 self._wakeup.set()
             sink.outstanding += stop - start
             sink.syncs += syncs[start:stop]
+            if header is not None:
+                for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
+                    pending[sync] = sink
+                    buf += (header(code, sync, len(body)), body)
+                start = stop
+                continue
             for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
                 pending[sync] = sink
                 buf += (pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,

@@ -30,6 +30,7 @@ IPROTO_UNWATCH = 75
 IPROTO_WATCH_ONCE = 77
 IPROTO_EVENT_KEY = 0x57
 IPROTO_EVENT_DATA = 0x58
+MAX_RECONNECT_DELAY = 5.0   # seconds between the watchers' reconnect cycles, at most
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class _Key:
 
 class Watchers:
     """A connection's watchers (``conn._watchers``, made by the first ``watch``).
+    While a key is watched, the transport's hooks refer to it and so keep the
+    connection alive (its callbacks may still run) until ``close()`` or the
+    last ``unregister()``.
 
     It owns the runner greenlets and, while the connection is lost and some
     key is watched, a greenlet that reconnects it (nobody else might send a
@@ -97,7 +101,10 @@ class Watchers:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _Key(key)
-            self._send(IPROTO_WATCH, key)
+            if self._transport is self._conn._transport:
+                self._send(IPROTO_WATCH, key)
+            else:
+                self.attach(self._conn._transport)   # watches every key, this one too
         watcher = Watcher(self, key, callback)
         state.watchers.append(watcher)
         if state.version:   # the value is known: this one gets it now
@@ -113,6 +120,10 @@ class Watchers:
         if not state.watchers:
             del self._keys[watcher.key]
             self._send(IPROTO_UNWATCH, watcher.key)
+            if not self._keys:
+                # Hooked to the transport (whose greenlets the hub holds), we
+                # would keep the connection from being garbage-collected.
+                self._detach()
 
     def close(self):
         """Unregister every watcher; kill and join the greenlets."""
@@ -131,7 +142,7 @@ class Watchers:
     def attach(self, transport):
         """Route ``transport``'s events here and watch every key on it (called
         on every connect: the server forgets a session's watchers)."""
-        if self._closed:
+        if self._closed or not self._keys:
             return
         self._detach()
         self._transport = transport
@@ -215,15 +226,17 @@ class Watchers:
 
     def _reconnect(self):
         conn = self._conn
+        delay = max(conn.reconnect_delay, 0.1)
         try:
             while self._keys and not self._closed:
                 try:
                     conn._ensure_connected()   # connect() calls attach()
                     return
                 except Exception as exc:  # noqa: BLE001 - retried until close()
-                    log.warning("watchers: reconnect to %s:%s failed: %s",
-                                conn.host, conn.port, exc)
-                    gevent.sleep(max(conn.reconnect_delay, 0.1))
+                    log.warning("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
+                                conn.host, conn.port, delay, exc)
+                    gevent.sleep(delay)
+                    delay = min(delay * 2, MAX_RECONNECT_DELAY)
         finally:
             self._reconnector = None
 
@@ -235,7 +248,6 @@ def watch(conn, key, callback):
     registry = conn._watchers
     if registry is None:
         registry = conn._watchers = Watchers(conn)
-        registry.attach(conn._transport)
     return registry.watch(key, callback)
 
 

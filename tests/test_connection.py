@@ -141,7 +141,16 @@ def test_same_results_as_tarantool_python(name, conn, ref):
                                   "call", "eval", "ping", "execute", "space"])
 def test_same_signatures_as_tarantool_python(name):
     ours = inspect.signature(getattr(gtarantool.Connection, name))
+    added = ADDED_KEYWORDS.get(name, ())   # keyword-only, after theirs
+    assert [p.name for p in ours.parameters.values()][len(ours.parameters) - len(added):] \
+        == list(added)
+    ours = ours.replace(parameters=list(ours.parameters.values())[:len(ours.parameters)
+                                                                  - len(added)])
     assert ours == inspect.signature(getattr(tarantool.Connection, name))
+
+
+# gtarantool's own keyword arguments (pagination, Tarantool 2.11+)
+ADDED_KEYWORDS = {"select": ("after", "fetch_pos")}
 
 
 def test_space_cache_is_bounded(conn):

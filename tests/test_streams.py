@@ -228,6 +228,10 @@ def test_lost_connection_fails_the_transaction_and_resends_nothing():
         assert isinstance(in_flight.exception, NetworkError)
         with pytest.raises(NetworkError, match="lost during the transaction"):
             tx.insert("tester", (2, "lost"))
+        with tx.pipeline() as pipe:
+            pipe.insert("tester", (5, "lost"))
+        lost, = pipe.results()
+        assert isinstance(lost, NetworkError) and "lost during the transaction" in str(lost)
         with pytest.raises(NetworkError, match="lost during the transaction"):
             tx.commit()
         assert not tx.in_transaction
@@ -239,3 +243,49 @@ def test_lost_connection_fails_the_transaction_and_resends_nothing():
         conn.close()
     finally:
         srv.cleanup()
+
+
+@needs_streams
+@pytest.mark.usefixtures("reader")
+def test_stream_replies_take_the_plain_replies_path(mconn):
+    """The server's replies to stream requests carry no stream id: the reader
+    takes them the way it takes plain replies (its fixed-layout loop, in C or
+    Python, when it knows the server's layout; ``_frame`` otherwise)."""
+    transport = mconn._transport
+    general = transport._frame
+    slow = []
+    transport._frame = lambda *args: slow.append(args[1]) or general(*args)
+    for i in range(100):
+        mconn.insert("tester", (i, "plain"))
+    plain, slow[:] = len(slow), []
+    with mconn.transaction() as tx:
+        for i in range(100, 200):
+            tx.insert("tester", (i, "stream"))
+        slow[:] = []
+        for i in range(200, 300):
+            tx.insert("tester", (i, "stream"))
+        in_stream = len(slow)
+    assert in_stream == plain
+
+
+@needs_streams
+def test_a_pipeline_in_a_transaction(mconn):
+    s = mconn.stream()
+    s.begin()
+    with s.pipeline() as pipe:
+        for i in range(2000):
+            pipe.insert("tester", (i, "piped"))
+        pipe.insert("tester", (0, "duplicate"))
+        pipe.select("tester", limit=5)
+    results = pipe.results()
+    assert all(r.data == [[i, "piped"]] for i, r in enumerate(results[:2000]))
+    assert isinstance(results[2000], DatabaseError)
+    assert len(results[2001].data) == 5
+    assert mconn.select("tester", 1).data == []   # not committed yet
+    s.commit()
+    assert len(mconn.select("tester").data) == 2000
+    s.begin()
+    with s.pipeline() as pipe:
+        pipe.delete("tester", 1)
+    s.rollback()
+    assert mconn.select("tester", 1).data == [[1, "piped"]]

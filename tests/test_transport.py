@@ -421,3 +421,58 @@ def test_every_kind_of_reply_in_tarantools_layout_reaches_its_caller(reader):
         transport.close()
         a.close()
         b.close()
+
+
+def _event_frame(sync, key, value):
+    header = msgpack.packb({IPROTO_REQUEST_TYPE: 76, IPROTO_SYNC: sync})   # as Tarantool: no schema
+    body = msgpack.packb({0x57: key, 0x58: value})
+    return b"\xce" + len(header + body).to_bytes(4, "big") + header + body
+
+
+def test_watcher_events_go_to_on_event_split_anywhere():
+    transport, a, b = _socketpair_transport()
+    try:
+        events = []
+        transport.on_event = lambda sync, body: events.append(
+            (sync, msgpack.unpackb(body, strict_map_key=False)))
+        data = _event_frame(7, "k", 1) + _event_frame(1 << 40, "k", [2, "x"])
+        for cut in range(1, len(data)):
+            transport.feed(data[:cut])
+            transport.feed(data[cut:])
+        assert events == [(7, {0x57: "k", 0x58: 1}), (1 << 40, {0x57: "k", 0x58: [2, "x"]})] \
+            * (len(data) - 1)
+        assert transport.alive
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+def test_an_event_nobody_watches_for_is_a_protocol_error():
+    transport, a, b = _socketpair_transport()
+    try:
+        with pytest.raises(gtarantool.ProtocolError, match="unknown sync 7"):
+            transport.feed(_event_frame(7, "k", 1))
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+def test_post_sends_a_frame_and_on_fail_hears_of_the_death():
+    transport, a, b = _socketpair_transport()
+    try:
+        failures = []
+        transport.on_fail = failures.append
+        transport.post(b"frame-1")
+        transport.post(b"frame-2")
+        gevent.sleep(0.01)
+        assert b.recv(100) == b"frame-1frame-2"
+        b.close()   # the peer goes away
+        gevent.sleep(0.05)
+        assert len(failures) == 1 and isinstance(failures[0], gtarantool.NetworkError)
+        with pytest.raises(gtarantool.NetworkError):
+            transport.post(b"frame-3")
+    finally:
+        transport.close()
+        a.close()

@@ -1,6 +1,8 @@
 """Watchers (conn.watch, conn.watch_once) against a real server."""
+import gc
 import logging
 import time
+import weakref
 
 import gevent
 import pytest
@@ -203,3 +205,45 @@ def test_watch_once(conn):
     assert conn.watch_once("box.status")["status"] == "running"
     with pytest.raises(TypeError):
         conn.watch_once(1)
+
+
+@needs_watchers
+def test_a_connection_whose_watchers_are_gone_can_be_collected(server):
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    seen = []
+    watcher = conn.watch("collected", lambda key, value: seen.append(value))
+    wait_for(lambda: seen)
+    watcher.unregister()
+    ref = weakref.ref(conn)
+    del conn, watcher
+    gevent.sleep(0.01)
+    gc.collect()
+    assert ref() is None
+
+
+@needs_watchers
+def test_bad_arguments(conn):
+    with pytest.raises(TypeError, match="key must be a str"):
+        conn.watch(b"bytes", lambda key, value: None)
+    with pytest.raises(TypeError, match="callable"):
+        conn.watch("key", None)
+    assert conn._watchers is None or not conn._watchers._keys
+
+
+@needs_watchers
+def test_watchers_keep_trying_while_the_server_is_down(fresh_server, caplog):
+    conn = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, reconnect_delay=0.01,
+                              reconnect_max_attempts=1)
+    try:
+        seen = []
+        conn.watch("down", lambda key, value: seen.append(value))
+        wait_for(lambda: seen)
+        with caplog.at_level(logging.WARNING, logger="gtarantool.watchers"):
+            fresh_server.kill()
+            wait_for(lambda: "reconnect" in caplog.text)
+        fresh_server.start()
+        wait_for(lambda: len(seen) == 2, timeout=20)
+        assert seen == [None, None]
+    finally:
+        conn.close()

@@ -1,0 +1,94 @@
+"""Prepared SQL statements (conn.prepare) against a real server."""
+import time
+
+import gevent
+import pytest
+from tarantool.error import DatabaseError, InterfaceError
+
+import gtarantool
+from tests.conftest import PASSWORD, USER
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        gevent.sleep(0.005)
+
+
+def stmt_count(conn):
+    return conn.eval("return box.info.sql().cache.stmt_count").data[0]
+
+
+@pytest.fixture
+def sql_conn(conn):
+    conn.execute("DELETE FROM sqltest")
+    yield conn
+
+
+@pytest.mark.usefixtures("reader")
+def test_prepare_and_execute(sql_conn):
+    before = stmt_count(sql_conn)
+    insert = sql_conn.prepare("INSERT INTO sqltest VALUES (?, ?)")
+    assert insert.params_count == 2
+    assert stmt_count(sql_conn) == before + 1
+    for i in range(5):
+        assert insert.execute([i, "n%d" % i]).affected_row_count == 1
+    select = sql_conn.prepare("SELECT id, name FROM sqltest WHERE id >= :low ORDER BY id")
+    result = select.execute({"low": 3})
+    plain = sql_conn.execute("SELECT id, name FROM sqltest WHERE id >= :low ORDER BY id",
+                             {"low": 3})
+    assert type(result) is type(plain)
+    assert result.data == plain.data == [[3, "n3"], [4, "n4"]]
+    assert [column[0].upper() for column in select.metadata] == ["ID", "NAME"]  # FIELD_NAME
+    with pytest.raises(DatabaseError, match="Duplicate key"):
+        insert.execute([1, "again"])
+    assert insert.execute((9, "tuple params")).affected_row_count == 1
+    insert.unprepare()
+    select.unprepare()
+    assert stmt_count(sql_conn) == before
+    with pytest.raises(InterfaceError, match="unprepared"):
+        insert.execute([10, "x"])
+    insert.unprepare()   # twice is harmless
+
+
+def test_context_manager_unprepares(sql_conn):
+    before = stmt_count(sql_conn)
+    with sql_conn.prepare("SELECT ? + 1") as stmt:
+        assert stmt.execute([41]).data == [[42]]
+        assert stmt_count(sql_conn) == before + 1
+    assert stmt_count(sql_conn) == before
+
+
+def test_bad_input(sql_conn):
+    with pytest.raises(DatabaseError, match="Syntax error|syntax error"):
+        sql_conn.prepare("SELEKT 1")
+    with pytest.raises(TypeError):
+        sql_conn.prepare(b"SELECT 1")
+    stmt = sql_conn.prepare("SELECT ?")
+    with pytest.raises(TypeError):
+        stmt.execute("not a sequence")
+    assert stmt.execute([1]).data == [[1]]
+
+
+def test_prepared_again_after_a_reconnect(sql_conn):
+    stmt = sql_conn.prepare("SELECT COUNT(*) FROM sqltest WHERE id > ?")
+    assert stmt.execute([0]).data == [[0]]
+    sql_conn.close()   # the server forgets the session's statements
+    assert stmt.execute([0]).data == [[0]]   # reconnects and prepares again
+    assert sql_conn.stats.reconnects == 1
+
+
+def test_prepared_again_after_a_server_restart(fresh_server):
+    conn = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, reconnect_delay=0.05)
+    try:
+        stmt = conn.prepare("SELECT ? * 2")
+        assert stmt.execute([2]).data == [[4]]
+        fresh_server.kill()
+        wait_for(conn.is_closed)   # the reader saw the server go
+        fresh_server.start()
+        assert stmt.execute([3]).data == [[6]]
+        assert stmt_count(conn) == 1
+    finally:
+        conn.close()
