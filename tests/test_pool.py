@@ -363,7 +363,7 @@ def test_full_restart_recovers_without_intervention(rs):
     for the master they answer error 116 (bootstrap not finished), which once
     killed tarantool-python's refresh thread (#328)."""
     master = rs.master
-    with make_pool(rs, wait_timeout=10) as pool:
+    with make_pool(rs, wait_timeout=30) as pool:
         seen = set()
 
         def watch():
@@ -381,8 +381,8 @@ def test_full_restart_recovers_without_intervention(rs):
         for start in starts:
             start.get()
         assert pool.insert("tester", (1, "back")).data == [[1, "back"]]
-        wait_until(lambda: all(i["status"] == "running" for i in pool.info().values()))
-        wait_until(lambda: pool.select("tester", 1, mode=Mode.RO).data == [[1, "back"]])
+        wait_until(lambda: all(i["status"] == "running" for i in pool.info().values()), 30)
+        wait_until(lambda: pool.select("tester", 1, mode=Mode.RO).data == [[1, "back"]], 30)
         watcher.kill()
     assert any("code 116" in text for text in seen), seen
     print("\nerrors seen while restarting: %s" % sorted({t.split(":")[-1] for t in seen}))
