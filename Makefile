@@ -26,11 +26,14 @@ PLOT ?=
 HOST ?=
 PORT ?=
 DRIVERS ?=
+POOL ?=
+HOSTS ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
-	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS))
 
 .PHONY: all install server test bench compare perf instructions profile soak clean
 

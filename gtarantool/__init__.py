@@ -21,13 +21,15 @@ from gtarantool.errors import (
     WrongOwner,
 )
 from gtarantool.pipeline import Pipeline
+from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
 
 __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
-           "SchemaError", "FeatureNotSupported"]
+           "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
+           "LeastInFlightStrategy"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
