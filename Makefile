@@ -5,6 +5,8 @@
 # make instructions - instructions per request under callgrind, host-independent
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
+# make locust  - bench/locustfile.py under Locust, headless, counts checked against box.stat
+# make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,13 +28,24 @@ PLOT ?=
 HOST ?=
 PORT ?=
 DRIVERS ?=
+USERS ?= 200
+WORKERS ?= 1
+MASTER ?= 127.0.0.1
+LOCUST_OUT ?= locust-report
+# make locust's server: HOST=host:port (default: a throwaway local one)
+# make locust runs 2 processes unless PROCS is given
+LOCUST_ARGS = -u $(USERS) -p $(if $(filter command line environment,$(origin PROCS)),$(PROCS),2) \
+	-t $(or $(DURATION),30s) --out $(LOCUST_OUT) $(if $(HOST),--host $(HOST)$(if $(PORT),:$(PORT)))
+LOCUSTFILE_ARGS = -f bench/locustfile.py --bench-prepare \
+	$(if $(HOST),--host tarantool://$(HOST)$(if $(PORT),:$(PORT)))
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: all install server test bench compare perf instructions profile soak clean
+.PHONY: all install server test bench compare perf instructions profile soak locust \
+	locust-master locust-worker clean
 
 all: test
 
@@ -78,5 +91,19 @@ profile: install
 soak: install
 	$(PY) -m bench.soak --duration $(or $(DURATION),300)
 
+locust: install
+	$(PY) -m bench.locust_run $(LOCUST_ARGS)
+
+# Several machines: the master (web UI on :8089 unless DURATION is given: then headless)
+# waits for WORKERS workers; each worker machine runs make locust-worker MASTER=host PROCS=N.
+locust-master: install
+	$(PY) -m locust $(LOCUSTFILE_ARGS) --master --expect-workers $(WORKERS) \
+		$(if $(DURATION),--headless -u $(USERS) -r $(USERS) -t $(DURATION) --stop-timeout 10 \
+		--csv $(LOCUST_OUT)/locust --html $(LOCUST_OUT)/locust.html --json-file $(LOCUST_OUT)/locust)
+
+locust-worker: install
+	$(PY) -m locust -f bench/locustfile.py --worker --master-host $(MASTER) \
+		$(if $(filter command line environment,$(origin PROCS)),--processes $(PROCS))
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache profiles
+	rm -rf $(VENV) build *.egg-info .pytest_cache profiles $(LOCUST_OUT)

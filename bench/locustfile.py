@@ -10,15 +10,18 @@ a key that is not there (an empty reply): the mix produces both by design.
 a canned reply and fires Locust's event directly): Locust's own ceiling.
 """
 import itertools
+import json
 import os
 import random
 
 from locust import constant, events, task
+from locust.runners import WorkerRunner
 
 from bench.config import DISTRIBUTIONS, Config, parse_mix
 from bench.drivers import UPDATE_OPS
+from bench.target import Target
 from bench.workloads import ER_TUPLE_FOUND, Payloads
-from gtarantool.locust import REQUEST_TYPE, TarantoolUser
+from gtarantool.locust import REQUEST_TYPE, TarantoolUser, parse_host, worker_reports
 
 _users = itertools.count()
 
@@ -36,6 +39,12 @@ def _options(parser, **_kwargs):
     group.add_argument("--bench-space", default=d.space)
     group.add_argument("--bench-noop", action="store_true",
                        help="no Tarantool call: measure Locust's own cost per request")
+    group.add_argument("--bench-prepare", action="store_true",
+                       help="create (or empty) the space when the test starts (the master "
+                            "does it; bench.locust_run prepares it itself)")
+    group.add_argument("--bench-report", metavar="FILE",
+                       help="write Locust's counts and every worker's gtarantool counters "
+                            "(JSON) here when the run ends (bench.locust_run reads it)")
 
 
 class Workload:
@@ -115,3 +124,29 @@ class BenchUser(TarantoolUser):
         # An empty reply is a missing key; a tuple must be the key's.
         if rows and (rows[0][0] != key or rows[0][2] != self.payloads(key)):
             raise AssertionError("%s %d returned %r..." % (op, key, str(rows[0])[:80]))
+
+
+@events.test_start.add_listener
+def _prepare(environment, **_kwargs):
+    options = environment.parsed_options
+    if not options.bench_prepare or isinstance(environment.runner, WorkerRunner):
+        return
+    addresses, user, password, _ = parse_host(environment.host)
+    for host, port in addresses:
+        target = Target(host, port, Config(user=user, password=password))
+        try:
+            target.prepare(options.bench_space)
+        finally:
+            target.close()
+
+
+@events.quitting.add_listener
+def _write_report(environment, **_kwargs):
+    path = getattr(environment.parsed_options, "bench_report", None)
+    if not path or isinstance(environment.runner, WorkerRunner):
+        return
+    entries = [{"type": e.method, "name": e.name, "requests": e.num_requests,
+                "failures": e.num_failures} for e in environment.stats.entries.values()]
+    with open(path, "w") as f:
+        json.dump({"entries": entries, "workers": worker_reports(environment),
+                   "exit_code": environment.process_exit_code}, f, indent=1)
