@@ -60,11 +60,11 @@ def locust_url(target, user, password):
     return "tarantool://%s%s:%s" % (auth, target.host, target.port)
 
 
-def connect_cost(target, url):
+def connect_cost(target, user=None, password=None):
     """The server's counters one gtarantool connect (and close) moves."""
-    from gtarantool.locust import open_connection
+    import gtarantool
     before = target.stat()
-    open_connection(url).close()
+    gtarantool.connect(target.host, target.port, user=user, password=password).close()
     after = target.stat()
     return {name: after[name] - before.get(name, 0) for name in after}
 
@@ -176,7 +176,7 @@ def main(argv=None):
         with open_target(config) as target:
             target.prepare(args.space)
             url = locust_url(target, args.user, args.password)
-            cost = connect_cost(target, url)
+            cost = connect_cost(target, args.user, args.password)
             before = target.stat()
             code, report = run_locust(args, url, args.out)
             after = target.stat()

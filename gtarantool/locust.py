@@ -511,7 +511,6 @@ def _on_init(environment, **_kwargs):
         if hasattr(environment.events, "worker_report"):
             environment.events.worker_report.add_listener(
                 lambda client_id, data, **kw: _keep_report(environment, client_id, data))
-    environment.events.report_to_master.add_listener(_on_report_to_master)
 
 
 def _keep_report(environment, client_id, data):
@@ -520,6 +519,7 @@ def _keep_report(environment, client_id, data):
         environment.gtarantool_workers[client_id] = report
 
 
+@events.report_to_master.add_listener
 def _on_report_to_master(client_id, data, **_kwargs):
     if _counters.cpu_start is not None:
         data["gtarantool"] = process_report()
