@@ -24,7 +24,11 @@ import sys
 from bench.config import DISTRIBUTIONS, Config
 from bench.target import SetupError, open_target
 
-IGNORED = ("EVAL",)   # the admin connection's own requests (box.stat, setup)
+# box.stat() names of requests a client sends (EVAL is left out: the admin
+# connection's own box.stat() and setup; 3.x also counts BEGIN/COMMIT of every
+# statement, which are not requests).
+REQUESTS = ("SELECT", "INSERT", "REPLACE", "UPDATE", "UPSERT", "DELETE", "CALL", "EXECUTE",
+            "PREPARE", "AUTH", "ERROR")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -118,11 +122,11 @@ def reconcile(report, before, after, cost):
         for key in totals:
             totals[key] += (c if key in ("requests", "responses", "reconnects") else w).get(key) or 0
 
-    delta = {name: after[name] - before.get(name, 0) for name in after if name not in IGNORED}
+    delta = {name: after[name] - before.get(name, 0) for name in REQUESTS if name in after}
     connects = totals["connections"] + totals["reconnects"]
     own = {name: delta[name] - connects * cost.get(name, 0) for name in delta}
     lines.append("box.stat() before -> after (minus %d connects x %s):"
-                 % (connects, {k: v for k, v in cost.items() if v and k not in IGNORED}))
+                 % (connects, {k: v for k, v in cost.items() if v and k in REQUESTS}))
     by_type = {}
     for e in entries:
         kind = e["name"].split()[0].upper()
