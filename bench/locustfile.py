@@ -9,6 +9,7 @@ a key that is not there (an empty reply): the mix produces both by design.
 ``--bench-noop`` keeps everything but the Tarantool call (each request returns
 a canned reply and fires Locust's event directly): Locust's own ceiling.
 """
+import functools
 import itertools
 import json
 import os
@@ -47,6 +48,11 @@ def _options(parser, **_kwargs):
                             "(JSON) here when the run ends (bench.locust_run reads it)")
 
 
+@functools.lru_cache(maxsize=None)
+def _payloads(size):
+    return Payloads(size)   # one table per process, not per user
+
+
 class Workload:
     """One user's draws: ``next()`` -> (operation, key)."""
 
@@ -75,26 +81,28 @@ class _Reply:
 class NoopClient:
     """The client's interface without Tarantool: Locust's event per request."""
 
-    def __init__(self, user, payloads):
+    def __init__(self, user, space, payloads):
         self._fire = user.environment.events.request.fire
         self._payloads = payloads
+        self._names = {op: "%s %s" % (op, space) for op in ("insert", "select", "update",
+                                                             "delete")}
 
-    def _reply(self, method, space, key):
-        self._fire(request_type=REQUEST_TYPE, name="%s %s" % (method, space),
-                   response_time=0.0, response_length=0, exception=None)
+    def _reply(self, name, key):
+        self._fire(request_type=REQUEST_TYPE, name=name, response_time=0.0,
+                   response_length=0, exception=None)
         return _Reply([(key, 0, self._payloads(key))])
 
     def insert(self, space, values):
-        return self._reply("insert", space, values[0])
+        return self._reply(self._names["insert"], values[0])
 
     def select(self, space, key):
-        return self._reply("select", space, key)
+        return self._reply(self._names["select"], key)
 
     def update(self, space, key, ops):
-        return self._reply("update", space, key)
+        return self._reply(self._names["update"], key)
 
     def delete(self, space, key):
-        return self._reply("delete", space, key)
+        return self._reply(self._names["delete"], key)
 
 
 class BenchUser(TarantoolUser):
@@ -104,10 +112,10 @@ class BenchUser(TarantoolUser):
     def on_start(self):
         options = self.environment.parsed_options
         self.space = options.bench_space
-        self.payloads = Payloads(options.bench_size)
+        self.payloads = _payloads(options.bench_size)
         self.workload = Workload(options, next(_users))
         if options.bench_noop:
-            self.client = NoopClient(self, self.payloads)
+            self.client = NoopClient(self, self.space, self.payloads)
 
     @task
     def request(self):
