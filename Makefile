@@ -38,11 +38,14 @@ LOCUST_ARGS = -u $(USERS) -p $(if $(filter command line environment,$(origin PRO
 	-t $(or $(DURATION),30s) --out $(LOCUST_OUT) $(if $(HOST),--host $(HOST)$(if $(PORT),:$(PORT)))
 LOCUSTFILE_ARGS = -f bench/locustfile.py --bench-prepare \
 	$(if $(HOST),--host tarantool://$(HOST)$(if $(PORT),:$(PORT)))
+POOL ?=
+HOSTS ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
-	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS))
 
 .PHONY: all install server test bench compare perf instructions profile soak locust \
 	locust-master locust-worker clean

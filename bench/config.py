@@ -31,6 +31,8 @@ class Config:
     seed: int = 0
     host: Optional[str] = None
     port: Optional[int] = None
+    hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool
+    pool: bool = False
     user: Optional[str] = None
     password: Optional[str] = None
     space: str = "bench"
@@ -53,6 +55,8 @@ class Config:
             (self.ops >= 1 and self.keys >= 1, "ops and keys must be >= 1"),
             (self.size >= 1, "size must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
+            (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
+            (not self.hosts or self.pool, "--hosts needs --pool"),
             (set(self.mix) <= set(OPERATIONS) and sum(self.mix.values()) > 0
              and min(self.mix.values()) >= 0, "mix needs non-negative percentages of %s"
              % ", ".join(OPERATIONS)),
@@ -63,8 +67,8 @@ class Config:
 
     @property
     def embedded(self):
-        """True when the run starts its own throwaway server (no --host given)."""
-        return self.host is None
+        """True when the run starts its own throwaway server (no --host or --hosts given)."""
+        return self.host is None and self.hosts is None
 
     @property
     def concurrency(self):
@@ -133,6 +137,12 @@ def add_arguments(parser, driver=True):
     srv.add_argument("--host", help="drive this existing server instead of starting one "
                           "(127.0.0.1 when only --port is given)")
     srv.add_argument("--port", type=int, help="its port (default 3301 with --host)")
+    srv.add_argument("--pool", action="store_true",
+                     help="drive a replica set through gtarantool.ConnectionPool: selects on "
+                          "read-only instances, writes on the read-write one (a throwaway "
+                          "master and two replicas unless --hosts is given)")
+    srv.add_argument("--hosts", metavar="H:P,H:P,...",
+                     help="the replica set's instances, with --pool")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
     srv.add_argument("--password", help="its password")
     srv.add_argument("--space", default=d.space,

@@ -285,4 +285,7 @@ def missing(name):
 
 
 def make(config, host, port):
+    if config.pool:
+        from bench.pool import PoolDriver
+        return PoolDriver(config, host, port)
     return DRIVERS[config.driver](config, host, port)

@@ -25,6 +25,7 @@ from bench.workloads import Payloads, Phase
 
 
 PIPELINE = "pipeline"
+POOL = "pool"   # gtarantool.ConnectionPool over the one server (bench.pool.PoolDriver)
 # make perf's pipelined-insert loops, by driver: fn(host, port, space, n, size, extra, out)
 PIPELINED = {"gtarantool": (perf._pipeline_gtarantool, perf.DEFAULT_WINDOW),
              "asynctnt": (perf._tasks_asynctnt, None)}
@@ -44,8 +45,15 @@ def child(driver_name, op, n, host, port, space, size, greenlets):
         fn, window = PIPELINED[driver_name]
         fn(host, port, space, n, PIPELINE_SIZE, window or greenlets, _Discard())
         return
-    config = Config(driver=driver_name, greenlets=greenlets, size=size, space=space, quiet=True)
-    driver = drivers.make(config, host, port)
+    if driver_name == POOL:
+        # A pool of one instance: what routing adds to gtarantool's row.
+        config = Config(greenlets=greenlets, size=size, space=space, quiet=True, pool=True)
+        driver = drivers.make(config, "%s:%s" % (host, port), None)
+        driver.select_mode = "ANY"
+    else:
+        config = Config(driver=driver_name, greenlets=greenlets, size=size, space=space,
+                        quiet=True)
+        driver = drivers.make(config, host, port)
     driver.open()
     recorder = driver.recorder_class(op, lambda message: None)
     driver.run(Phase(op, zip(itertools.repeat(op), range(n))), recorder)
@@ -88,7 +96,7 @@ def measure(args):
         for driver_name in args.drivers:
             result[driver_name] = {}
             for op in args.ops:
-                if op == PIPELINE and driver_name not in PIPELINED:
+                if op == PIPELINE and driver_name not in PIPELINED:   # (pool included)
                     result[driver_name][op] = None   # no pipelined loop for it
                     continue
                 full = count(driver_name, op, args.n, target, args)
@@ -121,7 +129,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drivers", default="gtarantool,asynctnt",
-                        help="comma-separated drivers (default %(default)s)")
+                        help="comma-separated drivers, or 'pool' for gtarantool.ConnectionPool "
+                             "(default %(default)s)")
     parser.add_argument("--ops", default=",".join(OPERATIONS + (PIPELINE,)),
                         help="comma-separated operations (default %(default)s)")
     parser.add_argument("-n", type=int, default=10_000,
@@ -140,7 +149,7 @@ def main(argv=None):
     args.drivers = args.drivers.split(",")
     args.ops = args.ops.split(",")
     for name in args.drivers:
-        if name not in drivers.DRIVERS or drivers.missing(name):
+        if name != POOL and (name not in drivers.DRIVERS or drivers.missing(name)):
             parser.error("driver %r is unknown or not installed" % name)
     for op in args.ops:
         if op not in OPERATIONS + (PIPELINE,):

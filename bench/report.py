@@ -80,6 +80,14 @@ def final(results):
             _n(conn.get("send_calls_per_1000_ops"), 1), _n(conn.get("recv_calls_per_1000_ops"), 1),
             _n(server["cpu_seconds"], 2),
             "%s %s" % (counted or "none", "= client" if server["match"] else "!= client")))
+        for key, sent in sorted(conn.items()):
+            if key.startswith("requests@"):   # --pool: what each instance got
+                where = key.split("@")[1]
+                counted = ", ".join("%s %s" % (k.split("@")[0].lower(), _n(v)) for k, v in
+                                    sorted(server.get("instances", {}).items())
+                                    if k.endswith("@" + where))
+                lines.append("         %s: client requests %s; box.stat %s" % (
+                    where, _n(sent), counted or "none"))
         if server.get("restarted"):
             lines.append("         the server restarted during the phase: its box.stat counts "
                          "started again from zero")

@@ -124,6 +124,7 @@ class _Run:
 
     def _phase(self, name, barrier):
         """Open the barrier for one phase and gather it; returns the phase's results."""
+        self.target.settle()
         stat_before = self.target.stat()
         cpu_before = self.target.cpu_seconds()
         barrier.wait(BARRIER_TIMEOUT)
@@ -337,5 +338,9 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
             # box.stat starts again from zero when the server restarts mid-phase.
             "restarted": any(stat_after[n] < stat_before[n] for n in stat_before),
             "cpu_seconds": server_cpu,
+            # --pool: each instance's box.stat counts, "SELECT@host:port"
+            "instances": {key: stat_after[key] - stat_before[key] for key in stat_after
+                          if key.split("@")[0] in STAT_NAMES.values() and "@" in key
+                          and stat_after[key] != stat_before.get(key, 0)},
         },
     }

@@ -1,7 +1,7 @@
 """A throwaway Tarantool server in a temp dir, for the benchmark and the tests.
 
 ``TarantoolServer(lua)`` writes an ``init.lua`` that calls ``box.cfg`` on a
-free port and then runs ``lua``; ``start()`` waits until the server answers
+free port (with any more options given as ``cfg={...}``) and then runs ``lua``; ``start()`` waits until the server answers
 with its greeting.  ``stop()`` always reaps the process.  ``kill()`` and
 ``start()`` again on the same object restart the server from its WAL on the
 same port, which the fault tests rely on.
@@ -56,12 +56,21 @@ def _lua_str(value):
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _lua_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _lua_str(value)
+
+
 class TarantoolServer:
     """One local ``tarantool`` process.  Use as a context manager or call start/stop."""
 
     def __init__(self, lua="", *, port=None, unix_socket=False, wal_mode="write",
-                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None):
+                 memtx_memory=1 << 30, readahead=1 << 20, workdir=None, cfg=None):
         self.lua = lua
+        self.cfg = dict(cfg or {})   # more box.cfg options: str, int, float or bool values
         self.wal_mode = wal_mode
         self.memtx_memory = memtx_memory
         self.readahead = readahead
@@ -89,9 +98,11 @@ class TarantoolServer:
         path = os.path.join(self.workdir, "init.lua")
         with open(path, "w") as f:
             f.write("box.cfg{listen=%s, work_dir=%s, wal_mode=%s, memtx_memory=%d, "
-                    "readahead=%d, log=%s, net_msg_max=%d}\n"
+                    "readahead=%d, log=%s, net_msg_max=%d%s}\n"
                     % (_lua_str(self.listen), _lua_str(self.workdir), _lua_str(self.wal_mode),
-                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16))
+                       self.memtx_memory, self.readahead, _lua_str(self.log_path), 1 << 16,
+                       "".join(", %s=%s" % (name, _lua_value(value))
+                               for name, value in self.cfg.items())))
             f.write(self.lua)
             f.write("\n")
             # box.cfg returns after recovery; before that the port may already

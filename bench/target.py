@@ -90,13 +90,22 @@ class Target:
         times = psutil.Process(self.pid).cpu_times()
         return times.user + times.system
 
+    def settle(self):
+        """Called before each phase (a replica set waits for its replicas)."""
+
     def close(self):
         self.admin.close()
 
 
 @contextlib.contextmanager
 def open_target(config):
-    """Yield the Target for ``config``: the server at --host, or a new embedded one."""
+    """Yield the Target for ``config``: the server at --host, a replica set with
+    --pool (bench.pool), or a new embedded server."""
+    if config.pool:
+        from bench.pool import open_pool_target
+        with open_pool_target(config) as target:
+            yield target
+        return
     if not config.embedded:
         target = Target(config.host, config.port, config)
         try:

@@ -13,15 +13,23 @@ from tarantool.error import (  # noqa: F401 - re-exported for drop-in use
 )
 
 from gtarantool.connection import Connection
-from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.errors import (
+    ConnectionClosed,
+    FeatureNotSupported,
+    ProtocolError,
+    RequestTimeout,
+    WrongOwner,
+)
 from gtarantool.pipeline import Pipeline
+from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
 
 __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
-           "SchemaError"]
+           "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
+           "LeastInFlightStrategy"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):

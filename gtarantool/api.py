@@ -25,6 +25,7 @@ from tarantool.const import (
 )
 from tarantool.utils import wrap_key
 
+from gtarantool import pagination
 from gtarantool.protocol import NO_LIMIT, OPS_KEY, Encoder, iterator_code
 
 
@@ -86,14 +87,23 @@ class RequestMethods:
                              on_push, on_push_ctx)
 
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
-               iterator=None, on_push=None, on_push_ctx=None):
+               iterator=None, on_push=None, on_push_ctx=None, after=None, fetch_pos=False):
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
-        or a number, and names are sent as numbers."""
+        or a number, and names are sent as numbers.
+
+        Pagination (Tarantool 2.11+): ``after`` starts after a tuple (a tuple or
+        list) or after a position (bytes) a previous select returned; with
+        ``fetch_pos=True`` the response's ``.position`` is the position after
+        its last tuple (None when it has none)."""
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
         if index:
             space = self._index(space, index)
+        if fetch_pos or after is not None:
+            return self._request(REQUEST_TYPE_SELECT, pagination.select_body(
+                self, space, key, offset, limit, iterator, after, fetch_pos),
+                on_push, on_push_ctx)
         kind = type(key)
         if (kind is int or kind is str) and not offset and iterator is None and limit == NO_LIMIT:
             body = space.join(space.select_scalar_prefix, key)

@@ -29,6 +29,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
+from gtarantool import streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
@@ -39,6 +40,7 @@ from gtarantool.protocol import (
     Response,
     make_response,
 )
+from gtarantool.sql import PreparedStatement
 from gtarantool.transport import Stats, Transport
 
 _get_ident = get_original("_thread", "get_ident")
@@ -68,6 +70,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
+    "_watchers", "_stream_ids",
 )
 
 
@@ -127,6 +130,8 @@ class Connection(RequestMethods, tarantool.Connection):
         self._finalizer = None                   # stops the transport if we are dropped
         self._connect_failures = 0               # reconnect cycles that gave up
         self._connect_error = None
+        self._watchers = None                    # watchers.Watchers, made by the first watch()
+        self._stream_ids = itertools.count(1)
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -195,6 +200,8 @@ class Connection(RequestMethods, tarantool.Connection):
             if self._connected_once:
                 self.stats.reconnects += 1
             self._connected_once = True
+            if self._watchers is not None:
+                self._watchers.attach(self._transport)
 
     def _read_greeting(self):
         data = b""
@@ -255,6 +262,9 @@ class Connection(RequestMethods, tarantool.Connection):
             self._transport = self._socket = None
             self.connected = False
             return
+        watchers, self._watchers = self._watchers, None
+        if watchers is not None:
+            watchers.close()
         self._drop_transport(ConnectionClosed("connection closed by close()"))
 
     def is_closed(self):
@@ -433,6 +443,39 @@ class Connection(RequestMethods, tarantool.Connection):
         """A :class:`gtarantool.pipeline.Pipeline` on this connection: queue many
         requests from one greenlet, then collect every reply in order."""
         return Pipeline(self)
+
+    # -- Tarantool 2.10+ features, each in its own module ----------------------
+
+    def watch(self, key, callback):
+        """Call ``callback(key, value)`` with the current value of ``key``
+        (``box.status``, ``box.id``, a ``box.broadcast`` key...), then once per
+        change, in a greenlet of the connection's; returns a
+        :class:`gtarantool.watchers.Watcher` (``unregister()``).  Watchers are
+        registered again after a reconnect (the callback gets the current value
+        again); ``close()`` unregisters them.  Tarantool 2.10+, else
+        :class:`gtarantool.FeatureNotSupported`."""
+        return watchers.watch(self, key, callback)
+
+    def watch_once(self, key):
+        """The current value of ``key``, without watching it (Tarantool 3.0+)."""
+        return watchers.watch_once(self, key)
+
+    def stream(self):
+        """A new :class:`gtarantool.streams.Stream` (Tarantool 2.10+): this
+        connection's data methods under a stream id of its own, plus
+        ``begin()``, ``commit()`` and ``rollback()``."""
+        return streams.Stream(self)
+
+    def transaction(self, isolation=None, timeout=None):
+        """``with conn.transaction() as tx:`` begins a transaction on a new
+        stream, commits it when the block ends, rolls it back when the block
+        raises.  See :meth:`gtarantool.streams.Stream.begin`."""
+        return streams.transaction(self, isolation, timeout)
+
+    def prepare(self, sql):
+        """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`
+        (``execute(params)``, ``unprepare()``; a context manager)."""
+        return PreparedStatement(self, sql)
 
     def _check_features(self):
         super()._check_features()

@@ -3,7 +3,7 @@
 Both derive from ``tarantool.error.NetworkError`` so code written for
 tarantool-python keeps catching them as before.
 """
-from tarantool.error import InterfaceError, NetworkError
+from tarantool.error import InterfaceError, NetworkError, NotSupportedError
 
 
 class RequestTimeout(NetworkError, TimeoutError):
@@ -27,3 +27,8 @@ class ConnectionClosed(NetworkError):
 
 class WrongOwner(InterfaceError):
     """The connection was used from another OS thread or from a forked child process."""
+
+
+class FeatureNotSupported(NotSupportedError):
+    """The server lacks a protocol feature the call needs (watchers, streams,
+    pagination...); the message names the Tarantool version that has it."""

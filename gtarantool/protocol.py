@@ -78,6 +78,7 @@ def iterator_code(iterator):
 
 
 NO_LIMIT = 0xffffffff   # tarantool-python's default select limit
+IPROTO_POSITION = 0x35   # a reply's pagination position (Tarantool 2.11+)
 
 
 class Encoder:
@@ -248,6 +249,14 @@ class Response(tarantool_response.Response):
 
     # Read on nearly every reply: a getter in C instead of a Python function.
     data = property(operator.attrgetter("_data"), doc=tarantool_response.Response.data.__doc__)
+
+    @property
+    def position(self):
+        """After ``select(..., fetch_pos=True)``: the position after the last
+        tuple returned (bytes, for ``select(..., after=position)``), or None
+        when it returned none."""
+        position = self._body.get(IPROTO_POSITION)
+        return position.encode() if type(position) is str else position
 
 
 _new_response = Response.__new__

@@ -41,6 +41,7 @@ from gtarantool.errors import ConnectionClosed, ProtocolError
 from gtarantool.protocol import BodyDecoder, Response, _speedups
 
 RECV_SIZE = 256 * 1024
+IPROTO_EVENT = 76   # a watcher's notification (Tarantool 2.10+)
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
 # version}: how Tarantool writes every reply; anything else goes through msgpack.
@@ -117,6 +118,8 @@ class Transport:
             self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
                                                  self._decoder.options, Response, ReplySink,
                                                  _Pushes)
+        self.on_event = None              # IPROTO_EVENT frames go here: on_event(sync, body bytes)
+        self.on_fail = None               # called with the error once the transport dies
         self._requester = None            # request()'s common case in C, when built
         if _speedups is not None:
             self._requester = _speedups.Requester(self, Transport.request, self._pending,
@@ -180,6 +183,14 @@ class Transport:
         self._forget(sync, waiting)
         raise InvalidSwitchError("%r was switched to while it waited for the reply to "
                                  "request %d, which has not come" % (waiting, sync))
+
+    def post(self, frame):
+        """Queue a whole frame that gets no reply (IPROTO_WATCH, IPROTO_UNWATCH)."""
+        if self.error is not None:
+            raise self.error
+        if not self._wbuf:
+            self._wakeup.set()
+        self._wbuf += (frame, b"")
 
     def send_many(self, requests, syncs, sink):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
@@ -460,6 +471,12 @@ class Transport:
             self._need = stop - pos   # nothing to parse before it is whole
             return None
         sync, code, schema, body = _parse_header(data, start, stop)
+        if code == IPROTO_EVENT and self.on_event is not None:
+            # A watcher's notification: it carries the sync of the last
+            # IPROTO_WATCH on its key, which never waits in _pending.
+            self.stats.responses += 1
+            self.on_event(sync, body)
+            return stop
         waiter = self._pending.pop(sync, None)
         if code == IPROTO_CHUNK and waiter is not None:
             # A push message (box.session.push): kept until the final reply.
@@ -520,6 +537,8 @@ class Transport:
         for glet in (self._reader, self._writer):
             if glet is not killer and glet is not getcurrent():
                 glet.kill(block=False)
+        if self.on_fail is not None:
+            self.on_fail(exc)
 
     def abort(self, exc):
         """``close()`` without joining: for finalizers, which must not block."""

@@ -1,0 +1,661 @@
+"""A gevent connection pool over a replica set: ``tarantool.ConnectionPool``'s API.
+
+::
+
+    pool = gtarantool.ConnectionPool([{"host": "10.0.0.1", "port": 3301},
+                                      {"host": "10.0.0.2", "port": 3301}],
+                                     user="app", password="secret", wait_timeout=2)
+    pool.insert("accounts", (1, "x"))                      # the read-write instance
+    pool.select("accounts", 1, mode=tarantool.Mode.RO)     # a read-only one
+
+Each instance has one multiplexed gtarantool connection, shared by every
+greenlet, and one monitor greenlet that (re)connects it and learns its role:
+from the ``box.status`` watcher where the server pushes it (``RoleWatch``),
+else by calling ``box.info`` every ``refresh_delay`` (``RolePoll``).  Any error
+while doing so marks the instance unavailable until a later check succeeds.
+A request that fails because the instance is gone (a network error) or has
+the wrong role (``ER_READONLY``, ``ER_LOADING``) makes its monitor check at
+once instead of waiting for the next period.
+"""
+import itertools
+import time
+
+import gevent
+import gevent.event
+from gevent import Timeout
+from tarantool.connection_pool import InstanceState, Mode, Status
+from tarantool.const import (
+    POOL_INSTANCE_RECONNECT_DELAY,
+    POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
+    POOL_REFRESH_DELAY,
+    SOCKET_TIMEOUT,
+)
+from tarantool.error import (
+    ConfigurationError,
+    DatabaseError,
+    NetworkError,
+    PoolTopologyError,
+)
+from tarantool.mesh_connection import prepare_address
+from tarantool.utils import ENCODING_DEFAULT
+
+from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
+from gtarantool.errors import ConnectionClosed, FeatureNotSupported, RequestTimeout
+from gtarantool.protocol import NO_LIMIT
+
+__all__ = ["ConnectionPool", "Mode", "RoundRobinStrategy", "LeastInFlightStrategy",
+           "RolePoll", "RoleWatch"]
+
+ANY, RW, RO, PREFER_RW, PREFER_RO = Mode.ANY, Mode.RW, Mode.RO, Mode.PREFER_RW, Mode.PREFER_RO
+HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
+
+ER_READONLY = 7
+ER_LOADING = 116
+
+# The crud methods and the mode each takes by default (tarantool-python's).
+CRUD_METHODS = (
+    "crud_insert", "crud_insert_object", "crud_insert_many", "crud_insert_object_many",
+    "crud_get", "crud_update", "crud_delete", "crud_replace", "crud_replace_object",
+    "crud_replace_many", "crud_replace_object_many", "crud_upsert", "crud_upsert_object",
+    "crud_upsert_many", "crud_upsert_object_many", "crud_select", "crud_min", "crud_max",
+    "crud_len", "crud_storage_info", "crud_count", "crud_stats", "crud_unflatten_rows",
+    "crud_truncate",
+)
+# Requests that change nothing: with retry_reads, the only ones re-sent.
+READS = frozenset(("select", "ping", "crud_get", "crud_select", "crud_min", "crud_max",
+                   "crud_len", "crud_storage_info", "crud_count", "crud_stats"))
+
+
+# -- strategies (tarantool-python's interface: __init__(pool), update(), getnext(mode)) --
+
+class RoundRobinStrategy:
+    """Rotate over the healthy instances of the role asked for (the default).
+
+    ``pool`` is the pool's dict of instances by name; each has ``state``
+    (``tarantool.connection_pool.InstanceState``) and ``in_flight``.
+    """
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.rebuild_needed = True
+        self.any = self.rw = self.ro = ()
+
+    def update(self):
+        """The pool changed: rebuild the candidate lists on the next getnext()."""
+        self.rebuild_needed = True
+
+    def build(self):
+        self.any, self.rw, self.ro = [], [], []
+        for key, instance in self.pool.items():
+            state = instance.state
+            if state.status is not HEALTHY:
+                continue
+            self.any.append(key)
+            (self.rw if state.read_only is False else self.ro).append(key)
+        self._cycles = [_cycle(self.any), _cycle(self.rw), _cycle(self.ro)]
+        self.rebuild_needed = False
+
+    def candidates(self, mode):
+        """The names that fit ``mode``, best role first (an empty list if none)."""
+        if self.rebuild_needed:
+            self.build()
+        if mode is RW:
+            return self.rw
+        if mode is ANY:
+            return self.any
+        if mode is RO:
+            return self.ro
+        if mode is PREFER_RO:
+            return self.ro or self.rw
+        if mode is PREFER_RW:
+            return self.rw or self.ro
+        raise ValueError("Unexpected mode %r" % (mode,))
+
+    def getnext(self, mode):
+        """The name of the next instance for ``mode``; PoolTopologyError if none fits."""
+        if self.rebuild_needed:
+            self.build()
+        any_, rw, ro = self._cycles
+        if mode is RW:
+            chosen = rw
+        elif mode is ANY:
+            chosen = any_
+        elif mode is RO:
+            chosen = ro
+        elif mode is PREFER_RO:
+            chosen = ro or rw
+        elif mode is PREFER_RW:
+            chosen = rw or ro
+        else:
+            raise ValueError("Unexpected mode %r" % (mode,))
+        if chosen is None:
+            raise PoolTopologyError(_NO_INSTANCE[mode])
+        return next(chosen)
+
+
+class LeastInFlightStrategy(RoundRobinStrategy):
+    """The instance of the role asked for with the fewest requests awaiting
+    replies (ties rotate)."""
+
+    def __init__(self, pool):
+        super().__init__(pool)
+        self._turn = 0
+
+    def getnext(self, mode):
+        keys = self.candidates(mode)
+        if not keys:
+            raise PoolTopologyError(_NO_INSTANCE[mode])
+        self._turn += 1
+        start = self._turn % len(keys)
+        pool = self.pool
+        best = None
+        for key in keys[start:] + keys[:start]:
+            load = pool[key].in_flight
+            if best is None or load < least:
+                best, least = key, load
+        return best
+
+
+_NO_INSTANCE = {
+    ANY: "Can't find healthy instance in pool",
+    RW: "Can't find healthy rw instance in pool",
+    RO: "Can't find healthy ro instance in pool",
+    PREFER_RW: "Can't find healthy instance in pool",
+    PREFER_RO: "Can't find healthy instance in pool",
+}
+
+
+def _cycle(keys):
+    return itertools.cycle(keys) if keys else None
+
+
+# -- role sources --------------------------------------------------------------
+
+class RolePoll:
+    """Learns an instance's role by calling ``box.info`` on every check (as
+    tarantool-python; needs execute access to ``box.info``).  For servers
+    without watchers (before 2.10)."""
+
+    name = "poll"
+
+    def __init__(self, pool, instance):
+        self._pool = pool
+        self._instance = instance
+
+    def refresh(self, woken):
+        info = self._instance.conn.call("box.info").data[0]
+        self._pool._set_state(self._instance, HEALTHY if info["status"] == "running"
+                              else UNHEALTHY, info["ro"], info["status"])
+
+    def close(self):
+        pass
+
+
+class RoleWatch(RolePoll):
+    """Learns an instance's role from the ``box.status`` watcher (Tarantool
+    2.10+): the server pushes ``is_ro`` and ``status`` as they change, so the
+    pool knows of a promotion one round trip after it.  Periodic checks only
+    ping (is the connection alive?); a check woken by a wrong-role error polls
+    ``box.info``, since that error may be older or newer than the last push.
+
+    Raises ``gtarantool.FeatureNotSupported`` on an older server.
+    """
+
+    name = "watch"
+
+    def __init__(self, pool, instance):
+        super().__init__(pool, instance)
+        self._first = gevent.event.Event()
+        # The connection watches again after each reconnect (and calls us with
+        # the current value): one registration lasts as long as the instance.
+        self._watcher = instance.conn.watch("box.status", self._on_status)
+        try:
+            self._first.wait()   # the current value (bounded by the check's timeout)
+        except BaseException:
+            self._watcher.unregister()
+            raise
+
+    def _on_status(self, key, value):
+        status = value.get("status") if isinstance(value, dict) else None
+        self._pool._set_state(self._instance, HEALTHY if status == "running" else UNHEALTHY,
+                              value.get("is_ro") if status else None, status)
+        self._first.set()
+
+    def refresh(self, woken):
+        if woken:
+            super().refresh(woken)
+        else:
+            self._instance.conn.ping()
+
+    def close(self):
+        self._watcher.unregister()
+
+
+# -- the pool ----------------------------------------------------------------------
+
+class Instance:
+    """One replica set member: its connection, role and counters (see ``info()``)."""
+
+    __slots__ = ("name", "addr", "conn", "state", "in_flight", "requests", "errors",
+                 "last_change", "box_status", "last_error", "source", "wakeup", "checked",
+                 "monitor", "drained")
+
+    def __init__(self, name, addr, conn):
+        self.name, self.addr, self.conn = name, addr, conn
+        self.state = InstanceState(UNHEALTHY, None)
+        self.in_flight = self.requests = self.errors = 0
+        self.last_change = None      # time.time() of the last change of state
+        self.box_status = None       # box.info.status as last seen
+        self.last_error = None       # why the instance is unavailable
+        self.source = None           # RolePoll or RoleWatch, set after each connect
+        self.wakeup = gevent.event.Event()    # check now (a request saw a wrong role)
+        self.checked = gevent.event.Event()   # the first check is done
+        self.monitor = None
+        self.drained = None          # an Event while remove() waits for in-flight requests
+
+
+class ConnectionPool:
+    """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
+    ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
+    ``eval``, ``execute`` and ``ping`` need a mode) and errors
+    (``tarantool.error.PoolTopologyError`` when no instance fits), plus:
+
+    :param wait_timeout: seconds a call waits for an instance of the right role
+        to appear (e.g. during a failover) before PoolTopologyError; 0 fails at once.
+    :param retry_reads: re-send a read (``select``, ``ping``, ``crud`` reads)
+        once to another instance when the connection failed before its reply.
+        Writes, ``call``, ``eval`` and ``execute`` are never re-sent.
+    :param request_timeout, max_in_flight: per connection, as in
+        :class:`gtarantool.Connection`.
+
+    ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
+    authenticating and learning the role.  Instances that are down at start are
+    connected later, every ``refresh_delay`` until they answer.
+    """
+
+    def __init__(self, addrs, user=None, password=None, socket_timeout=SOCKET_TIMEOUT,
+                 reconnect_max_attempts=POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
+                 reconnect_delay=POOL_INSTANCE_RECONNECT_DELAY, connect_now=True,
+                 encoding=ENCODING_DEFAULT, call_16=False,
+                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT,
+                 strategy_class=RoundRobinStrategy, refresh_delay=POOL_REFRESH_DELAY,
+                 fetch_schema=True, *, wait_timeout=0, retry_reads=False,
+                 request_timeout=None, max_in_flight=None):
+        if not isinstance(addrs, list) or not addrs:
+            raise ConfigurationError("addrs must be non-empty list")
+        if not (isinstance(wait_timeout, (int, float)) and wait_timeout >= 0):
+            raise ConfigurationError("wait_timeout must be a number of seconds >= 0, not %r"
+                                     % (wait_timeout,))
+        self._options = dict(user=user, password=password, socket_timeout=socket_timeout,
+                             reconnect_max_attempts=reconnect_max_attempts,
+                             reconnect_delay=reconnect_delay, encoding=encoding,
+                             call_16=call_16, connection_timeout=connection_timeout,
+                             fetch_schema=fetch_schema, request_timeout=request_timeout)
+        if max_in_flight is not None:
+            self._options["max_in_flight"] = max_in_flight
+        self.refresh_delay = refresh_delay
+        self.connection_timeout = connection_timeout
+        self.wait_timeout = wait_timeout
+        self.retry_reads = retry_reads
+        self.pool = {}
+        self.strategy = strategy_class(self.pool)
+        self._closed = True
+        self._topology_changed = gevent.event.Event()
+        for addr in addrs:
+            self._new_instance(addr)
+        if connect_now:
+            self.connect()
+
+    # -- membership ---------------------------------------------------------------
+
+    def _new_instance(self, addr):
+        if isinstance(addr, str):
+            host, _, port = addr.rpartition(":")
+            addr = {"host": host or "127.0.0.1", "port": int(port)}
+        addr, error = prepare_address(addr)
+        if addr is None:
+            raise ConfigurationError(error)
+        name = (addr["socket_fd"] if addr["socket_fd"] is not None
+                else "%s:%s" % (addr["host"], addr["port"]))
+        if name in self.pool:
+            raise ConfigurationError("%s is already in the pool" % (name,))
+        extra = {key: addr[key] for key in ("transport", "auth_type") if addr.get(key)}
+        conn = Connection(addr["host"], addr["port"], socket_fd=addr["socket_fd"],
+                          connect_now=False, **extra, **self._options)
+        instance = self.pool[name] = Instance(name, addr, conn)
+        self.strategy.update()
+        return instance
+
+    def connect(self):
+        """Start every instance's monitor and wait for each one's first check
+        (at most ``connection_timeout`` each, in parallel).  Never raises for an
+        instance that is down: it is connected later."""
+        self._closed = False
+        for instance in self.pool.values():
+            self._start(instance)
+        gevent.wait([instance.checked for instance in self.pool.values()])
+
+    def _start(self, instance):
+        if instance.monitor is None:
+            instance.monitor = gevent.spawn(self._monitor, instance)
+            instance.monitor.name = "pool-monitor-%s" % (instance.name,)
+
+    def add(self, addr):
+        """Add an instance (a dict as in ``addrs``, or ``"host:port"``); returns its
+        name once its first check is done (it may be unavailable: it is retried)."""
+        if self._closed:
+            raise ConnectionClosed("the pool is closed")
+        instance = self._new_instance(addr)
+        self._start(instance)
+        instance.checked.wait()
+        return instance.name
+
+    def remove(self, name, timeout=10):
+        """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
+        for its requests in flight, then close its connection."""
+        instance = self.pool.pop(name)
+        self.strategy.update()
+        self._changed()
+        if instance.in_flight:
+            instance.drained = gevent.event.Event()
+            instance.drained.wait(timeout)
+        self._stop(instance)
+
+    def _stop(self, instance):
+        if instance.monitor is not None:
+            instance.monitor.kill()
+            instance.monitor = None
+        if instance.source is not None:
+            instance.source.close()
+        instance.conn.close()
+
+    def close(self):
+        """Close every connection and kill (and join) every monitor greenlet;
+        callers waiting for an instance get ConnectionClosed."""
+        self._closed = True
+        for instance in list(self.pool.values()):
+            self._stop(instance)
+            self._set_state(instance, UNHEALTHY, None, None)
+        self._changed()
+
+    def is_closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def info(self):
+        """Per instance name: address, role ('master', 'replica' or None when
+        unavailable), status (box.info.status as last seen), connected, requests in
+        flight, requests, errors, last_change (time.time()), role_source, last_error."""
+        result = {}
+        for name, instance in self.pool.items():
+            state = instance.state
+            role = None
+            if state.status is HEALTHY:
+                role = "replica" if state.read_only else "master"
+            result[name] = {
+                "address": name, "role": role, "status": instance.box_status,
+                "healthy": state.status is HEALTHY, "connected": not instance.conn.is_closed(),
+                "in_flight": instance.in_flight, "requests": instance.requests,
+                "errors": instance.errors, "last_change": instance.last_change,
+                "role_source": instance.source.name if instance.source else None,
+                "last_error": None if instance.last_error is None else str(instance.last_error),
+            }
+        return result
+
+    # -- roles ----------------------------------------------------------------------------
+
+    def _monitor(self, instance):
+        """Check ``instance`` every ``refresh_delay``, or at once when woken; never
+        dies of an error (killed by close() or remove())."""
+        woken = False
+        while True:
+            instance.wakeup.clear()
+            timer = Timeout(self.connection_timeout)
+            timer.start()
+            try:
+                self._check(instance, woken)
+            except (Exception, Timeout) as exc:   # any failure: unavailable until the next check
+                if exc is timer:
+                    exc = NetworkError("no answer within connection_timeout=%ss"
+                                       % (self.connection_timeout,))
+                elif not isinstance(exc, Exception):
+                    raise
+                instance.last_error = exc
+                self._set_state(instance, UNHEALTHY, None, None)
+            finally:
+                timer.close()
+            instance.checked.set()
+            woken = instance.wakeup.wait(self.refresh_delay)
+
+    def _check(self, instance, woken):
+        conn = instance.conn
+        if conn.is_closed():
+            if instance.state.status is HEALTHY:
+                self._set_state(instance, UNHEALTHY, None, None)
+            if isinstance(instance.source, RoleWatch):
+                # Its watcher comes back with the connection and the current value.
+                woken = True
+            elif instance.source is not None:
+                instance.source = None   # the server may have been upgraded: try watching
+            # ping() reconnects as any request would (connect() would drop a
+            # connection a request just re-established).
+            conn.ping()
+        if instance.source is None:
+            try:
+                instance.source = RoleWatch(self, instance)
+                return
+            except FeatureNotSupported:
+                instance.source = RolePoll(self, instance)
+        instance.source.refresh(woken)
+
+    def _set_state(self, instance, status, read_only, box_status):
+        instance.box_status = box_status
+        if status is HEALTHY:
+            instance.last_error = None
+        if instance.state.status is status and instance.state.read_only == read_only:
+            return
+        instance.state = InstanceState(status, read_only)
+        instance.last_change = time.time()
+        if self.pool.get(instance.name) is instance:
+            self.strategy.update()
+            self._changed()
+
+    def _changed(self):
+        # Wake every caller waiting for an instance of some role (wait_timeout).
+        changed, self._topology_changed = self._topology_changed, gevent.event.Event()
+        changed.set()
+
+    # -- routing ----------------------------------------------------------------------
+
+    def _pick(self, mode):
+        try:
+            return self.pool[self.strategy.getnext(mode)]
+        except PoolTopologyError:
+            return self._wait_for(mode)
+
+    def _wait_for(self, mode):
+        deadline = time.monotonic() + self.wait_timeout
+        while True:
+            if self._closed:
+                raise ConnectionClosed("the pool is closed")
+            changed = self._topology_changed
+            try:
+                return self.pool[self.strategy.getnext(mode)]
+            except PoolTopologyError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                changed.wait(remaining)
+
+    def _failed(self, instance, exc, mode, may_resend):
+        """A request on ``instance`` raised ``exc`` (being handled): learn from it,
+        then re-raise it, or return another instance to re-send a read to."""
+        instance.errors += 1
+        if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
+            if isinstance(exc, DatabaseError) and exc.code in (ER_READONLY, ER_LOADING):
+                if exc.code == ER_READONLY and instance.state.read_only is False:
+                    # No more writes here until the monitor says otherwise.
+                    self._set_state(instance, HEALTHY, True, instance.box_status)
+                instance.wakeup.set()
+            raise exc
+        if isinstance(exc, RequestTimeout):
+            raise exc
+        if instance.conn.is_closed() and self.pool.get(instance.name) is instance:
+            instance.last_error = exc
+            self._set_state(instance, UNHEALTHY, None, None)
+            instance.wakeup.set()
+        if not (may_resend and self.retry_reads and mode is not RW):
+            raise exc
+        try:
+            other = self.pool[self.strategy.getnext(mode)]
+        except PoolTopologyError:
+            raise exc from None
+        if other is instance:
+            raise exc
+        return other
+
+    @staticmethod
+    def _drained(instance):
+        if not instance.in_flight:
+            instance.drained.set()
+
+    def _send(self, instance, mode, method, args, kwargs, may_resend):
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return getattr(instance.conn, method)(*args, **kwargs)
+        except Exception as exc:
+            other = self._failed(instance, exc, mode, may_resend)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+        return self._send(other, mode, method, args, kwargs, False)
+
+    def _request(self, mode, method, *args, **kwargs):
+        return self._send(self._pick(mode), mode, method, args, kwargs, method in READS)
+
+    # select, insert and replace are written out: each saves the generic path's
+    # argument packing (what remains is one strategy call and two counters).
+
+    def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
+               iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
+        """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
+        instance = self._pick(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.select(space_name, key, offset=offset, limit=limit,
+                                        index=index, iterator=iterator, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            other = self._failed(instance, exc, mode, True)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+        return self._send(other, mode, "select", (space_name, key), dict(
+            offset=offset, limit=limit, index=index, iterator=iterator, on_push=on_push,
+            on_push_ctx=on_push_ctx), False)
+
+    def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.insert`` (default mode RW)."""
+        instance = self._pick(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.insert(space_name, values, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+
+    def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.replace`` (default mode RW)."""
+        instance = self._pick(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.replace(space_name, values, on_push=on_push,
+                                         on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+
+    def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
+               on_push_ctx=None):
+        """``Connection.update`` (default mode RW)."""
+        return self._request(mode, "update", space_name, key, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
+
+    def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
+               on_push_ctx=None):
+        """``Connection.upsert`` (default mode RW)."""
+        return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
+
+    def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.delete`` (default mode RW)."""
+        return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
+        """``Connection.call``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "call", func_name, *args, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def eval(self, expr, *args, mode=None, on_push=None, on_push_ctx=None):
+        """``Connection.eval``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "eval", expr, *args, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def ping(self, notime=False, *, mode=None):
+        """``Connection.ping``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "ping", notime)
+
+    def execute(self, query, params=None, *, mode=None):
+        """``Connection.execute`` (SQL); ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "execute", query, params)
+
+    def pipeline(self, mode=RW):
+        """A :class:`gtarantool.Pipeline` on one instance picked by ``mode`` (default
+        RW).  Its requests bypass the pool: no retry, no per-instance counts."""
+        return self._pick(mode).conn.pipeline()
+
+    def transaction(self, isolation=None, timeout=None):
+        """``with pool.transaction() as tx:`` an interactive transaction on the
+        read-write instance (see ``Connection.transaction``; Tarantool 2.10+ with
+        ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it."""
+        return self._pick(RW).conn.transaction(isolation, timeout)
+
+
+def _crud_method(name):
+    def method(self, *args, mode=ANY):
+        return self._request(mode, name, *args)
+    method.__name__ = name
+    method.__doc__ = "``Connection.%s`` (default mode ANY, as tarantool-python)." % name
+    return method
+
+
+for _name in CRUD_METHODS:
+    setattr(ConnectionPool, _name, _crud_method(_name))
+del _name

@@ -1,0 +1,106 @@
+"""Prepared SQL statements (IPROTO_PREPARE) and SQL request bodies.
+
+A prepared statement lives in the server's session: after a reconnect its id
+names nothing, so ``PreparedStatement`` remembers the transport it was
+prepared on and prepares again, on first use, when the connection's
+transport is another one.
+"""
+import weakref
+from collections.abc import Mapping, Sequence
+
+from tarantool.const import IPROTO_SQL_BIND, IPROTO_SQL_TEXT, REQUEST_TYPE_EXECUTE
+from tarantool.error import InterfaceError
+
+from gtarantool.protocol import ResponseExecute, make_response
+
+IPROTO_PREPARE = 13
+IPROTO_STMT_ID = 0x43
+IPROTO_METADATA = 0x32
+IPROTO_BIND_METADATA = 0x33
+IPROTO_BIND_COUNT = 0x34
+
+
+def bind_params(params):
+    """SQL parameters as IPROTO wants them (tarantool-python's rules): a
+    sequence for "?" placeholders, a mapping (names without the colon) for
+    ":name" ones."""
+    if not params:
+        return []
+    if isinstance(params, Mapping):
+        return [{":%s" % name: value} for name, value in params.items()]
+    if isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
+        return params
+    raise TypeError("SQL parameters must be a mapping or a sequence, not %s"
+                    % type(params).__name__)
+
+
+def execute_body(conn, query, params):
+    if not isinstance(query, str):
+        raise TypeError("query must be a str, not %s" % type(query).__name__)
+    return conn._encoder.pack({IPROTO_SQL_TEXT: query, IPROTO_SQL_BIND: bind_params(params)})
+
+
+def as_execute_response(conn, resp):
+    """An OK ``protocol.Response`` as tarantool-python's SQL response type."""
+    return make_response(ResponseExecute, conn, resp._sync, resp._code, resp._schema_version,
+                         resp._body)
+
+
+class PreparedStatement:
+    """An SQL statement prepared once on the server; ``Connection.prepare(sql)``.
+
+    ``execute(params=None)`` returns what ``Connection.execute`` does;
+    ``unprepare()`` frees it on the server; as a context manager it
+    unprepares on exit.  ``stmt_id``, ``params_count`` (placeholders),
+    ``params`` and ``metadata`` (column descriptions, for a SELECT) are the
+    server's."""
+
+    def __init__(self, conn, sql):
+        if not isinstance(sql, str):
+            raise TypeError("sql must be a str, not %s" % type(sql).__name__)
+        self._conn = conn
+        self.sql = sql
+        self.stmt_id = None
+        self.params_count = self.params = self.metadata = None
+        self._prepared_on = None   # weakref to the transport whose session has it
+        self._prepare()
+
+    def _prepare(self):
+        conn = self._conn
+        conn._ensure_connected()
+        resp = conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_SQL_TEXT: self.sql}))
+        body = resp._body
+        self.stmt_id = body[IPROTO_STMT_ID]
+        self.params_count = body.get(IPROTO_BIND_COUNT)
+        self.params = body.get(IPROTO_BIND_METADATA)
+        self.metadata = body.get(IPROTO_METADATA)
+        self._prepared_on = weakref.ref(conn._transport)
+
+    def execute(self, params=None):
+        """Run the statement with ``params`` (a sequence or a mapping)."""
+        if self.stmt_id is None:
+            raise InterfaceError("the statement %r was unprepared" % (self.sql,))
+        conn = self._conn
+        if self._prepared_on() is not conn._ensure_connected():
+            self._prepare()   # a new session: the old id names nothing there
+        resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(
+            {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}))
+        return as_execute_response(conn, resp)
+
+    def unprepare(self):
+        """Free the statement on the server (when its session still exists)."""
+        stmt_id, self.stmt_id = self.stmt_id, None
+        conn = self._conn
+        transport = conn._transport
+        if (stmt_id is not None and transport is not None and transport.alive
+                and self._prepared_on() is transport):
+            conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_STMT_ID: stmt_id}))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.unprepare()
+
+    def __repr__(self):
+        return "<PreparedStatement %s %r>" % (self.stmt_id, self.sql)

@@ -1,0 +1,204 @@
+"""Streams and interactive transactions (Tarantool 2.10+).
+
+A ``Stream`` has the connection's data methods; its requests carry its own
+IPROTO_STREAM_ID, so the server runs them one after another, in order, and
+may keep a transaction open between them (IPROTO_BEGIN, COMMIT, ROLLBACK)
+while any number of other streams and plain requests share the socket.  The
+frames are built here, whole, and go through ``Transport.request`` with no
+code (the C request path stays as it is); replies carry no stream id, so
+they stay on the reader's fast path.
+
+A transaction belongs to the session it began in: once that connection is
+lost the server has rolled it back, so its later requests fail with
+``NetworkError`` instead of going, outside any transaction, to a new
+connection (nothing is re-sent).
+"""
+import logging
+import struct
+from contextlib import contextmanager
+
+from tarantool.const import REQUEST_TYPE_EXECUTE
+from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
+
+from gtarantool import features, sql
+from gtarantool.api import RequestMethods
+from gtarantool.protocol import Response, ResponseExecute
+
+IPROTO_BEGIN = 14
+IPROTO_COMMIT = 15
+IPROTO_ROLLBACK = 16
+IPROTO_TIMEOUT = 0x56
+IPROTO_TXN_ISOLATION = 0x59
+SCHEMA_RETRIES = 3
+
+# box.begin{txn_isolation = ...}'s names, as numbers (enum txn_isolation_level)
+ISOLATION_LEVELS = {
+    "default": 0,
+    "read-committed": 1,
+    "read-confirmed": 2,
+    "best-effort": 3,
+    "linearizable": 4,
+}
+
+# 0xce len32 | {0: code, 1: 0xcf sync64, 5: 0xce schema32, 0x0a: 0xcf stream id}
+# (every request code fits a positive fixint)
+_HEADER = struct.Struct(">BIBBBBBQBBIBBQ")
+_HEADER_LEN = _HEADER.size - 5
+
+log = logging.getLogger(__name__)
+
+
+def isolation_code(isolation):
+    """An isolation level's name or number -> its number."""
+    if isinstance(isolation, str):
+        try:
+            return ISOLATION_LEVELS[isolation]
+        except KeyError:
+            raise ValueError("unknown isolation level %r; expected one of %s"
+                             % (isolation, ", ".join(ISOLATION_LEVELS))) from None
+    if isinstance(isolation, int) and not isinstance(isolation, bool) and 0 <= isolation <= 4:
+        return isolation
+    raise ValueError("isolation must be a name (%s) or a number 0-4, not %r"
+                     % (", ".join(ISOLATION_LEVELS), isolation))
+
+
+class Stream(RequestMethods):
+    """The connection's data methods (insert, replace, select, update, upsert,
+    delete, call, eval, execute, ping) under one stream id, plus ``begin``,
+    ``commit`` and ``rollback``.  Made by ``Connection.stream()``."""
+
+    def __init__(self, conn):
+        features.require(conn, features.STREAMS)
+        self._conn = conn
+        self.stream_id = next(conn._stream_ids)
+        self._spaces = conn._spaces
+        self._indexes = conn._indexes
+        self._tx = None   # the transport the open transaction began on
+
+    # What RequestMethods needs, borrowed from the connection.
+    @property
+    def schema(self):
+        return self._conn.schema
+
+    @property
+    def _encoder(self):
+        return self._conn._encoder
+
+    def _opt_reconnect(self):
+        self._conn._ensure_connected()
+
+    @property
+    def call_16(self):
+        return self._conn.call_16
+
+    def _schemaful_connection_check(self):
+        self._conn._schemaful_connection_check()
+
+    def _ops_process(self, space, ops):
+        return self._conn._ops_process(space, ops)
+
+    @property
+    def in_transaction(self):
+        """True between a successful ``begin()`` and ``commit()``/``rollback()``."""
+        return self._tx is not None
+
+    def _transport(self):
+        tx = self._tx
+        if tx is None:
+            return self._conn._ensure_connected()
+        self._conn._check_owner()
+        if tx.error is not None:
+            raise NetworkError("the connection was lost during the transaction of stream %d "
+                               "(the server rolled it back): %s" % (self.stream_id, tx.error))
+        return tx
+
+    def _request(self, code, body, on_push=None, on_push_ctx=None,
+                 response_class=Response):
+        conn = self._conn
+        for attempt in range(SCHEMA_RETRIES + 1):
+            transport = self._transport()
+            sync = next(conn._syncs)
+            frame = _HEADER.pack(0xce, _HEADER_LEN + len(body), 0x84, 0, code, 0x01, 0xcf, sync,
+                                 0x05, 0xce, conn.schema_version, 0x0a, 0xcf,
+                                 self.stream_id) + body
+            if conn.request_timeout is None:
+                value = transport.request(sync, None, None, frame)
+            else:
+                value = conn._wait(transport, sync, None, frame)
+            try:
+                return conn._response(value, response_class, on_push, on_push_ctx)
+            except SchemaReloadException as exc:
+                # Refused before it ran (error 109): sending it again is safe.
+                if attempt == SCHEMA_RETRIES:
+                    raise
+                conn._reload_schema(exc.schema_version)
+
+    def execute(self, query, params=None):
+        """SQL in this stream (as ``Connection.execute``)."""
+        if self._conn._encoder is None:
+            self._conn._ensure_connected()
+        return self._request(REQUEST_TYPE_EXECUTE, sql.execute_body(self._conn, query, params),
+                             response_class=ResponseExecute)
+
+    # -- transactions ---------------------------------------------------------
+
+    def begin(self, isolation=None, timeout=None):
+        """Begin a transaction (IPROTO_BEGIN).  ``isolation``: "default",
+        "read-committed", "read-confirmed", "best-effort", "linearizable" or
+        its number; ``timeout``: seconds after which the server rolls it back."""
+        conn = self._conn
+        features.require(conn, features.TRANSACTIONS)
+        if self._tx is not None:
+            raise InterfaceError("stream %d already has an open transaction" % self.stream_id)
+        body = {}
+        if isolation is not None:
+            body[IPROTO_TXN_ISOLATION] = isolation_code(isolation)
+        if timeout is not None:
+            if not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError("timeout must be a positive number of seconds, not %r"
+                                 % (timeout,))
+            body[IPROTO_TIMEOUT] = float(timeout)
+        transport = conn._ensure_connected()
+        self._tx = transport   # its requests, BEGIN included, go to this session only
+        try:
+            self._request(IPROTO_BEGIN, conn._encoder.pack(body))
+        except BaseException:
+            self._tx = None
+            raise
+
+    def commit(self):
+        """Commit the transaction (IPROTO_COMMIT); it is over either way."""
+        try:
+            self._request(IPROTO_COMMIT, b"")
+        finally:
+            self._tx = None
+
+    def rollback(self):
+        """Roll the transaction back (IPROTO_ROLLBACK).  When its connection
+        was lost the server has rolled it back already: nothing is sent."""
+        tx = self._tx
+        try:
+            if tx is None or tx.error is None:
+                self._request(IPROTO_ROLLBACK, b"")
+        finally:
+            self._tx = None
+
+    def __repr__(self):
+        return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
+
+
+@contextmanager
+def transaction(conn, isolation=None, timeout=None):
+    """``Connection.transaction``: a new stream, begun on entry, committed on
+    normal exit, rolled back when the block raises (the exception goes on)."""
+    stream = Stream(conn)
+    stream.begin(isolation, timeout)
+    try:
+        yield stream
+    except BaseException:
+        try:
+            stream.rollback()
+        except Exception as exc:  # noqa: BLE001 - the block's exception matters more
+            log.warning("rollback of stream %d failed: %s", stream.stream_id, exc)
+        raise
+    stream.commit()

@@ -1,0 +1,249 @@
+"""Watchers (Tarantool 2.10+): the server pushes the value of a key
+(``box.status``, ``box.id``, a key set with ``box.broadcast``) when it changes.
+
+The protocol: the client sends IPROTO_WATCH for a key; the server answers
+(only) with an IPROTO_EVENT carrying the key's current value, and with one
+more each time the value changes, as soon as the client has acknowledged
+the last one by sending IPROTO_WATCH again; IPROTO_UNWATCH ends it.  A
+session has one subscription per key, so the watchers of one key share it
+(a ``_Key``).
+
+Events reach ``Watchers._on_event`` from the reader greenlet, which only
+records the value and starts the key's runner greenlet: callbacks never run
+in the reader.  The runner calls each watcher of the key with every value it
+has not seen yet, one at a time, then acknowledges; a callback that takes
+long thus sees the newest value next (the server coalesces the changes made
+meanwhile), never an older one.  After a reconnect every key is watched
+again, so each callback gets the current value again.
+"""
+import logging
+import struct
+
+import gevent
+import msgpack
+from gevent import getcurrent
+
+from gtarantool import features
+
+IPROTO_WATCH = 74
+IPROTO_UNWATCH = 75
+IPROTO_WATCH_ONCE = 77
+IPROTO_EVENT_KEY = 0x57
+IPROTO_EVENT_DATA = 0x58
+
+log = logging.getLogger(__name__)
+
+
+class Watcher:
+    """One callback watching one key; returned by ``Connection.watch``."""
+
+    __slots__ = ("key", "callback", "registered", "_seen", "_registry")
+
+    def __init__(self, registry, key, callback):
+        self.key = key
+        self.callback = callback
+        self.registered = True
+        self._seen = 0            # the version of the key's value it was last called with
+        self._registry = registry
+
+    def unregister(self):
+        """Stop this watcher (its callback is not called again; a call under
+        way finishes).  The last watcher of a key unsubscribes (IPROTO_UNWATCH)."""
+        if self.registered:
+            self._registry.remove(self)
+
+    def __repr__(self):
+        return "<Watcher %r%s>" % (self.key, "" if self.registered else " (unregistered)")
+
+
+class _Key:
+    """A key the session watches: its last value and the watchers to call."""
+
+    __slots__ = ("key", "watchers", "value", "version", "acked", "runner")
+
+    def __init__(self, key):
+        self.key = key
+        self.watchers = []
+        self.value = None
+        self.version = 0          # events received for it (0: none yet)
+        self.acked = True         # no event waits for its IPROTO_WATCH
+        self.runner = None        # the greenlet calling its watchers, while one runs
+
+
+class Watchers:
+    """A connection's watchers (``conn._watchers``, made by the first ``watch``).
+
+    It owns the runner greenlets and, while the connection is lost and some
+    key is watched, a greenlet that reconnects it (nobody else might send a
+    request to make the lazy reconnect happen); ``close()`` kills and joins
+    them all.
+    """
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._keys = {}
+        self._greenlets = set()
+        self._transport = None
+        self._reconnector = None
+        self._closed = False
+
+    # -- the API -------------------------------------------------------------
+
+    def watch(self, key, callback):
+        if not isinstance(key, str):
+            raise TypeError("a watcher's key must be a str, not %s" % type(key).__name__)
+        if not callable(callback):
+            raise TypeError("callback must be callable")
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _Key(key)
+            self._send(IPROTO_WATCH, key)
+        watcher = Watcher(self, key, callback)
+        state.watchers.append(watcher)
+        if state.version:   # the value is known: this one gets it now
+            self._schedule(state)
+        return watcher
+
+    def remove(self, watcher):
+        watcher.registered = False
+        state = self._keys.get(watcher.key)
+        if state is None:
+            return
+        state.watchers.remove(watcher)
+        if not state.watchers:
+            del self._keys[watcher.key]
+            self._send(IPROTO_UNWATCH, watcher.key)
+
+    def close(self):
+        """Unregister every watcher; kill and join the greenlets."""
+        self._closed = True
+        for state in self._keys.values():
+            for watcher in state.watchers:
+                watcher.registered = False
+        self._keys.clear()
+        self._detach()
+        current = getcurrent()
+        greenlets = [glet for glet in self._greenlets if glet is not current]
+        gevent.killall(greenlets, block=True)
+
+    # -- the connection's side -------------------------------------------------
+
+    def attach(self, transport):
+        """Route ``transport``'s events here and watch every key on it (called
+        on every connect: the server forgets a session's watchers)."""
+        if self._closed:
+            return
+        self._detach()
+        self._transport = transport
+        transport.on_event = self._on_event
+        transport.on_fail = self._on_fail
+        for key, state in self._keys.items():
+            state.acked = True   # the WATCH below replaces any ack owed
+            self._send(IPROTO_WATCH, key)
+
+    def _detach(self):
+        if self._transport is not None:
+            self._transport.on_event = self._transport.on_fail = None
+            self._transport = None
+
+    def _send(self, code, key):
+        """Queue IPROTO_WATCH/UNWATCH for ``key`` (no reply comes); on a dead
+        transport, nothing: the reconnect watches every key again."""
+        transport = self._transport
+        if transport is None or not transport.alive:
+            return
+        header = msgpack.packb({0: code, 1: next(self._conn._syncs)})
+        body = msgpack.packb({IPROTO_EVENT_KEY: key}, use_bin_type=True)
+        transport.post(b"\xce" + struct.pack(">I", len(header) + len(body)) + header + body)
+
+    def _on_event(self, sync, body):
+        """In the reader: record the key's new value, start its runner."""
+        try:
+            body = self._conn._decoder.decode(body)
+            key = body[IPROTO_EVENT_KEY]
+        except Exception:  # noqa: BLE001 - one bad event must not kill the connection
+            log.exception("undecodable watcher event (sync %d)", sync)
+            return
+        state = self._keys.get(key)
+        if state is None:   # unwatched since
+            return
+        state.value = body.get(IPROTO_EVENT_DATA)
+        state.version += 1
+        state.acked = False
+        self._schedule(state)
+
+    def _schedule(self, state):
+        if state.runner is None and not self._closed:
+            state.runner = self._spawn(self._run, state)
+
+    def _spawn(self, func, *args):
+        glet = gevent.Greenlet(func, *args)
+        self._greenlets.add(glet)
+        glet.link(self._greenlets.discard)
+        glet.start()
+        return glet
+
+    def _run(self, state):
+        """Call each watcher of ``state`` with each value it has not seen, in
+        order, one call at a time; then acknowledge the last event."""
+        try:
+            while True:
+                version, value = state.version, state.value
+                behind = [w for w in state.watchers if w._seen < version]
+                if not behind:
+                    break
+                for watcher in behind:
+                    if not watcher.registered or watcher._seen >= version:
+                        continue
+                    watcher._seen = version
+                    try:
+                        watcher.callback(state.key, value)
+                    except Exception:  # noqa: BLE001 - logged; the watcher goes on
+                        log.exception("watcher callback for key %r failed", state.key)
+            # (No yield from the check above to here: no event can come between.)
+            if not state.acked and self._keys.get(state.key) is state:
+                state.acked = True
+                self._send(IPROTO_WATCH, state.key)
+        finally:
+            state.runner = None
+
+    def _on_fail(self, exc):
+        """The transport died: reconnect in a greenlet of ours while keys are watched."""
+        self._detach()
+        if self._keys and not self._closed and self._reconnector is None:
+            self._reconnector = self._spawn(self._reconnect)
+
+    def _reconnect(self):
+        conn = self._conn
+        try:
+            while self._keys and not self._closed:
+                try:
+                    conn._ensure_connected()   # connect() calls attach()
+                    return
+                except Exception as exc:  # noqa: BLE001 - retried until close()
+                    log.warning("watchers: reconnect to %s:%s failed: %s",
+                                conn.host, conn.port, exc)
+                    gevent.sleep(max(conn.reconnect_delay, 0.1))
+        finally:
+            self._reconnector = None
+
+
+def watch(conn, key, callback):
+    """``Connection.watch``: see its docstring."""
+    conn._ensure_connected()
+    features.require(conn, features.WATCHERS)
+    registry = conn._watchers
+    if registry is None:
+        registry = conn._watchers = Watchers(conn)
+        registry.attach(conn._transport)
+    return registry.watch(key, callback)
+
+
+def watch_once(conn, key):
+    """``Connection.watch_once``: see its docstring."""
+    if not isinstance(key, str):
+        raise TypeError("a watcher's key must be a str, not %s" % type(key).__name__)
+    conn._ensure_connected()
+    features.require(conn, features.WATCH_ONCE)
+    data = conn._request(IPROTO_WATCH_ONCE, conn._encoder.pack({IPROTO_EVENT_KEY: key})).data
+    return data[0] if data else None

@@ -1,0 +1,520 @@
+"""gtarantool.ConnectionPool on real replica sets (bench.replicaset): a master
+and two replicas on localhost, started fresh for each test.
+
+Servers are started, stopped and promoted from the test greenlet while the
+pool keeps working: process starts go through gevent's thread pool and admin
+requests through gtarantool connections, so the hub never blocks.
+"""
+import gc
+import inspect
+import itertools
+import os
+import signal
+import time
+
+import gevent
+import pytest
+import tarantool
+import tarantool.connection_pool
+from tarantool.error import DatabaseError, NetworkError, PoolTopologyError
+
+import gtarantool
+from bench.replicaset import ReplicaSet
+from bench.server import binary_version
+from gtarantool import ConnectionClosed, Mode
+from gtarantool.pool import LeastInFlightStrategy, RoundRobinStrategy
+
+from .conftest import PASSWORD, USER, _lua
+
+REFRESH = 0.1     # refresh_delay in these tests
+
+
+@pytest.fixture
+def rs():
+    replicaset = ReplicaSet(_lua(), user=USER, password=PASSWORD)
+    replicaset.start()
+    yield replicaset
+    replicaset.cleanup()
+
+
+def make_pool(rs, servers=None, **kw):
+    kw.setdefault("refresh_delay", REFRESH)
+    kw.setdefault("connection_timeout", 2)
+    addrs = [{"host": s.host, "port": s.port} for s in (servers or rs.servers)]
+    return gtarantool.ConnectionPool(addrs, user=USER, password=PASSWORD, **kw)
+
+
+def name(srv):
+    return "%s:%s" % (srv.host, srv.port)
+
+
+def admin(srv):
+    return gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD,
+                              fetch_schema=False)   # (a schema load counts as SELECTs)
+
+
+def stat(srv, what):
+    with admin(srv) as conn:
+        return conn.eval("return box.stat()[...].total", what).data[0]
+
+
+def in_thread(fn, *args):
+    """Run a blocking call (a server start) without blocking the hub."""
+    return gevent.get_hub().threadpool.spawn(fn, *args).get()
+
+
+def wait_until(predicate, timeout=10.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met within %ss" % timeout
+        gevent.sleep(step)
+
+
+def live_greenlets():
+    return sum(1 for obj in gc.get_objects()
+               if isinstance(obj, gevent.Greenlet) and not obj.dead)
+
+
+# -- the API ---------------------------------------------------------------------------
+
+def test_same_methods_arguments_and_defaults_as_tarantool_python():
+    theirs, ours = tarantool.ConnectionPool, gtarantool.ConnectionPool
+    ctor = inspect.signature(ours.__init__).parameters
+    for param in inspect.signature(theirs.__init__).parameters.values():
+        assert param.name in ctor
+        if param.name not in ("connection_timeout", "strategy_class"):
+            assert ctor[param.name].default == param.default, param.name
+    for method, func in vars(theirs).items():
+        if method.startswith("_") or not callable(func):
+            continue
+        mine = inspect.signature(getattr(ours, method)).parameters
+        for param in inspect.signature(func).parameters.values():
+            if param.kind is param.VAR_POSITIONAL or method.startswith("crud_"):
+                continue
+            assert param.name in mine, (method, param.name)
+            if param.default is not param.empty:     # (ours may add a default)
+                assert mine[param.name].default == param.default, (method, param.name)
+        if "mode" in inspect.signature(func).parameters:
+            # crud_* take their arguments positionally here; the mode's default must agree.
+            assert (mine["mode"].default
+                    == inspect.signature(func).parameters["mode"].default), method
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(tarantool.error.ConfigurationError, match="non-empty list"):
+        gtarantool.ConnectionPool([])
+    with pytest.raises(tarantool.error.ConfigurationError, match="port"):
+        gtarantool.ConnectionPool([{"host": "127.0.0.1", "port": 0}], connect_now=False)
+    with pytest.raises(tarantool.error.ConfigurationError, match="wait_timeout"):
+        gtarantool.ConnectionPool([{"host": "127.0.0.1", "port": 1}], wait_timeout=-1)
+
+
+def test_least_in_flight_picks_the_idlest_of_the_role():
+    class Member:
+        def __init__(self, read_only, in_flight):
+            self.state = tarantool.connection_pool.InstanceState(
+                tarantool.connection_pool.Status.HEALTHY, read_only)
+            self.in_flight = in_flight
+    pool = {"m": Member(False, 5), "a": Member(True, 3), "b": Member(True, 1)}
+    strategy = LeastInFlightStrategy(pool)
+    assert strategy.getnext(Mode.RO) == "b"
+    assert strategy.getnext(Mode.ANY) == "b"
+    assert strategy.getnext(Mode.RW) == "m"
+    pool["b"].in_flight = 9
+    strategy.update()
+    assert strategy.getnext(Mode.PREFER_RO) == "a"
+    assert {strategy.getnext(Mode.RO) for _ in range(4)} == {"a"}
+    pool["a"].in_flight = 9
+    assert {strategy.getnext(Mode.RO) for _ in range(4)} == {"a", "b"}   # ties rotate
+    del pool["m"]
+    strategy.update()
+    with pytest.raises(PoolTopologyError, match="rw"):
+        strategy.getnext(Mode.RW)
+    assert strategy.getnext(Mode.PREFER_RW) in ("a", "b")
+
+
+# -- routing ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", [RoundRobinStrategy, LeastInFlightStrategy,
+                                      tarantool.connection_pool.RoundRobinStrategy])
+def test_requests_go_where_their_mode_says(rs, strategy):
+    master, r1, r2 = rs.servers
+    with make_pool(rs, strategy_class=strategy) as pool:
+        assert {n: i["role"] for n, i in pool.info().items()} == {
+            name(master): "master", name(r1): "replica", name(r2): "replica"}
+        for _ in range(3):   # each connection looks the space up once (selects on _vspace)
+            pool.select("tester", 0, mode=Mode.ANY)
+        before = {srv: (stat(srv, "INSERT"), stat(srv, "SELECT")) for srv in rs.servers}
+        for i in range(60):
+            pool.insert("tester", (i, "x"))                       # RW by default
+        rs.wait_synced()
+        for mode in (Mode.RO, Mode.PREFER_RO):
+            gevent.joinall([gevent.spawn(pool.select, "tester", i, mode=mode)
+                            for i in range(30)], raise_error=True)
+        for i in range(15):
+            pool.select("tester", i, mode=Mode.PREFER_RW)
+        assert pool.select("tester", 5, mode=Mode.RO).data == [[5, "x"]]
+        inserts = {srv: stat(srv, "INSERT") - before[srv][0] for srv in rs.servers}
+        selects = {srv: stat(srv, "SELECT") - before[srv][1] for srv in rs.servers}
+        # Replicas count the replicated rows as inserts too, but no client inserts.
+        assert inserts == {master: 60, r1: 60, r2: 60}
+        assert selects[master] == 15
+        assert selects[r1] + selects[r2] == 61
+        if strategy is not LeastInFlightStrategy:
+            assert abs(selects[r1] - selects[r2]) <= 1
+        before = {srv: stat(srv, "SELECT") for srv in rs.servers}
+        for i in range(30):
+            pool.select("tester", i)                            # ANY by default
+        assert all(stat(srv, "SELECT") - before[srv] > 0 for srv in rs.servers)
+        with pytest.raises(ValueError, match="mode"):
+            pool.call("echo", 1)
+        assert pool.call("echo", 1, 2, mode=Mode.ANY).data == [1, 2]
+        assert pool.eval("return box.info.ro", mode=Mode.RO).data == [True]
+        assert pool.eval("return box.info.ro", mode=Mode.RW).data == [False]
+        with pytest.raises(DatabaseError) as err:
+            pool.insert("tester", (1, "dup"))
+        assert err.value.code == 3        # ER_TUPLE_FOUND: the caller's error, unchanged
+        info = pool.info()[name(master)]
+        assert info["requests"] >= 61 and info["errors"] == 1 and info["in_flight"] == 0
+
+
+def test_pipeline_runs_on_the_instance_of_its_mode(rs):
+    with make_pool(rs) as pool:
+        with pool.pipeline() as p:
+            for i in range(100):
+                p.insert("tester", (i, "p"))
+        assert all(reply.data for reply in p.results())
+        rs.wait_synced()
+        with pool.pipeline(mode=Mode.RO) as p:
+            p.eval("return box.info.ro")
+        assert [reply.data for reply in p.results()] == [[True]]
+
+
+@pytest.mark.skipif(binary_version() < (2, 10), reason="needs Tarantool 2.10+ (streams); "
+                    "server is %s" % ".".join(map(str, binary_version())))
+def test_transaction_runs_on_the_master():
+    with ReplicaSet(_lua(), user=USER, password=PASSWORD,
+                    cfg={"memtx_use_mvcc_engine": True}) as rs:
+        with make_pool(rs) as pool:
+            with pool.transaction() as tx:
+                tx.insert("tester", (1, "t"))
+                tx.insert("tester", (2, "t"))
+            with pytest.raises(KeyError):
+                with pool.transaction() as tx:
+                    tx.insert("tester", (3, "t"))
+                    raise KeyError("rolled back")
+            rs.wait_synced()
+            assert pool.select("tester", mode=Mode.RO).data == [[1, "t"], [2, "t"]]
+
+
+def test_a_wrong_role_error_makes_the_pool_check_at_once(rs):
+    """ER_READONLY from an instance makes its monitor check it at once (a box.info
+    CALL on it), although the next periodic check is a minute away."""
+    master, r1, r2 = rs.servers
+    with make_pool(rs, refresh_delay=60) as pool:
+        calls = stat(r1, "CALL") + stat(r2, "CALL")
+        with pytest.raises(DatabaseError) as err:
+            pool.eval("box.space.tester:insert{1, 'x'}", mode=Mode.RO)
+        assert err.value.code == 7                   # ER_READONLY, to the caller
+        wait_until(lambda: stat(r1, "CALL") + stat(r2, "CALL") > calls, timeout=5)
+        with admin(master) as conn:
+            conn.eval("box.cfg{read_only = true}")
+        # Polling: the pool learns from the write's ER_READONLY; watching: from
+        # the push, unless the write overtakes it.
+        with pytest.raises(DatabaseError) as err:
+            pool.insert("tester", (1, "x"))
+        assert err.value.code == 7 or isinstance(err.value, PoolTopologyError)
+        wait_until(lambda: pool.info()[name(master)]["role"] == "replica", timeout=5)
+        with pytest.raises(PoolTopologyError):       # no instance is RW now
+            pool.insert("tester", (2, "x"))
+
+
+# -- failures ----------------------------------------------------------------------------
+
+def test_failover_under_load(rs):
+    """500 greenlets write and read; kill -9 the master, promote a replica.
+
+    Checks: every greenlet finishes (none hangs); writes are never re-sent
+    (a client-session on_replace trigger counts each key's inserts on the
+    survivors); every write acknowledged after the promotion is on the new
+    master; every write the old master acknowledged is on the new master, or
+    (lost by asynchronous replication) in the old master's WAL beyond the LSN
+    the new master had received from it.
+    """
+    master, new, other = rs.servers
+    for srv in (new, other):
+        rs.eval(srv, "client_inserts = {} box.space.tester:on_replace(function(_, t) "
+                     "if t ~= nil and box.session.type() == 'binary' then "
+                     "client_inserts[t[1]] = (client_inserts[t[1]] or 0) + 1 end end)")
+    old_id = rs.eval(master, "return box.info.id")[0]
+    keys = itertools.count()
+    acked, failed, read_errors = {}, [], []
+    reads = [0]
+    running = True
+    with make_pool(rs, wait_timeout=10, retry_reads=True) as pool:
+        def writer():
+            while running:
+                key = next(keys)
+                try:
+                    pool.insert("tester", (key, "w"))
+                    acked[key] = time.monotonic()
+                except (NetworkError, DatabaseError) as exc:   # PoolTopologyError too
+                    failed.append((key, exc))
+                    gevent.sleep(0.01)
+
+        def reader():
+            while running:
+                try:
+                    pool.select("tester", 1, mode=Mode.PREFER_RO)
+                    reads[0] += 1
+                except (NetworkError, DatabaseError) as exc:
+                    read_errors.append(exc)
+                    gevent.sleep(0.01)
+
+        workers = [gevent.spawn(writer) for _ in range(250)]
+        workers += [gevent.spawn(reader) for _ in range(250)]
+        gevent.sleep(0.5)
+        assert len(acked) > 100 and reads[0] > 100
+        master.kill()
+        killed = time.monotonic()
+        gevent.sleep(0.3)
+        with admin(new) as conn:
+            received = conn.eval("return box.info.vclock[...] or 0", old_id).data[0]
+            conn.eval("box.cfg{read_only = false}")
+        promoted = time.monotonic()
+        wait_until(lambda: any(t > promoted for t in acked.values()), timeout=10)
+        first_write = min(t for t in acked.values() if t > promoted) - promoted
+        gevent.sleep(0.3)
+        running = False
+        done = gevent.joinall(workers, timeout=10)
+        assert len(done) == len(workers), "greenlets hung after the failover"
+        assert pool.info()[name(new)]["role"] == "master"
+        source = pool.info()[name(new)]["role_source"]
+        assert source == ("watch" if binary_version() >= (2, 10) else "poll")
+
+    print("\nfailover (%s, refresh_delay=%s): first write %.3f s after promotion; "
+          "%d writes acked, %d failed, %d reads, %d read errors"
+          % (source, REFRESH, first_write, len(acked), len(failed), reads[0], len(read_errors)))
+    assert first_write < 2 * REFRESH + 1.5
+    # Reads are re-sent once when the connection fails; none needed a second try.
+    assert not read_errors
+    # Never re-sent: no key reached the survivors twice, and no key whose
+    # insert failed reached the new master from a client.
+    counts = {}
+    for srv in (new, other):
+        for key, n in rs.eval(srv, "local r = {} for k, n in pairs(client_inserts) do "
+                                   "r[#r + 1] = {k, n} end return r")[0]:
+            assert n == 1, "key %s inserted %d times on %s" % (key, n, srv.port)
+            counts[key] = counts.get(key, 0) + n
+    assert set(counts).isdisjoint(key for key, _ in failed)
+    on_new = {t[0] for t in rs.eval(new, "return box.space.tester:select()")[0]}
+    after = {key for key, t in acked.items() if t > promoted}
+    before = {key for key, t in acked.items() if t <= killed}
+    assert after <= on_new and after <= set(counts)
+    lost = before - on_new
+    # The old master, back read-only and alone, shows where the lost ones went.
+    master.cfg = {"read_only": True}
+    in_thread(master.start)
+    with admin(master) as conn:
+        final = conn.eval("return box.info.vclock[...] or 0", old_id).data[0]
+        in_wal = {t[0] for t in conn.eval("return box.space.tester:select()").data[0]}
+    assert before <= in_wal
+    assert len(lost) <= final - received
+    print("acked by the old master: %d, of which %d not replicated before the kill "
+          "(LSN %d..%d, in its WAL); acked after the promotion: %d, all on the new master"
+          % (len(before), len(lost), received, final, len(after)))
+
+
+def test_instances_down_at_start_join_later(rs):
+    """One replica refuses connections, the other is frozen: the pool starts in
+    about one connection_timeout (connects run in parallel) and picks both up."""
+    master, down, frozen = rs.servers
+    down.kill()
+    frozen.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pool = make_pool(rs, connection_timeout=0.5)
+        took = time.monotonic() - started
+    finally:
+        frozen.signal(signal.SIGCONT)
+    with pool:
+        assert took < 0.5 * 2
+        info = pool.info()
+        assert info[name(master)]["role"] == "master"
+        assert info[name(down)]["role"] is None and info[name(down)]["last_error"]
+        assert "connection_timeout" in info[name(frozen)]["last_error"]
+        pool.insert("tester", (1, "x"))
+        in_thread(down.start)
+        # (A replica whose peer is down may stay 'orphan', unavailable, on 3.x.)
+        wait_until(lambda: pool.info()[name(down)]["role"] == "replica")
+        wait_until(lambda: pool.info()[name(frozen)]["role"] == "replica")
+        before = stat(down, "SELECT")
+        for i in range(20):
+            pool.select("tester", 1, mode=Mode.RO)
+        assert stat(down, "SELECT") - before == 10
+
+
+def test_full_restart_recovers_without_intervention(rs):
+    """Every instance is killed and restarted, replicas first: while they wait
+    for the master they answer error 116 (bootstrap not finished), which once
+    killed tarantool-python's refresh thread (#328)."""
+    master = rs.master
+    with make_pool(rs, wait_timeout=10) as pool:
+        seen = set()
+
+        def watch():
+            while True:
+                for info in pool.info().values():
+                    if info["last_error"]:
+                        seen.add(info["last_error"])
+                gevent.sleep(0.005)
+        watcher = gevent.spawn(watch)
+        for srv in rs.servers:
+            srv.kill()
+        starts = [gevent.get_hub().threadpool.spawn(srv.start) for srv in rs.replicas]
+        gevent.sleep(0.3)
+        in_thread(master.start)
+        for start in starts:
+            start.get()
+        assert pool.insert("tester", (1, "back")).data == [[1, "back"]]
+        wait_until(lambda: all(i["status"] == "running" for i in pool.info().values()))
+        wait_until(lambda: pool.select("tester", 1, mode=Mode.RO).data == [[1, "back"]])
+        watcher.kill()
+    assert any("code 116" in text for text in seen), seen
+    print("\nerrors seen while restarting: %s" % sorted({t.split(":")[-1] for t in seen}))
+
+
+def test_read_retry_on_another_instance_only_when_asked(rs):
+    _, r1, r2 = rs.servers
+    for retry in (False, True):
+        with make_pool(rs, retry_reads=retry) as pool:
+            wait_until(lambda: all(i["role"] for i in pool.info().values()))
+            errors, stop = [], False
+
+            def reader():
+                while not stop:
+                    try:
+                        pool.select("tester", 1, mode=Mode.RO)
+                    except Exception as exc:   # noqa: BLE001 - each is checked below
+                        errors.append(exc)
+                        gevent.sleep(0.01)
+            workers = [gevent.spawn(reader) for _ in range(100)]
+            gevent.sleep(0.2)
+            victim = r1 if not retry else r2
+            victim.kill()
+            gevent.sleep(0.3)
+            stop = True
+            assert len(gevent.joinall(workers, timeout=10)) == len(workers)
+            assert pool.info()[name(victim)]["role"] is None
+            if retry:
+                assert not errors, errors
+            else:
+                assert errors, pool.info()
+                assert all(isinstance(e, NetworkError) for e in errors), errors
+            in_thread(victim.start)
+
+
+def test_add_and_remove_under_load(rs):
+    master, r1, r2 = rs.servers
+    with make_pool(rs, servers=[master, r1]) as pool:
+        errors, stop = [], False
+
+        def worker(i):
+            for n in itertools.count():
+                if stop:
+                    return
+                try:
+                    if n % 4 == 0:
+                        pool.replace("tester", (i, "w"))
+                    else:
+                        pool.select("tester", i, mode=Mode.RO)
+                except Exception as exc:   # noqa: BLE001 - none is expected
+                    errors.append(exc)
+        workers = [gevent.spawn(worker, i) for i in range(50)]
+        gevent.sleep(0.2)
+        assert pool.add({"host": r2.host, "port": r2.port}) == name(r2)
+        with pytest.raises(tarantool.error.ConfigurationError):
+            pool.add("%s:%s" % (r2.host, r2.port))
+        before = stat(r2, "SELECT")
+        gevent.sleep(0.2)
+        assert stat(r2, "SELECT") > before
+        pool.remove(name(r1))
+        assert name(r1) not in pool.info()
+        before = stat(r1, "SELECT")
+        gevent.sleep(0.2)
+        assert stat(r1, "SELECT") == before
+        stop = True
+        assert len(gevent.joinall(workers, timeout=10)) == len(workers)
+        assert not errors
+
+
+def test_ten_thousand_greenlets_on_a_pool_of_three(rs):
+    with make_pool(rs) as pool:
+        def work(i):
+            pool.insert("tester", (i, "x"))
+            return pool.select("tester", i, mode=Mode.PREFER_RW).data
+        jobs = [gevent.spawn(work, i) for i in range(10000)]
+        gevent.joinall(jobs, timeout=60)
+        assert all(job.successful() for job in jobs)
+        assert [job.value for job in jobs[:3]] == [[[0, "x"]], [[1, "x"]], [[2, "x"]]]
+        assert sum(i["requests"] for i in pool.info().values()) >= 20000
+
+
+def test_wait_timeout_waits_for_a_master_and_close_leaves_nothing(rs):
+    master, r1, _ = rs.servers
+    with admin(master) as conn:
+        conn.eval("box.cfg{read_only = true}")
+    base = live_greenlets()
+    pool = make_pool(rs, wait_timeout=5)
+    pool.wait_timeout = 0
+    with pytest.raises(PoolTopologyError, match="rw"):
+        pool.insert("tester", (1, "x"))
+    pool.wait_timeout = 5
+    waiter = gevent.spawn(pool.insert, "tester", (1, "x"))
+    gevent.sleep(0.3)
+    assert not waiter.ready()
+    with admin(r1) as conn:
+        conn.eval("box.cfg{read_only = false}")
+    assert waiter.get(timeout=5).data == [[1, "x"]]
+    with admin(r1) as conn:
+        conn.eval("box.cfg{read_only = true}")
+    wait_until(lambda: all(i["role"] == "replica" for i in pool.info().values()))
+
+    def insert_waiting():
+        try:
+            return pool.insert("tester", (2, "x"))
+        except ConnectionClosed as exc:
+            return exc
+    waiter = gevent.spawn(insert_waiting)
+    gevent.sleep(0.1)
+    assert not waiter.ready()
+    pool.close()
+    assert pool.is_closed()
+    assert isinstance(waiter.get(timeout=1), ConnectionClosed)
+    with pytest.raises(ConnectionClosed):
+        pool.insert("tester", (3, "x"))
+    del waiter
+    gc.collect()
+    assert live_greenlets() <= base
+    assert all(i["connected"] is False for i in pool.info().values())
+
+
+# -- the benchmark over a pool (bench/pool.py) --------------------------------------------
+
+def test_bench_pool_routes_and_counts_per_instance(rs):
+    from bench import config as options
+    from bench import runner
+    from bench.pool import parse_hosts
+    assert parse_hosts("a:1, :2") == [("a", 1), ("127.0.0.1", 2)]
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_hosts("a:1,b")
+    hosts = ",".join(name(srv) for srv in rs.servers)
+    config = options.Config(pool=True, hosts=hosts, user=USER, password=PASSWORD, ops=2000,
+                            greenlets=20, quiet=True)
+    results = runner.run(config)
+    assert results["totals"]["errors"] == 0 and results["totals"]["server_counts_match"]
+    select = next(p for p in results["phases"] if p["name"] == "select")
+    master, r1, r2 = rs.servers
+    assert select["connection"]["requests@%s" % name(master)] == 0
+    assert select["server"]["instances"] == {"SELECT@%s" % name(r1): 1000,
+                                             "SELECT@%s" % name(r2): 1000}

@@ -1,0 +1,241 @@
+"""Streams and interactive transactions against a real server with MVCC."""
+import gevent
+import pytest
+from gevent.event import Event
+from tarantool.error import DatabaseError, InterfaceError, NetworkError
+
+import gtarantool
+from bench.server import TarantoolServer, binary_version
+from gtarantool import streams
+from tests.conftest import PASSWORD, USER, _lua
+
+VERSION = binary_version()
+SERVER = ".".join(map(str, VERSION))
+needs_streams = pytest.mark.skipif(
+    VERSION < (2, 10), reason="needs Tarantool 2.10+ (streams); server is %s" % SERVER)
+MVCC = {"memtx_use_mvcc_engine": True}
+
+
+@pytest.fixture(scope="module")
+def mvcc_server():
+    """A server with memtx MVCC (interactive transactions on memtx need it)."""
+    srv = TarantoolServer(_lua(), cfg=MVCC if VERSION >= (2, 10) else None)
+    srv.start()
+    yield srv
+    srv.cleanup()
+
+
+def connect(srv, **options):
+    return gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD, **options)
+
+
+@pytest.fixture
+def mconn(mvcc_server):
+    c = connect(mvcc_server)
+    c.eval("box.space.tester:truncate()")
+    yield c
+    c.close()
+
+
+@pytest.mark.skipif(VERSION >= (2, 10), reason="a server without streams (2.6) only")
+def test_streams_and_transactions_name_the_version(mconn):
+    with pytest.raises(gtarantool.FeatureNotSupported,
+                       match=r"needs Tarantool 2\.10\+ \(streams\); server is 2\."):
+        mconn.stream()
+    with pytest.raises(gtarantool.FeatureNotSupported, match=r"2\.10\+ \(streams\)"):
+        with mconn.transaction():
+            pass
+    assert mconn.ping(notime=True) == "Success"
+
+
+def test_isolation_names_and_numbers():
+    assert [streams.isolation_code(name) for name in
+            ("default", "read-committed", "read-confirmed", "best-effort", "linearizable")] \
+        == [0, 1, 2, 3, 4]
+    assert streams.isolation_code(2) == 2
+    for bad in ("serializable", 7, True, 1.0):
+        with pytest.raises(ValueError):
+            streams.isolation_code(bad)
+
+
+@needs_streams
+@pytest.mark.usefixtures("reader")
+def test_stream_data_methods(mconn):
+    s = mconn.stream()
+    t = mconn.stream()
+    assert s.stream_id != t.stream_id
+    assert s.insert("tester", (1, "a")).data == [[1, "a"]]
+    assert s.replace("tester", (1, "b")).data == [[1, "b"]]
+    assert s.update("tester", 1, [("=", 2, 5)]).data == [[1, "b", 5]]
+    s.upsert("tester", (2, "c"), [("=", 1, "d")])
+    assert s.select("tester", 2).data == [[2, "c"]]
+    assert s.select("tester", "c", index="by_name").data == [[2, "c"]]
+    assert s.call("echo", 1, "x").data == [1, "x"]
+    assert s.eval("return ...", 3).data == [3]
+    assert s.delete("tester", 2).data == [[2, "c"]]
+    assert s.execute("SELECT COUNT(*) FROM \"tester\"").data == [[1]]
+    assert isinstance(s.ping(), float)
+    with pytest.raises(DatabaseError, match="555"):
+        s.call("raise_error", "in a stream")
+    assert s.select("tester", 1).data == [[1, "b", 5]]   # the stream goes on
+
+
+@needs_streams
+def test_commit_and_rollback(mconn):
+    s = mconn.stream()
+    s.begin()
+    assert s.in_transaction
+    s.insert("tester", (1, "kept"))
+    assert mconn.select("tester", 1).data == []   # not committed yet
+    assert s.select("tester", 1).data == [[1, "kept"]]
+    s.commit()
+    assert not s.in_transaction
+    assert mconn.select("tester", 1).data == [[1, "kept"]]
+    s.begin("best-effort")
+    s.insert("tester", (2, "dropped"))
+    s.rollback()
+    assert mconn.select("tester", 2).data == []
+    with pytest.raises(InterfaceError, match="already has an open transaction"):
+        s.begin()
+        s.begin()
+    s.rollback()
+
+
+@needs_streams
+def test_transaction_context_manager(mconn):
+    with mconn.transaction() as tx:
+        tx.insert("tester", (1, "a"))
+        tx.insert("tester", (2, "b"))
+    assert len(mconn.select("tester").data) == 2
+    with pytest.raises(KeyError):
+        with mconn.transaction(isolation="read-committed", timeout=5) as tx:
+            tx.insert("tester", (3, "c"))
+            raise KeyError("rolled back")
+    assert mconn.select("tester", 3).data == []
+    with pytest.raises(DatabaseError, match="Duplicate key"):
+        with mconn.transaction() as tx:
+            tx.insert("tester", (4, "d"))
+            tx.insert("tester", (1, "duplicate"))
+    assert mconn.select("tester", 4).data == []
+
+
+@needs_streams
+def test_thousand_concurrent_transactions_half_rolled_back(mconn):
+    def work(i):
+        try:
+            with mconn.transaction() as tx:
+                for j in range(5):
+                    tx.insert("tester", (i * 5 + j, "tx%d" % i))
+                if i % 2:
+                    raise ValueError(i)
+        except ValueError:
+            pass
+    greenlets = [gevent.spawn(work, i) for i in range(1000)]
+    gevent.joinall(greenlets, raise_error=True)
+    rows = mconn.select("tester").data
+    ids = sorted(row[0] for row in rows)
+    assert ids == sorted(i * 5 + j for i in range(0, 1000, 2) for j in range(5))
+    assert mconn.stats.max_in_flight > 100   # they did overlap on the one socket
+
+
+@needs_streams
+def test_read_committed_reader_does_not_see_an_uncommitted_write(mconn):
+    writer = mconn.stream()
+    writer.begin()
+    writer.insert("tester", (1, "uncommitted"))
+    with mconn.transaction("read-committed") as reader:
+        assert reader.select("tester", 1).data == []
+    writer.commit()
+    with mconn.transaction(streams.ISOLATION_LEVELS["read-committed"]) as reader:
+        assert reader.select("tester", 1).data == [[1, "uncommitted"]]
+
+
+@needs_streams
+def test_read_committed_sees_what_read_confirmed_does_not(mconn):
+    """A write to a synchronous space waits for a quorum it never gets: it is
+    committed but not confirmed, and only read-committed sees it."""
+    mconn.eval("""
+        local s = box.schema.space.create('sync', {is_sync = true, if_not_exists = true})
+        s:create_index('pk', {if_not_exists = true})
+        box.ctl.promote()
+        box.cfg{replication_synchro_quorum = 2, replication_synchro_timeout = 1}""")
+    try:
+        pending = gevent.spawn(mconn.insert, "sync", (1,))
+        gevent.sleep(0.2)
+        seen = {}
+        for level in ("read-committed", "read-confirmed", "best-effort"):
+            with mconn.transaction(level) as tx:
+                seen[level] = tx.select("sync", 1).data
+        assert seen == {"read-committed": [[1]], "read-confirmed": [], "best-effort": []}
+        pending.join()
+        assert isinstance(pending.exception, DatabaseError)   # quorum timed out
+    finally:
+        mconn.eval("box.cfg{replication_synchro_quorum = 1} box.space.sync:drop()")
+
+
+@needs_streams
+def test_transaction_times_out_on_the_server(mconn):
+    s = mconn.stream()
+    s.begin(timeout=0.1)
+    s.insert("tester", (1, "late"))
+    gevent.sleep(0.4)
+    with pytest.raises(DatabaseError, match="aborted by timeout"):
+        s.insert("tester", (2, "late"))
+    with pytest.raises(DatabaseError, match="aborted by timeout"):
+        s.commit()
+    assert mconn.select("tester").data == []
+    s.begin()   # the stream is usable again
+    s.rollback()
+    with pytest.raises(ValueError):
+        s.begin(timeout=0)
+
+
+@needs_streams
+def test_request_timeout_in_a_stream(mvcc_server):
+    c = connect(mvcc_server, request_timeout=0.2)
+    try:
+        s = c.stream()
+        with pytest.raises(gtarantool.RequestTimeout):
+            s.call("sleep_and_return", 0.5, "late")
+        assert c.stream().call("echo", 1).data == [1]   # other streams go on
+        # The server runs a stream's requests in order: the next one waits for it.
+        c.request_timeout = None
+        assert s.call("echo", 2).data == [2]
+    finally:
+        c.close()
+
+
+@needs_streams
+def test_lost_connection_fails_the_transaction_and_resends_nothing():
+    srv = TarantoolServer(_lua(), cfg=MVCC)
+    srv.start()
+    try:
+        conn = connect(srv, reconnect_delay=0.05)
+        tx = conn.stream()
+        tx.begin()
+        tx.insert("tester", (1, "lost"))
+        blocked = Event()
+
+        def waiting():
+            blocked.set()
+            return tx.call("sleep_and_return", 10, "never")
+        in_flight = gevent.spawn(waiting)
+        blocked.wait()
+        gevent.sleep(0.05)
+        srv.kill()
+        srv.start()
+        in_flight.join(10)
+        assert isinstance(in_flight.exception, NetworkError)
+        with pytest.raises(NetworkError, match="lost during the transaction"):
+            tx.insert("tester", (2, "lost"))
+        with pytest.raises(NetworkError, match="lost during the transaction"):
+            tx.commit()
+        assert not tx.in_transaction
+        tx.rollback()   # nothing to roll back: the server did
+        assert conn.select("tester").data == []   # reconnects; nothing was re-sent
+        with conn.transaction() as again:
+            again.insert("tester", (3, "new"))
+        assert [row[0] for row in conn.select("tester").data] == [3]
+        conn.close()
+    finally:
+        srv.cleanup()

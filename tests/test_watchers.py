@@ -1,0 +1,205 @@
+"""Watchers (conn.watch, conn.watch_once) against a real server."""
+import logging
+import time
+
+import gevent
+import pytest
+from gevent.event import Event
+from tarantool.error import NotSupportedError
+
+import gtarantool
+from bench.server import binary_version
+from tests.conftest import PASSWORD, USER
+
+VERSION = binary_version()
+needs_watchers = pytest.mark.skipif(
+    VERSION < (2, 10), reason="needs Tarantool 2.10+ (watchers); server is %s"
+    % ".".join(map(str, VERSION)))
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        gevent.sleep(0.005)
+
+
+def broadcast(conn, key, value):
+    conn.eval("box.broadcast(...)", key, value)
+
+
+@pytest.mark.skipif(VERSION >= (2, 10), reason="a server without watchers (2.6) only")
+def test_watch_without_watchers_names_the_version(conn):
+    with pytest.raises(gtarantool.FeatureNotSupported, match=r"needs Tarantool 2\.10\+ "
+                       r"\(watchers\); server is 2\.") as info:
+        conn.watch("box.status", lambda key, value: None)
+    assert isinstance(info.value, NotSupportedError)
+    assert conn.ping(notime=True) == "Success"   # the connection is fine
+
+
+@pytest.mark.skipif(VERSION >= (3, 0), reason="a server without watch_once (before 3.0) only")
+def test_watch_once_without_the_feature_names_the_version(conn):
+    with pytest.raises(gtarantool.FeatureNotSupported, match=r"needs Tarantool 3\.0\+"):
+        conn.watch_once("box.status")
+    assert conn.ping(notime=True) == "Success"
+
+
+@needs_watchers
+@pytest.mark.usefixtures("reader")
+def test_current_value_first_then_changes_in_order(conn, record_property):
+    broadcast(conn, "order", 0)
+    seen = []
+    times = {}
+    watcher = conn.watch("order", lambda key, value: (seen.append((key, value)),
+                                                       times.setdefault(value, time.monotonic())))
+    wait_for(lambda: seen)
+    assert seen == [("order", 0)]
+    latencies = []
+    for value in range(1, 51):
+        sent = time.monotonic()
+        broadcast(conn, "order", value)
+        wait_for(lambda: value in times)
+        latencies.append(times[value] - sent)
+    values = [value for _, value in seen]
+    assert values == list(range(51))   # one broadcast at a time: none coalesced
+    latencies.sort()
+    record_property("broadcast_to_callback_median_us", round(latencies[25] * 1e6))
+    for value in range(51, 251):   # faster than acks: coalesced, but in order
+        broadcast(conn, "order", value)
+    wait_for(lambda: seen[-1][1] == 250)
+    values = [value for _, value in seen]
+    assert values == sorted(set(values))
+    watcher.unregister()
+
+
+@needs_watchers
+def test_builtin_key_and_a_key_never_set(conn):
+    status, missing = [], []
+    conn.watch("box.status", lambda key, value: status.append(value))
+    conn.watch("never.set", lambda key, value: missing.append(value))
+    wait_for(lambda: status and missing)
+    assert status[0]["status"] == "running"
+    assert missing == [None]
+
+
+@needs_watchers
+def test_watchers_of_one_key_all_get_each_value(conn):
+    seen = {1: [], 2: []}
+    conn.watch("shared", lambda key, value: seen[1].append(value))
+    broadcast(conn, "shared", "a")
+    wait_for(lambda: seen[1] == ["a"] or seen[1] == [None, "a"])
+    conn.watch("shared", lambda key, value: seen[2].append(value))   # gets "a" at once
+    wait_for(lambda: seen[2] == ["a"])
+    broadcast(conn, "shared", "b")
+    wait_for(lambda: seen[1][-1] == "b" and seen[2] == ["a", "b"])
+
+
+@needs_watchers
+def test_callbacks_never_overlap_and_a_failing_one_goes_on(conn, caplog):
+    running, overlaps, seen = [0], [], []
+
+    def slow(key, value):
+        running[0] += 1
+        overlaps.append(running[0])
+        gevent.sleep(0.01)
+        seen.append(value)
+        running[0] -= 1
+        if value == 1:
+            raise RuntimeError("callback failure %d" % value)
+
+    with caplog.at_level(logging.ERROR, logger="gtarantool.watchers"):
+        conn.watch("slow", slow)
+        for value in range(1, 6):
+            broadcast(conn, "slow", value)
+            gevent.sleep(0.003)
+        wait_for(lambda: seen and seen[-1] == 5)
+    assert max(overlaps) == 1
+    values = [v for v in seen if v is not None]
+    assert values == sorted(set(values)) and 1 in values
+    assert "callback failure 1" in caplog.text
+    assert conn.ping(notime=True) == "Success"
+
+
+@needs_watchers
+def test_unregister_stops_the_callback(conn):
+    seen = []
+    watcher = conn.watch("gone", lambda key, value: seen.append(value))
+    wait_for(lambda: seen)
+    watcher.unregister()
+    watcher.unregister()   # twice is harmless
+    assert not watcher.registered
+    broadcast(conn, "gone", 1)
+    again = []
+    conn.watch("gone", lambda key, value: again.append(value))   # a fresh subscription
+    wait_for(lambda: again == [1])
+    gevent.sleep(0.05)
+    assert seen == [None]
+
+
+@needs_watchers
+def test_thousand_watchers_on_one_connection(conn):
+    seen = {}
+    for i in range(1000):
+        conn.watch("many.%d" % i, lambda key, value: seen.__setitem__(key, value))
+    wait_for(lambda: len(seen) == 1000)
+    assert set(seen.values()) == {None}
+    conn.eval("for i = 0, 999 do box.broadcast('many.' .. i, i * 2) end")
+    wait_for(lambda: all(seen["many.%d" % i] == i * 2 for i in range(1000)))
+    assert conn.ping(notime=True) == "Success"
+    conn.close()
+    assert not conn._watchers
+
+
+@needs_watchers
+def test_watchers_come_back_after_a_restart(fresh_server):
+    conn = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, reconnect_delay=0.05)
+    try:
+        seen = []
+        changed = Event()
+
+        def callback(key, value):
+            seen.append(value)
+            changed.set()
+        conn.watch("box.id", callback)
+        conn.watch("restart", lambda key, value: None)
+        wait_for(lambda: seen)
+        first = len(seen)
+        fresh_server.kill()
+        fresh_server.start()
+        # No request of ours: the watchers reconnect by themselves.
+        wait_for(lambda: len(seen) > first, timeout=20)
+        assert seen[-1] == seen[0]   # the current value again
+        assert conn.stats.reconnects == 1
+        broadcast(conn, "restart", 1)
+    finally:
+        conn.close()
+
+
+@needs_watchers
+def test_close_kills_the_watchers_greenlets(conn):
+    started = Event()
+
+    def blocking(key, value):
+        started.set()
+        gevent.sleep(60)
+    conn.watch("blocking", blocking)
+    started.wait(5)
+    registry = conn._watchers
+    conn.close()
+    assert not registry._greenlets
+    assert conn._watchers is None
+    seen = []
+    conn.watch("blocking", lambda key, value: seen.append(value))   # reconnects
+    wait_for(lambda: seen == [None])
+
+
+@pytest.mark.skipif(VERSION < (3, 0), reason="needs Tarantool 3.0+ (watch_once); server is %s"
+                    % ".".join(map(str, VERSION)))
+def test_watch_once(conn):
+    assert conn.watch_once("once.never") is None
+    broadcast(conn, "once", {"a": [1, 2]})
+    assert conn.watch_once("once") == {"a": [1, 2]}
+    assert conn.watch_once("box.status")["status"] == "running"
+    with pytest.raises(TypeError):
+        conn.watch_once(1)
