@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 
-PROCS ?= 1
+PROCS ?= $(or $(INSTANCES),1)
 GREENLETS ?= 100
 OPS ?= 100000
 SIZE ?= 1536
@@ -40,12 +40,13 @@ LOCUSTFILE_ARGS = -f bench/locustfile.py --bench-prepare \
 	$(if $(HOST),--host tarantool://$(HOST)$(if $(PORT),:$(PORT)))
 POOL ?=
 HOSTS ?=
+INSTANCES ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
-	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS))
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
 
 .PHONY: all install server test bench compare perf instructions profile soak locust \
 	locust-master locust-worker clean
