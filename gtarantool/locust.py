@@ -44,7 +44,7 @@ from gevent.event import AsyncResult
 from locust import User, events
 from locust.exception import RescheduleTask, StopUser
 from locust.runners import MasterRunner, WorkerRunner
-from tarantool.error import DatabaseError, NetworkError
+from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 import gtarantool
 from gtarantool.errors import RequestTimeout
@@ -101,8 +101,7 @@ def error_name(exc):
 def parse_host(url):
     """``tarantool://[user:password@]host:port[,host:port...][?option=value&...]``
     -> ``(addresses, user, password, options)``; ``addresses`` is a list of
-    ``(host, port)``; options ``request_timeout`` and ``connection_timeout`` are
-    numbers, others (``mode``) strings."""
+    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers."""
     if not url:
         raise ValueError("no host: run locust with --host tarantool://host:port")
     parsed = urllib.parse.urlsplit(url)
@@ -119,28 +118,28 @@ def parse_host(url):
         addresses.append((host.strip("[]"), int(port)))
     options = {}
     for key, value in urllib.parse.parse_qsl(parsed.query):
-        options[key] = float(value) if key.endswith("_timeout") else value
+        options[key] = float(value) if key.endswith(("_timeout", "_delay")) else value
     return (addresses, urllib.parse.unquote(user) or None,
             urllib.parse.unquote(password) or None, options)
 
 
 def open_connection(url, **options):
     """A connection (one address) or a ``gtarantool.ConnectionPool`` (several)
-    for a ``tarantool://`` URL, connected."""
+    for a ``tarantool://`` URL, connected.  Options in the URL's query
+    (``request_timeout``, ``wait_timeout``, ...) go to the constructor."""
     addresses, user, password, url_options = parse_host(url)
     options = dict(url_options, **options)
     if len(addresses) == 1:
-        options.pop("mode", None)   # a pool's option; one connection has no choice
         host, port = addresses[0]
         return gtarantool.connect(host, port, user=user, password=password, **options)
-    pool_class = getattr(gtarantool, "ConnectionPool", None)
-    if pool_class is None:
-        raise NotImplementedError("--host names %d instances, which needs gtarantool."
-                                  "ConnectionPool; this gtarantool has none: name one instance"
-                                  % len(addresses))
-    options.pop("mode", None)   # passed per request by the client
-    return pool_class([{"host": host, "port": port} for host, port in addresses],
-                      user=user, password=password, **options)
+    pool = gtarantool.ConnectionPool([{"host": host, "port": port} for host, port in addresses],
+                                     user=user, password=password, **options)
+    # A pool opens whatever answers (and retries the rest later): none at all
+    # is an unreachable server.
+    if not any(i.state.status.name == "HEALTHY" for i in pool.pool.values()):
+        pool.close()
+        raise NetworkError("none of the %d instances answered" % len(addresses))
+    return pool
 
 
 # -- sub-millisecond response times ---------------------------------------------
@@ -238,11 +237,18 @@ def _forget_after_fork():
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _stats(conn):
+    """The ``Stats`` of a connection, or of each connection of a pool."""
+    pool = getattr(conn, "pool", None)
+    if isinstance(pool, dict):
+        return [instance.conn.stats for instance in pool.values()]
+    return [conn.stats]
+
+
 def _open(url, options):
     conn = open_connection(url, **options)
-    stats = getattr(conn, "stats", None)
-    _opened.append((conn, stats.requests if stats is not None else 0,
-                    stats.responses if stats is not None else 0))
+    stats = _stats(conn)
+    _opened.append((conn, sum(s.requests for s in stats), sum(s.responses for s in stats)))
     return conn
 
 
@@ -272,14 +278,12 @@ def process_report():
     report["connections"] = len(_opened)
     summed = {}
     for conn, requests_at_open, responses_at_open in _opened:
-        stats = getattr(conn, "stats", None)
-        if stats is None:
-            continue
-        for key, value in stats.as_dict().items():
-            if key == "max_in_flight":
-                summed[key] = max(summed.get(key, 0), value)
-            else:
-                summed[key] = summed.get(key, 0) + value
+        for stats in _stats(conn):
+            for key, value in stats.as_dict().items():
+                if key == "max_in_flight":
+                    summed[key] = max(summed.get(key, 0), value)
+                else:
+                    summed[key] = summed.get(key, 0) + value
         summed["requests"] -= requests_at_open
         summed["responses"] -= responses_at_open
     report["connection"] = summed
@@ -314,7 +318,7 @@ class TarantoolClient:
             else:
                 raise ValueError("connection_scope must be 'process' or 'user', not %r"
                                  % (user.connection_scope,))
-        except (NetworkError, ValueError, NotImplementedError) as exc:
+        except (NetworkError, ValueError, ConfigurationError) as exc:
             _stop_run(self._environment, url, exc)
             raise StopUser() from None
         self._conn = conn
@@ -336,13 +340,13 @@ class TarantoolClient:
                    exception=None if expected else TarantoolError(error_name(exc), exc))
         raise RequestFailed(name, exc, expected) from exc
 
-    def ping(self, notime=False):
-        """``Connection.ping``, reported to Locust as "ping"."""
+    def ping(self, notime=False, **kwargs):
+        """``Connection.ping`` (a pool's takes ``mode=``), reported to Locust as "ping"."""
         conn = self._conn or self._connect()
         _counters.started += 1
         start = _clock()
         try:
-            result = conn.ping(notime)
+            result = conn.ping(notime, **kwargs)
         except Exception as exc:
             self._failed({None: "ping"}, "ping", None, start, exc)
         elapsed = (_clock() - start) * 1000

@@ -125,6 +125,41 @@ def naming(url):
     return out
 
 
+def selects(url):
+    """Each instance's box.stat SELECT total."""
+    counts = []
+    for host, port in glocust.parse_host(url)[0]:
+        with gtarantool.connect(host, port, user="test", password="secret") as conn:
+            counts.append(conn.eval("return box.stat().SELECT.total").data[0])
+    return counts
+
+
+class PoolUser(Pinger):
+    @task
+    def ping_any(self):
+        self.client.ping(notime=True, mode=gtarantool.Mode.ANY)
+
+
+def pool(url):
+    """Several instances in --host: one ConnectionPool per process, selects
+    spread over the instances; then a pool none of whose instances answers."""
+    before = selects(url)
+    env = run([PoolUser], url, 10, 1.0)
+    after = selects(url)
+    out = {"opened": [type(conn).__name__ for conn, _, _ in glocust._opened],
+           "selects": [b - a for a, b in zip(before, after)],
+           "names": sorted(e.name for e in env.stats.entries.values()),
+           "failures": env.stats.total.num_failures,
+           "report": glocust.process_report()}
+    glocust._on_quitting(env)
+    glocust._forget_after_fork()
+    dead = "tarantool://127.0.0.1:1,127.0.0.1:2"
+    env = run([PoolUser], dead, 5, 1.0)
+    out["dead"] = {"exit_code": env.process_exit_code,
+                   "errors": [[e.name, e.error, e.occurrences] for e in env.stats.errors.values()]}
+    return out
+
+
 if __name__ == "__main__":
     case, url = sys.argv[1:3]
     print(json.dumps(globals()[case](url)), flush=True)

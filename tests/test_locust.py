@@ -16,7 +16,7 @@ from bench import locust_run
 from bench.server import TarantoolServer, free_port
 from bench.target import EMBEDDED_LUA, PREPARE_LUA, Target
 
-from .conftest import PASSWORD, USER
+from .conftest import PASSWORD, USER, _lua
 
 # (importorskip would import Locust here)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
@@ -31,8 +31,9 @@ PY = sys.executable
 LOCUST = [PY, "-m", "locust", "-f", os.path.join(ROOT, "bench", "locustfile.py")]
 
 
-def case(name, server):
-    url = "tarantool://%s:%s@%s:%s" % (USER, PASSWORD, server.host, server.port)
+def case(name, *servers):
+    url = "tarantool://%s:%s@%s" % (USER, PASSWORD, ",".join(
+        "%s:%s" % (server.host, server.port) for server in servers))
     out = subprocess.run([PY, "-m", "tests.locust_cases", name, url], cwd=ROOT, timeout=120,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -132,6 +133,24 @@ def test_error_names_are_stable(server):
         ["tarantool", "call sleep_and_return", "RequestTimeout"]], expected
     requests, failures = expected["requests"]["call raise_error"]
     assert requests > 0 and failures == 0
+
+
+def test_several_instances_share_one_pool_per_process(server):
+    """--host with two instances: a gtarantool.ConnectionPool per process (the
+    instances are independent: both read-write), its selects spread over both;
+    a pool with no instance answering stops the run like a dead server."""
+    other = TarantoolServer(_lua())
+    other.start()
+    try:
+        got = case("pool", server, other)
+    finally:
+        other.cleanup()
+    assert got["opened"] == ["ConnectionPool"]
+    assert all(n > 0 for n in got["selects"]), got
+    assert got["names"] == ["ping", "select tester"] and got["failures"] == 0
+    assert got["dead"]["exit_code"] == 1
+    assert [e[:2] for e in got["dead"]["errors"]] == [["connect", "NetworkError: none of the 2 "
+                                                       "instances answered"]], got["dead"]
 
 
 def test_unreachable_server_fails_once_and_stops(tmp_path):
