@@ -51,10 +51,14 @@ def parse_args(argv):
     parser.add_argument("--distribution", choices=DISTRIBUTIONS, default="uniform")
     parser.add_argument("--noop", action="store_true",
                         help="no Tarantool call (Locust's own ceiling); no server checks")
-    parser.add_argument("--stop-timeout", type=float, default=10,
+    parser.add_argument("--stop-timeout", default="10",
                         help="seconds users get to finish their request at the end")
     parser.add_argument("--out", default="locust-report",
                         help="directory for the CSV, HTML and JSON reports")
+    parser.add_argument("--compare", type=int, metavar="RUNS",
+                        help="instead of one run: RUNS rounds of this run, the same with "
+                             "--noop and make bench's mix (PROCS x USERS/PROCS greenlets), "
+                             "then medians of requests per client CPU second")
     parser.add_argument("locust_args", nargs="*", help="more Locust options (after --)")
     return parser.parse_args(argv)
 
@@ -80,7 +84,7 @@ def run_locust(args, url, out):
         os.remove(report)
     cmd = [sys.executable, "-m", "locust", "-f", os.path.join(HERE, "locustfile.py"),
            "--headless", "-u", str(args.users), "-r", str(args.users), "-t", args.duration,
-           "--processes", str(args.procs), "--stop-timeout", str(args.stop_timeout),
+           "--processes", str(args.procs), "--stop-timeout", args.stop_timeout,
            "--host", url, "--csv", prefix, "--html", prefix + ".html",
            "--json-file", prefix, "--bench-report", report,
            "--bench-mix", args.mix, "--bench-keys", str(args.keys),
@@ -172,6 +176,8 @@ def reconcile(report, before, after, cost):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.compare:
+        return compare(args)
     os.makedirs(args.out, exist_ok=True)
     host, _, port = (args.host or "").rpartition(":")
     config = Config(host=host or None, port=int(port) if port else None, user=args.user,
@@ -210,6 +216,65 @@ def reconcile_noop(report):
         lines.append("client: %d requests in %.2f worker CPU seconds: %.0f requests per CPU "
                      "second" % (requests, cpu, requests / cpu))
     return lines, True
+
+
+def _rate(cmd, report):
+    """Run ``cmd``; requests per client CPU second from the JSON it writes."""
+    subprocess.run(cmd, cwd=os.path.dirname(HERE), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    with open(report) as f:
+        data = json.load(f)
+    if "totals" in data:   # make bench
+        return data["totals"]["ops_per_client_cpu_second"]
+    workers = data["workers"].values()
+    requests = sum(e["requests"] for e in data["entries"] if e["type"] == "tarantool")
+    return requests / sum(w["cpu_seconds"] for w in workers)
+
+
+def compare(args):
+    """Alternating rounds of: this Locust run, the same with --noop, make bench's
+    mix at the same processes and concurrency; medians and gtarantool's share
+    of the client CPU per request (1 - noop cost / cost)."""
+    import statistics
+    out = os.path.join(args.out, "compare")
+    os.makedirs(out, exist_ok=True)
+    seconds = float(args.duration.rstrip("s"))
+    base = [sys.executable, "-m", "bench.locust_run", "-u", str(args.users), "-p",
+            str(args.procs), "-t", args.duration, "--space", args.space, "--mix", args.mix,
+            "--keys", str(args.keys), "--size", str(args.size), "--distribution",
+            args.distribution, "--stop-timeout", args.stop_timeout, "--out", out]
+    for name in ("host", "user", "password"):
+        if getattr(args, name):
+            base += ["--" + name, getattr(args, name)]
+    kinds = {
+        "locust": base,
+        "locust --noop": base + ["--noop"],
+        "make bench": [sys.executable, "-m", "bench", "--workload", "mix", "-q",
+                       "--procs", str(args.procs), "--greenlets",
+                       str(max(1, args.users // args.procs)), "--duration", str(seconds),
+                       "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
+                       "--json", os.path.join(out, "bench.json")]
+                      + (["--host", args.host.rpartition(":")[0], "--port",
+                          args.host.rpartition(":")[2]] if args.host else []),
+    }
+    rates = {kind: [] for kind in kinds}
+    for round_ in range(args.compare):
+        for kind, cmd in kinds.items():
+            report = os.path.join(out, "bench.json" if kind == "make bench"
+                                  else "bench-report.json")
+            rates[kind].append(_rate(cmd, report))
+            print("round %d: %-13s %8.0f requests per client CPU second"
+                  % (round_ + 1, kind, rates[kind][-1]), flush=True)
+    median = {kind: statistics.median(values) for kind, values in rates.items()}
+    print("medians of %d rounds (%d users, %d processes, %s each):" % (
+        args.compare, args.users, args.procs, args.duration))
+    for kind, value in median.items():
+        print("  %-13s %8.0f requests per client CPU second, %5.1f us per request"
+              % (kind, value, 1e6 / value))
+    share = 1 - median["locust"] / median["locust --noop"]
+    print("gtarantool's share of Locust's client CPU per request: %.0f%%; Locust run vs make "
+          "bench: %.2fx the CPU per request" % (100 * share, median["make bench"] / median["locust"]))
+    return 0
 
 
 if __name__ == "__main__":
