@@ -114,7 +114,7 @@ def naming(url):
     """Error rows: one per kind, whatever the sync ids and messages."""
     out = {}
     for cls in (Slow, Expected):
-        env = run([cls], url, 10, 1.5)
+        env = run([cls], url, 10, 1.0)
         out[cls.__name__] = {
             "errors": sorted([e.method, e.name, StatsError.parse_error(
                 e.error), e.occurrences] for e in env.stats.errors.values()),
@@ -123,6 +123,34 @@ def naming(url):
         glocust._on_quitting(env)
         glocust._forget_after_fork()
     return out
+
+
+class Methods(glocust.TarantoolUser):
+    wait_time = constant(0.01)
+
+    @task
+    def steps(self):
+        client = self.client
+        with client.measure("good step"):
+            client.space("tester").select(1)
+            client.replace("kv", ("k", 1))
+            client.upsert("kv", ("k", 1), [("+", 1, 1)])
+            client.update("kv", "k", [("+", 1, 1)])
+            client.delete("kv", "k")
+            client.eval("return ...", 1)
+            client.execute("SELECT 1")
+            client.ping()
+        with client.measure("bad step"):
+            client.call("raise_error", "no")
+
+
+def methods(url):
+    """Every method's request name, and measure() steps."""
+    env = run([Methods], url, 2, 1.0)
+    return {"entries": sorted([e.method, e.name, e.num_requests > 0, e.num_failures > 0]
+                              for e in env.stats.entries.values()),
+            "errors": sorted([e.method, e.name, StatsError.parse_error(e.error)]
+                             for e in env.stats.errors.values())}
 
 
 def selects(url):

@@ -77,7 +77,7 @@ def test_master_and_two_workers(bench_server, tmp_path):
         host = "tarantool://%s:%s" % (bench_server.host, bench_server.port)
         master = subprocess.Popen(LOCUST + [
             "--master", "--master-bind-port", str(port), "--expect-workers", "2", "--headless",
-            "-u", "20", "-r", "20", "-t", "4s", "--stop-timeout", "5", "--host", host,
+            "-u", "20", "-r", "20", "-t", "3s", "--stop-timeout", "5", "--host", host,
             "--bench-report", str(report), "--only-summary"] + MIX, cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         workers = [subprocess.Popen(LOCUST + ["--worker", "--master-port", str(port)], cwd=ROOT,
@@ -133,6 +133,19 @@ def test_error_names_are_stable(server):
         ["tarantool", "call sleep_and_return", "RequestTimeout"]], expected
     requests, failures = expected["requests"]["call raise_error"]
     assert requests > 0 and failures == 0
+
+
+def test_methods_and_steps(server):
+    got = case("methods", server)
+    assert got["entries"] == [
+        ["step", "bad step", True, True], ["step", "good step", True, False],
+        ["tarantool", "call raise_error", True, True],
+        ["tarantool", "delete kv", True, False], ["tarantool", "eval return ...", True, False],
+        ["tarantool", "execute SELECT 1", True, False], ["tarantool", "ping", True, False],
+        ["tarantool", "replace kv", True, False], ["tarantool", "select tester", True, False],
+        ["tarantool", "update kv", True, False], ["tarantool", "upsert kv", True, False]]
+    assert got["errors"] == [["step", "bad step", "DatabaseError(555)"],
+                             ["tarantool", "call raise_error", "DatabaseError(555)"]]
 
 
 def test_several_instances_share_one_pool_per_process(server):
