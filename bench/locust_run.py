@@ -63,6 +63,14 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def _host_port(text):
+    """``--host`` as (host, port): port 3301 when not given; (None, None) without it."""
+    if not text:
+        return None, None
+    host, sep, port = text.rpartition(":")
+    return (host, int(port)) if sep else (text, 3301)
+
+
 def locust_url(target, user, password):
     auth = "%s:%s@" % (user, password or "") if user else ""
     return "tarantool://%s%s:%s" % (auth, target.host, target.port)
@@ -124,7 +132,8 @@ def reconcile(report, before, after, cost):
             w["failed"], w["server_errors"], c.get("requests", 0), c.get("responses", 0),
             c.get("send_calls", 0), c.get("recv_calls", 0), w["cpu_seconds"] or 0))
         for key in totals:
-            totals[key] += (c if key in ("requests", "responses", "reconnects") else w).get(key) or 0
+            source = c if key in ("requests", "responses", "reconnects") else w
+            totals[key] += source.get(key) or 0
 
     delta = {name: after[name] - before.get(name, 0) for name in REQUESTS if name in after}
     connects = totals["connections"] + totals["reconnects"]
@@ -179,9 +188,9 @@ def main(argv=None):
     if args.compare:
         return compare(args)
     os.makedirs(args.out, exist_ok=True)
-    host, _, port = (args.host or "").rpartition(":")
-    config = Config(host=host or None, port=int(port) if port else None, user=args.user,
-                    password=args.password, space=args.space)
+    host, port = _host_port(args.host)
+    config = Config(host=host, port=port, user=args.user, password=args.password,
+                    space=args.space)
     try:
         with open_target(config) as target:
             target.prepare(args.space)
@@ -254,8 +263,8 @@ def compare(args):
                        str(max(1, args.users // args.procs)), "--duration", str(seconds),
                        "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
                        "--json", os.path.join(out, "bench.json")]
-                      + (["--host", args.host.rpartition(":")[0], "--port",
-                          args.host.rpartition(":")[2]] if args.host else []),
+                      + (["--host", _host_port(args.host)[0], "--port",
+                          str(_host_port(args.host)[1])] if args.host else []),
     }
     rates = {kind: [] for kind in kinds}
     for round_ in range(args.compare):
@@ -273,7 +282,8 @@ def compare(args):
               % (kind, value, 1e6 / value))
     share = 1 - median["locust"] / median["locust --noop"]
     print("gtarantool's share of Locust's client CPU per request: %.0f%%; Locust run vs make "
-          "bench: %.2fx the CPU per request" % (100 * share, median["make bench"] / median["locust"]))
+          "bench: %.2fx the CPU per request"
+          % (100 * share, median["make bench"] / median["locust"]))
     return 0
 
 

@@ -47,7 +47,6 @@ from locust.runners import MasterRunner, WorkerRunner
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 import gtarantool
-from gtarantool.errors import RequestTimeout
 
 __all__ = ["TarantoolUser", "TarantoolClient", "RequestFailed", "parse_host", "error_name",
            "bucket_response_time", "process_report"]
