@@ -220,7 +220,7 @@ class _Counters:
 
 _counters = _Counters()
 _shared = {}         # this process's connections by URL: AsyncResult
-_opened = []         # every connection this process opened: (conn, requests at open)
+_opened = []         # every connection this process opened: (conn, requests, responses at open)
 _user_scoped = []    # connections of connection_scope = "user", closed at test_stop
 _unreachable = []    # this process already reported that the server is unreachable
 
