@@ -19,9 +19,7 @@ class InstancesTarget:
     """The runner's target for N instances: ``address(i)`` is worker ``i``'s."""
 
     def __init__(self, hosts, config, servers=()):
-        if config.procs < len(hosts):
-            raise SetupError("%d instances need at least as many worker processes (PROCS=%d)"
-                             % (len(hosts), config.procs))
+        _check_procs(len(hosts), config)
         self.config = config
         self.servers = list(servers)
         self.members = []
@@ -79,6 +77,12 @@ class InstancesTarget:
             member.close()
 
 
+def _check_procs(instances, config):
+    if config.procs < instances:
+        raise SetupError("%d instances need at least as many worker processes (PROCS=%d)"
+                         % (instances, config.procs))
+
+
 @contextlib.contextmanager
 def open_instances_target(config):
     """The instances at ``config.hosts``, or ``config.instances`` new local ones."""
@@ -89,6 +93,7 @@ def open_instances_target(config):
         finally:
             target.close()
         return
+    _check_procs(config.instances, config)
     servers = [TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal)
                for _ in range(config.instances)]
     try:

@@ -40,6 +40,12 @@ def case(name, *servers):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def cases(server):
+    """The results of every one-server case of tests/locust_cases.py, run once."""
+    return case("all", server)
+
+
 @pytest.fixture
 def bench_server():
     """A server with the bench space, for whole Locust runs."""
@@ -103,26 +109,26 @@ def test_master_and_two_workers(bench_server, tmp_path):
     assert sum(w["reported"] for w in data["workers"].values()) > 0
 
 
-def test_lazy_connect_one_connection_per_process(server):
+def test_lazy_connect_one_connection_per_process(cases):
     """50 users starting together share one connection (connect yields: a
     plain lazy check would open one each); connection_scope="user" opens one
     per user and closes them when the test stops."""
-    got = case("lazy_connect", server)
+    got = cases["lazy_connect"]
     shared = got["shared"]
     assert shared["opened"] == 1 and shared["server_connections"] == 1, shared
     assert shared["failures"] == 0 and shared["report"]["reported"] > 0
     assert got["user"] == {"opened": 5, "server_connections": 5, "closed": True}
 
 
-def test_fork_child_opens_its_own_connection(server):
-    got = case("fork", server)
+def test_fork_child_opens_its_own_connection(cases):
+    got = cases["fork"]
     assert got == {"child": {"same": False, "select": True, "opened": 1}, "parent_ok": True}
 
 
-def test_error_names_are_stable(server):
+def test_error_names_are_stable(cases):
     """Timeouts (whose messages carry sync ids) and server errors each make one
     row in Locust's error table; an expected error code counts as a success."""
-    got = case("naming", server)
+    got = cases["naming"]
     slow = got["Slow"]
     assert [row[:3] for row in slow["errors"]] == [
         ["tarantool", "call raise_error", "DatabaseError(555)"],
@@ -135,8 +141,8 @@ def test_error_names_are_stable(server):
     assert requests > 0 and failures == 0
 
 
-def test_methods_and_steps(server):
-    got = case("methods", server)
+def test_methods_and_steps(cases):
+    got = cases["methods"]
     assert got["entries"] == [
         ["step", "bad step", True, True], ["step", "good step", True, False],
         ["tarantool", "call raise_error", True, True],
@@ -155,7 +161,7 @@ def test_several_instances_share_one_pool_per_process(server):
     other = TarantoolServer(_lua())
     other.start()
     try:
-        got = case("pool", server, other)
+        got = case("pool", server, other)["pool"]
     finally:
         other.cleanup()
     assert got["opened"] == ["ConnectionPool"]
