@@ -99,7 +99,8 @@ locust: install
 	$(PY) -m bench.locust_run $(LOCUST_ARGS)
 
 # Several machines: the master (web UI on :8089 unless DURATION is given: then headless)
-# waits for WORKERS workers; each worker machine runs make locust-worker MASTER=host PROCS=N.
+# waits for WORKERS worker processes in all; each worker machine runs
+# make locust-worker MASTER=host PROCS=N.
 locust-master: install
 	$(PY) -m locust $(LOCUSTFILE_ARGS) --master --expect-workers $(WORKERS) \
 		$(if $(DURATION),--headless -u $(USERS) -r $(USERS) -t $(DURATION) --stop-timeout 10 \
