@@ -5,13 +5,15 @@
 # make instructions - instructions per request under callgrind, host-independent
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
+# make locust  - bench/locustfile.py under Locust, headless, counts checked against box.stat
+# make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 
-PROCS ?= 1
+PROCS ?= $(or $(INSTANCES),1)
 GREENLETS ?= 100
 OPS ?= 100000
 SIZE ?= 1536
@@ -26,16 +28,28 @@ PLOT ?=
 HOST ?=
 PORT ?=
 DRIVERS ?=
+USERS ?= 200
+WORKERS ?= 1
+MASTER ?= 127.0.0.1
+LOCUST_OUT ?= locust-report
+# make locust's server: HOST=host:port (default: a throwaway local one)
+# make locust runs 2 processes unless PROCS is given
+LOCUST_ARGS = -u $(USERS) -p $(if $(filter command line environment,$(origin PROCS)),$(PROCS),2) \
+	-t $(or $(DURATION),30s) --out $(LOCUST_OUT) $(if $(HOST),--host $(HOST)$(if $(PORT),:$(PORT)))
+LOCUSTFILE_ARGS = -f bench/locustfile.py --bench-prepare \
+	$(if $(HOST),--host tarantool://$(HOST)$(if $(PORT),:$(PORT)))
 POOL ?=
 HOSTS ?=
+INSTANCES ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
-	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS))
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
 
-.PHONY: all install server test bench compare perf instructions profile soak clean
+.PHONY: all install server test bench compare perf instructions profile soak locust \
+	locust-master locust-worker clean
 
 all: test
 
@@ -90,5 +104,20 @@ profile: install
 soak: install
 	$(PY) -m bench.soak --duration $(or $(DURATION),300)
 
+locust: install
+	$(PY) -m bench.locust_run $(LOCUST_ARGS)
+
+# Several machines: the master (web UI on :8089 unless DURATION is given: then headless)
+# waits for WORKERS worker processes in all; each worker machine runs
+# make locust-worker MASTER=host PROCS=N.
+locust-master: install
+	$(PY) -m locust $(LOCUSTFILE_ARGS) --master --expect-workers $(WORKERS) \
+		$(if $(DURATION),--headless -u $(USERS) -r $(USERS) -t $(DURATION) --stop-timeout 10 \
+		--csv $(LOCUST_OUT)/locust --html $(LOCUST_OUT)/locust.html --json-file $(LOCUST_OUT)/locust)
+
+locust-worker: install
+	$(PY) -m locust -f bench/locustfile.py --worker --master-host $(MASTER) \
+		$(if $(filter command line environment,$(origin PROCS)),--processes $(PROCS))
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache profiles
+	rm -rf $(VENV) build *.egg-info .pytest_cache profiles $(LOCUST_OUT)

@@ -31,8 +31,9 @@ class Config:
     seed: int = 0
     host: Optional[str] = None
     port: Optional[int] = None
-    hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool
+    hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
     pool: bool = False
+    instances: int = 1              # throwaway local instances (bench.instances)
     user: Optional[str] = None
     password: Optional[str] = None
     space: str = "bench"
@@ -56,7 +57,9 @@ class Config:
             (self.size >= 1, "size must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
-            (not self.hosts or self.pool, "--hosts needs --pool"),
+            (self.instances >= 1, "instances must be >= 1"),
+            (self.instances == 1 or (self.host is None and self.hosts is None and not self.pool),
+             "--instances starts local servers: not with --host, --hosts or --pool"),
             (set(self.mix) <= set(OPERATIONS) and sum(self.mix.values()) > 0
              and min(self.mix.values()) >= 0, "mix needs non-negative percentages of %s"
              % ", ".join(OPERATIONS)),
@@ -142,7 +145,11 @@ def add_arguments(parser, driver=True):
                           "read-only instances, writes on the read-write one (a throwaway "
                           "master and two replicas unless --hosts is given)")
     srv.add_argument("--hosts", metavar="H:P,H:P,...",
-                     help="the replica set's instances, with --pool")
+                     help="the replica set's instances, with --pool; without it, independent "
+                          "instances: worker process i drives instance i %% N")
+    srv.add_argument("--instances", type=int, default=d.instances,
+                     help="start this many throwaway local instances; worker process i drives "
+                          "instance i %% N (default %(default)s)")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
     srv.add_argument("--password", help="its password")
     srv.add_argument("--space", default=d.space,

@@ -62,10 +62,13 @@ class _Run:
         ctx = multiprocessing.get_context("forkserver")
         barrier = ctx.Barrier(config.procs + 1)
         self.pipes, self.procs = [], []
+        # Many instances (bench.instances): worker i drives instance i % N.
+        address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
+        self.addresses = [address(index) for index in range(config.procs)]
         for index in range(config.procs):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=worker.main, daemon=True, name="bench-worker-%d" % index,
-                               args=(index, config, self.target.host, self.target.port,
+                               args=(index, config, *self.addresses[index],
                                      writer, barrier))
             proc.start()
             writer.close()
@@ -140,7 +143,10 @@ class _Run:
         self.span = (started, max(p["end"] for p in parts))
         self._print_seconds(name, math.inf)
         server_cpu = None if cpu_before is None else cpu_after - cpu_before
-        return _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
+        result = _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
+        if hasattr(self.target, "address"):
+            _check_instances(result, parts, self.addresses, stat_before, stat_after)
+        return result
 
     def _sample(self, phase, stat=None):
         if stat is None:
@@ -268,6 +274,28 @@ def latency_ms(hist):
     figures["max"] = hist.get_max_value() / 1000
     figures["mean"] = hist.get_mean_value() / 1000
     return figures
+
+
+def _check_instances(result, parts, addresses, stat_before, stat_after):
+    """Many instances: each one's box.stat requests against the requests of the
+    workers that drove it (their connections' counters); the phase matches only
+    when every instance does.  Adds ``requests@host:port`` to the connection
+    counters, which the report prints beside each instance's box.stat."""
+    connection = result["connection"]
+    if connection is None:
+        return   # a driver without counters: the totals are checked as usual
+    sent = collections.Counter()
+    for part, (host, port) in zip(parts, addresses):
+        sent["%s:%s" % (host, port)] += part["connection"]["requests"]
+    matches = {}
+    for where, requests in sent.items():
+        counted = sum(stat_after["%s@%s" % (n, where)] - stat_before["%s@%s" % (n, where)]
+                      for n in STAT_NAMES.values())
+        connection["requests@" + where] = requests
+        matches[where] = counted == requests
+    server = result["server"]
+    server["instances_match"] = matches
+    server["match"] = server["match"] and all(matches.values())
 
 
 def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):

@@ -100,10 +100,16 @@ class Target:
 @contextlib.contextmanager
 def open_target(config):
     """Yield the Target for ``config``: the server at --host, a replica set with
-    --pool (bench.pool), or a new embedded server."""
+    --pool (bench.pool), many instances (--instances N or --hosts, bench.instances),
+    or a new embedded server."""
     if config.pool:
         from bench.pool import open_pool_target
         with open_pool_target(config) as target:
+            yield target
+        return
+    if config.instances > 1 or config.hosts:
+        from bench.instances import open_instances_target
+        with open_instances_target(config) as target:
             yield target
         return
     if not config.embedded:

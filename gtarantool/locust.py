@@ -1,0 +1,568 @@
+"""Locust integration: ``TarantoolUser``, a Locust ``User`` whose ``self.client``
+sends gtarantool requests and reports each one to Locust.
+
+``pip install gtarantool[locust]``, then in a locustfile::
+
+    from locust import task, constant
+    from gtarantool.locust import TarantoolUser
+
+    class Users(TarantoolUser):
+        wait_time = constant(0)
+        expected_errors = {3}          # a duplicate key counts as a success
+
+        @task
+        def get(self):
+            self.client.select("bench", 42)
+
+and ``locust --host tarantool://user:secret@10.0.0.5:3301 ...``.
+
+Every request fires Locust's ``request`` event: request type ``"tarantool"``,
+name ``"<method> <space or function>"``, the response time in milliseconds as
+a float, the reply's size in bytes, and for failures an exception whose text is
+stable (``DatabaseError(3)``, ``RequestTimeout``), so Locust's error table has a
+row per kind of failure.  A failed request raises :class:`RequestFailed`, which
+ends the task quietly (Locust's ``RescheduleTask``) unless the task catches it.
+
+One connection per worker process (``connection_scope = "process"``, the
+default), opened by the first user that needs it, after Locust forks its
+workers; ``connection_scope = "user"`` gives each user its own.  A server that
+cannot be reached stops the whole run once, with one error and exit code 1.
+
+Importing this module makes Locust keep response times to 0.01 ms below 10 ms
+(``locust.stats.bucket_response_time``) and print percentiles with two decimals.
+"""
+import contextlib
+import logging
+import os
+import time
+import urllib.parse
+
+import gevent
+import locust.stats
+import msgpack
+from gevent.event import AsyncResult
+from locust import User, events
+from locust.exception import RescheduleTask, StopUser
+from locust.runners import MasterRunner, WorkerRunner
+from tarantool.error import ConfigurationError, DatabaseError, NetworkError
+
+import gtarantool
+
+__all__ = ["TarantoolUser", "TarantoolClient", "RequestFailed", "parse_host", "error_name",
+           "bucket_response_time", "process_report"]
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TYPE = "tarantool"
+STEP_TYPE = "step"
+UNREACHABLE = "gtarantool_unreachable"   # worker -> master: stop the run
+REPLY_HEADER_SIZE = 28   # length prefix and header of a reply (syncs >= 2**32: one layout)
+NAME_LIMIT = 60          # eval expressions and SQL in request names are cut here
+NAMES_LIMIT = 1000       # request names kept per method
+_clock = time.perf_counter
+
+
+class RequestFailed(RescheduleTask):
+    """A request failed (or got an expected error, ``expected`` True); Locust has
+    been told.  Uncaught, it ends the task quietly; ``error`` is the exception."""
+
+    def __init__(self, name, error, expected=False):
+        super().__init__("%s: %s" % (name, error_name(error)))
+        self.name = name
+        self.error = error
+        self.expected = expected
+
+
+class TarantoolError(Exception):
+    """What Locust is told about a failure: its text is the stable name of the
+    error (no sync ids, addresses or timings), the original in ``error``."""
+
+    def __init__(self, name, error):
+        super().__init__(name)
+        self.error = error
+
+    def __repr__(self):
+        return self.args[0]
+
+
+def error_name(exc):
+    """``DatabaseError(<code>)`` for the server's errors; the class name for
+    network failures (whose texts carry sync ids and timings) and undecodable
+    replies (byte positions); otherwise ``Class: message`` (a schema error
+    naming a missing space, a bad argument)."""
+    if isinstance(exc, NetworkError) or isinstance(exc, UnicodeError):
+        return type(exc).__name__
+    if isinstance(exc, DatabaseError) and exc.code:
+        return "DatabaseError(%s)" % (exc.code,)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def parse_host(url):
+    """``tarantool://[user:password@]host:port[,host:port...][?option=value&...]``
+    -> ``(addresses, user, password, options)``; ``addresses`` is a list of
+    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers."""
+    if not url:
+        raise ValueError("no host: run locust with --host tarantool://host:port")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "tarantool":
+        raise ValueError("--host must look like tarantool://[user:password@]host:port"
+                         "[,host:port...], not %r" % (url,))
+    credentials, _, hosts = parsed.netloc.rpartition("@")
+    user, _, password = credentials.partition(":")
+    addresses = []
+    for part in hosts.split(","):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("expected host:port in --host %r, got %r" % (url, part))
+        addresses.append((host.strip("[]"), int(port)))
+    options = {}
+    for key, value in urllib.parse.parse_qsl(parsed.query):
+        options[key] = float(value) if key.endswith(("_timeout", "_delay")) else value
+    return (addresses, urllib.parse.unquote(user) or None,
+            urllib.parse.unquote(password) or None, options)
+
+
+def open_connection(url, **options):
+    """A connection (one address) or a ``gtarantool.ConnectionPool`` (several)
+    for a ``tarantool://`` URL, connected.  Options in the URL's query
+    (``request_timeout``, ``wait_timeout``, ...) go to the constructor."""
+    addresses, user, password, url_options = parse_host(url)
+    options = dict(url_options, **options)
+    if len(addresses) == 1:
+        host, port = addresses[0]
+        return gtarantool.connect(host, port, user=user, password=password, **options)
+    pool = gtarantool.ConnectionPool([{"host": host, "port": port} for host, port in addresses],
+                                     user=user, password=password, **options)
+    # A pool opens whatever answers (and retries the rest later): none at all
+    # is an unreachable server.
+    if not any(i.state.status.name == "HEALTHY" for i in pool.pool.values()):
+        pool.close()
+        raise NetworkError("none of the %d instances answered" % len(addresses))
+    return pool
+
+
+# -- sub-millisecond response times ---------------------------------------------
+
+def bucket_response_time(response_time):
+    """Locust's histogram key for a response time in ms: 0.01 ms steps below
+    10 ms, 0.1 ms below 100 ms, then Locust's own two significant digits."""
+    # (int() + 0.5 rather than round(x, 2): half the cost, twice per request)
+    if response_time < 10:
+        return int(response_time * 100 + 0.5) / 100
+    if response_time < 100:
+        return int(response_time * 10 + 0.5) / 10
+    return _locust_bucket(response_time)
+
+
+def _percentile_fields(self, stats_entry, use_current=False):
+    """Locust's CSV percentile columns, to 0.01 ms instead of whole ms."""
+    if not stats_entry.num_requests:
+        return self.percentiles_na
+    if use_current and stats_entry.use_response_times_cache:
+        get = stats_entry.get_current_response_time_percentile
+    else:
+        get = stats_entry.get_response_time_percentile
+    return [round(get(p) or 0, 2) for p in self.percentiles_to_report]
+
+
+def _percentile_line(self):
+    """Locust's console percentile row, to 0.01 ms instead of whole ms."""
+    if not self.num_requests:
+        raise ValueError("Can't calculate percentile on url with no successful requests")
+    stats = locust.stats
+    # (As Locust's: the first column is the first percentile, the last the count.)
+    columns = ["%8.2f"] + ["%6.2f"] * (len(stats.PERCENTILES_TO_REPORT) - 1) + ["%6d"]
+    return ("%%-%ds %%-%ds " % (stats.STATS_TYPE_WIDTH, stats.STATS_NAME_WIDTH)
+            + " ".join(columns)) % (
+        self.method or "", self.name,
+        *[self.get_response_time_percentile(p) for p in stats.PERCENTILES_TO_REPORT],
+        self.num_requests)
+
+
+_locust_bucket = locust.stats.bucket_response_time
+if locust.stats.bucket_response_time is not bucket_response_time:
+    locust.stats.bucket_response_time = bucket_response_time
+    locust.stats.StatsCSV._percentile_fields = _percentile_fields
+    locust.stats.StatsEntry.percentile = _percentile_line
+
+
+def percentile_table(stats, percentiles=(0.5, 0.9, 0.99, 0.999, 1.0)):
+    """Lines of response-time percentiles in ms with two decimals, per request
+    name and in total (Locust's console table rounds to whole ms)."""
+    head = "%-40s %9s %8s " % ("Name", "# reqs", "avg") + " ".join(
+        "%8s" % ("p%g" % (p * 100) if p < 1 else "max") for p in percentiles)
+    lines = ["Response time percentiles (ms)", head, "-" * len(head)]
+    entries = sorted(stats.entries.values(), key=lambda e: (e.method or "", e.name))
+    for entry in entries + [stats.total]:
+        if not entry.num_requests:
+            continue
+        name = ("%s %s" % (entry.method, entry.name)) if entry.method else entry.name
+        lines.append("%-40s %9d %8.2f " % (name[:40], entry.num_requests,
+                                           entry.avg_response_time)
+                     + " ".join("%8.2f" % entry.get_response_time_percentile(p)
+                                for p in percentiles))
+    return lines
+
+
+# -- the client -----------------------------------------------------------------
+
+class _Counters:
+    """This process's requests: ``started``, ``reported`` (request events
+    fired), ``failed`` (of those, failures), ``server_errors`` (error replies,
+    expected ones included); ``started - reported`` were in flight when their
+    users were stopped.  ``cpu_start``: process CPU seconds at test start."""
+    __slots__ = ("started", "reported", "failed", "server_errors", "cpu_start")
+
+    def __init__(self):
+        self.started = self.reported = self.failed = self.server_errors = 0
+        self.cpu_start = None
+
+
+_counters = _Counters()
+_shared = {}         # this process's connections by URL: AsyncResult
+_opened = []         # every connection this process opened: (conn, requests, responses at open)
+_user_scoped = []    # connections of connection_scope = "user", closed at test_stop
+_unreachable = []    # this process already reported that the server is unreachable
+
+
+def _forget_after_fork():
+    # The parent's connections (if any) are not this process's.
+    global _counters
+    _counters = _Counters()
+    _shared.clear()
+    del _opened[:], _user_scoped[:], _unreachable[:]
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _stats(conn):
+    """The ``Stats`` of a connection, or of each connection of a pool."""
+    pool = getattr(conn, "pool", None)
+    if isinstance(pool, dict):
+        return [instance.conn.stats for instance in pool.values()]
+    return [conn.stats]
+
+
+def _open(url, options):
+    conn = open_connection(url, **options)
+    stats = _stats(conn)
+    _opened.append((conn, sum(s.requests for s in stats), sum(s.responses for s in stats)))
+    return conn
+
+
+def _process_connection(url, options):
+    """The connection this process shares for ``url``: the first caller opens
+    it, callers arriving meanwhile wait for it (``connect`` yields)."""
+    key = (url, tuple(sorted(options.items())))
+    result = _shared.get(key)
+    if result is None:
+        result = _shared[key] = AsyncResult()
+        try:
+            result.set(_open(url, options))
+        except Exception as exc:
+            result.set_exception(exc)
+    return result.get()
+
+
+def process_report():
+    """This process's figures: request counters, CPU seconds since the test
+    started, its connections' summed ``Stats`` (``requests``/``responses``
+    counted from when each opened, so the connect's own requests are left out)
+    and ``connections`` opened."""
+    report = {name: getattr(_counters, name) for name in _Counters.__slots__[:-1]}
+    report["cpu_seconds"] = (None if _counters.cpu_start is None
+                             else time.process_time() - _counters.cpu_start)
+    report["in_flight_at_stop"] = _counters.started - _counters.reported
+    report["connections"] = len(_opened)
+    summed = {}
+    for conn, requests_at_open, responses_at_open in _opened:
+        for stats in _stats(conn):
+            for key, value in stats.as_dict().items():
+                if key == "max_in_flight":
+                    summed[key] = max(summed.get(key, 0), value)
+                else:
+                    summed[key] = summed.get(key, 0) + value
+        summed["requests"] -= requests_at_open
+        summed["responses"] -= responses_at_open
+    report["connection"] = summed
+    return report
+
+
+class TarantoolClient:
+    """``TarantoolUser.client``: the connection's data methods, each reported to
+    Locust.  Arguments are the connection's (``mode=`` goes to a pool)."""
+
+    def __init__(self, user):
+        self._user = user
+        self._environment = user.environment
+        self._fire = user.environment.events.request.fire
+        self._expected = frozenset(user.expected_errors)
+        self._conn = None
+
+    @property
+    def connection(self):
+        """The gtarantool connection (or pool) behind this client, opened on first use."""
+        return self._conn or self._connect()
+
+    def _connect(self):
+        user = self._user
+        url, options = user.host, dict(user.connection_options)
+        try:
+            if user.connection_scope == "user":
+                conn = _open(url, options)
+                _user_scoped.append(conn)
+            elif user.connection_scope == "process":
+                conn = _process_connection(url, options)
+            else:
+                raise ValueError("connection_scope must be 'process' or 'user', not %r"
+                                 % (user.connection_scope,))
+        except (NetworkError, ValueError, ConfigurationError) as exc:
+            _stop_run(self._environment, url, exc)
+            raise StopUser() from None
+        self._conn = conn
+        return conn
+
+    def _failed(self, names, method, target, start, exc):
+        elapsed = (_clock() - start) * 1000
+        name = names.get(target) or _name(names, method, target)
+        counters = _counters
+        counters.reported += 1
+        is_server_error = isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError)
+        if is_server_error:
+            counters.server_errors += 1
+        expected = is_server_error and exc.code in self._expected
+        if not expected:
+            counters.failed += 1
+        self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
+                   response_length=0,
+                   exception=None if expected else TarantoolError(error_name(exc), exc))
+        raise RequestFailed(name, exc, expected) from exc
+
+    def ping(self, notime=False, **kwargs):
+        """``Connection.ping`` (a pool's takes ``mode=``), reported to Locust as "ping"."""
+        conn = self._conn or self._connect()
+        _counters.started += 1
+        start = _clock()
+        try:
+            result = conn.ping(notime, **kwargs)
+        except Exception as exc:
+            self._failed({None: "ping"}, "ping", None, start, exc)
+        elapsed = (_clock() - start) * 1000
+        _counters.reported += 1
+        self._fire(request_type=REQUEST_TYPE, name="ping", response_time=elapsed,
+                   response_length=REPLY_HEADER_SIZE, exception=None)
+        return result
+
+    def space(self, space_name):
+        """A space object (as ``Connection.space``) whose requests are reported."""
+        return _Space(self, space_name)
+
+    @contextlib.contextmanager
+    def measure(self, name, response_length=0):
+        """Report the block as one Locust entry (type "step", ``name``), a
+        failure if it raises; its requests are reported on their own too."""
+        start = _clock()
+        try:
+            yield
+        except Exception as exc:
+            error = exc.error if isinstance(exc, RequestFailed) else exc
+            self._fire(request_type=STEP_TYPE, name=name,
+                       response_time=(_clock() - start) * 1000, response_length=0,
+                       exception=TarantoolError(error_name(error), error))
+            raise
+        self._fire(request_type=STEP_TYPE, name=name,
+                   response_time=(_clock() - start) * 1000,
+                   response_length=response_length, exception=None)
+
+
+def _reported(method):
+    """The client's ``method``: the connection's, reported to Locust as
+    "<method> <target>" (its first argument: a space, function, expression)."""
+    names = {}   # target -> request name, shared by every client
+
+    def request(self, target, *args, **kwargs):
+        conn = self._conn or self._connect()
+        counters = _counters
+        counters.started += 1
+        start = _clock()
+        try:
+            resp = getattr(conn, method)(target, *args, **kwargs)
+        except Exception as exc:
+            self._failed(names, method, target, start, exc)
+        elapsed = (_clock() - start) * 1000
+        counters.reported += 1
+        self._fire(request_type=REQUEST_TYPE, response_time=elapsed,
+                   name=names.get(target) or _name(names, method, target),
+                   response_length=_reply_size(resp), exception=None)
+        return resp
+
+    request.__name__ = request.__qualname__ = method
+    request.__doc__ = "``Connection.%s``, reported to Locust." % method
+    return request
+
+
+def _name(names, method, target):
+    text = "" if target is None else str(target)
+    if len(text) > NAME_LIMIT:
+        text = text[:NAME_LIMIT] + "..."
+    if len(names) >= NAMES_LIMIT:   # many distinct eval expressions or SQL texts
+        names.clear()
+    name = names[target] = ("%s %s" % (method, text)).rstrip()
+    return name
+
+
+for _method in ("insert", "replace", "select", "update", "upsert", "delete", "call", "eval",
+                "execute"):
+    setattr(TarantoolClient, _method, _reported(_method))
+
+
+class _Space:
+    """``client.space(name)``: the space's requests through the client."""
+
+    def __init__(self, client, space_name):
+        self.client, self.space_name = client, space_name
+
+    def insert(self, *args, **kwargs):
+        return self.client.insert(self.space_name, *args, **kwargs)
+
+    def replace(self, *args, **kwargs):
+        return self.client.replace(self.space_name, *args, **kwargs)
+
+    def select(self, *args, **kwargs):
+        return self.client.select(self.space_name, *args, **kwargs)
+
+    def update(self, *args, **kwargs):
+        return self.client.update(self.space_name, *args, **kwargs)
+
+    def upsert(self, *args, **kwargs):
+        return self.client.upsert(self.space_name, *args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        return self.client.delete(self.space_name, *args, **kwargs)
+
+    def call(self, func_name, *args, **kwargs):
+        return self.client.call(func_name, *args, **kwargs)
+
+
+def _reply_size(resp):
+    """A reply's bytes on the wire: the fixed header and its body re-packed."""
+    body = getattr(resp, "_body", None)
+    if body is None:
+        return REPLY_HEADER_SIZE if resp is not None else 0
+    return REPLY_HEADER_SIZE + len(_packb(body))
+
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+class TarantoolUser(User):
+    """An abstract Locust user with a Tarantool client in ``self.client``.
+
+    ``connection_scope``: "process" (one connection per worker process, shared
+    by its users) or "user".  ``expected_errors``: server error codes counted
+    as successes (the call still raises :class:`RequestFailed`, ``expected``
+    True).  ``connection_options``: more arguments for ``gtarantool.connect``
+    (``request_timeout``, ...).
+    """
+    abstract = True
+    connection_scope = "process"
+    expected_errors = frozenset()
+    connection_options = {}
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        self.client = TarantoolClient(self)
+
+
+# -- stopping the run when the server cannot be reached -------------------------
+
+def _stop_run(environment, url, exc):
+    """The first user of this process that cannot connect tells the master (or,
+    running alone, this process) to stop the run; the others just stop."""
+    if _unreachable:
+        return
+    _unreachable.append(exc)
+    environment.process_exit_code = 1
+    runner = environment.runner
+    if runner is not None:
+        runner.send_message(UNREACHABLE, {"host": _without_password(url),
+                                          "error": "%s: %s" % (type(exc).__name__, exc)})
+
+
+def _without_password(url):
+    parsed = urllib.parse.urlsplit(url or "")
+    if parsed.password:
+        netloc = parsed.netloc.replace(":" + parsed.password + "@", ":***@")
+        return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+    return url
+
+
+def _on_unreachable(environment, msg, **_kwargs):
+    if getattr(environment, "gtarantool_unreachable", None):
+        return   # another worker said so already
+    environment.gtarantool_unreachable = msg.data
+    environment.process_exit_code = 1
+    logger.error("cannot connect to %s (%s); stopping the run", msg.data["host"],
+                 msg.data["error"])
+    environment.events.request.fire(request_type=REQUEST_TYPE, name="connect",
+                                    response_time=0.0, response_length=0,
+                                    exception=msg.data["error"])
+    # Not from this greenlet: quit() kills the runner's greenlets (and users).
+    gevent.spawn(environment.runner.quit)
+
+
+@events.init.add_listener
+def _on_init(environment, **_kwargs):
+    runner = environment.runner
+    if runner is None:
+        return
+    if not isinstance(runner, WorkerRunner):
+        runner.register_message(UNREACHABLE, _on_unreachable)
+        environment.gtarantool_workers = {}
+        if hasattr(environment.events, "worker_report"):
+            environment.events.worker_report.add_listener(
+                lambda client_id, data, **kw: _keep_report(environment, client_id, data))
+
+
+def _keep_report(environment, client_id, data):
+    report = data.get("gtarantool")
+    if report is not None:
+        environment.gtarantool_workers[client_id] = report
+
+
+@events.report_to_master.add_listener
+def _on_report_to_master(client_id, data, **_kwargs):
+    if _counters.cpu_start is not None:
+        data["gtarantool"] = process_report()
+
+
+def worker_reports(environment):
+    """The latest :func:`process_report` of every worker (the master's view),
+    or of this process when it runs alone; keyed by worker id."""
+    if isinstance(environment.runner, WorkerRunner):
+        return {}
+    reports = dict(getattr(environment, "gtarantool_workers", {}))
+    if not isinstance(environment.runner, MasterRunner) and _counters.cpu_start is not None:
+        reports["local"] = process_report()
+    return reports
+
+
+@events.test_start.add_listener
+def _mark_cpu(**_kwargs):
+    if _counters.cpu_start is None:
+        _counters.cpu_start = time.process_time()
+
+
+@events.test_stop.add_listener
+def _close_user_connections(**_kwargs):
+    while _user_scoped:
+        _user_scoped.pop().close()
+
+
+@events.quitting.add_listener
+def _on_quitting(environment, **_kwargs):
+    if not isinstance(environment.runner, WorkerRunner) and environment.stats.total.num_requests:
+        print("\n".join(percentile_table(environment.stats)), flush=True)
+    for conn, _, _ in _opened:
+        conn.close()

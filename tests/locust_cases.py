@@ -1,0 +1,198 @@
+"""Locust scenarios for tests/test_locust.py, each run in its own process
+(``python -m tests.locust_cases CASE URL``): importing Locust monkey-patches
+the whole interpreter, which the rest of the test session must not get.
+Prints one JSON object: what the test checks."""
+import json
+import os
+import sys
+
+import gevent
+import locust
+from locust import constant, task
+from locust.env import Environment
+from locust.stats import StatsError
+
+import gtarantool
+from gtarantool import locust as glocust
+
+
+def run(user_classes, url, users, seconds):
+    """Run ``users`` users in this process for ``seconds``; the Environment."""
+    env = Environment(user_classes=user_classes, host=url, events=locust.events)
+    runner = env.create_local_runner()
+    env.events.init.fire(environment=env, runner=runner, web_ui=None)
+    runner.start(users, spawn_rate=users)
+    gevent.sleep(seconds)
+    runner.quit()
+    return env
+
+
+def connections_total(url):
+    (host, port), = glocust.parse_host(url)[0]
+    with gtarantool.connect(host, port, user="test", password="secret") as conn:
+        return conn.eval("return box.stat.net().CONNECTIONS.total").data[0]
+
+
+class Pinger(glocust.TarantoolUser):
+    wait_time = constant(0)
+
+    @task
+    def ping(self):
+        self.client.select("tester", 1)
+
+
+class UserScoped(Pinger):
+    connection_scope = "user"
+
+
+def lazy_connect(url):
+    """50 users start at once: one connection in this process; then 5 users
+    with a connection each."""
+    before = connections_total(url)
+    env = run([Pinger], url, 50, 1.0)
+    shared = {"opened": len(glocust._opened), "report": glocust.process_report(),
+              "server_connections": connections_total(url) - before - 1,
+              "failures": env.stats.total.num_failures}
+    glocust._on_quitting(env)
+    glocust._forget_after_fork()
+    before = connections_total(url)
+    env = run([UserScoped], url, 5, 1.0)
+    return {"shared": shared, "user": {"opened": len(glocust._opened),
+                                       "server_connections": connections_total(url) - before - 1,
+                                       "closed": all(conn.is_closed() for conn, _, _ in
+                                                     glocust._opened)}}
+
+
+def fork(url):
+    """A process connection opened in the parent, then a fork: the child
+    opens its own and both work."""
+    parent = glocust._process_connection(url, {})
+    parent.ping()
+    reader, writer = os.pipe()
+    pid = gevent.fork()
+    if pid == 0:
+        try:
+            child = glocust._process_connection(url, {})
+            result = {"same": child is parent, "select": child.select("tester", 1).data == [],
+                      "opened": len(glocust._opened)}
+        except Exception as exc:
+            result = {"error": repr(exc)}
+        os.write(writer, json.dumps(result).encode())
+        os._exit(0)
+    os.close(writer)
+    gevent.os.waitpid(pid, 0)
+    child = json.loads(os.read(reader, 10000).decode())
+    return {"child": child, "parent_ok": parent.ping(notime=True) == "Success"}
+
+
+class Slow(glocust.TarantoolUser):
+    wait_time = constant(0)
+    connection_options = {"request_timeout": 0.05}
+
+    @task
+    def slow(self):
+        self.client.call("sleep_and_return", 0.2, 1)
+
+    @task
+    def refused(self):
+        self.client.call("raise_error", "no")
+
+
+class Expected(Slow):
+    expected_errors = {555}
+
+    @task
+    def refused(self):
+        try:
+            self.client.call("raise_error", "no")
+        except glocust.RequestFailed as exc:
+            assert exc.expected and exc.error.code == 555
+            raise
+
+
+def naming(url):
+    """Error rows: one per kind, whatever the sync ids and messages."""
+    out = {}
+    for cls in (Slow, Expected):
+        env = run([cls], url, 10, 1.0)
+        out[cls.__name__] = {
+            "errors": sorted([e.method, e.name, StatsError.parse_error(
+                e.error), e.occurrences] for e in env.stats.errors.values()),
+            "requests": {e.name: [e.num_requests, e.num_failures]
+                         for e in env.stats.entries.values()}}
+        glocust._on_quitting(env)
+        glocust._forget_after_fork()
+    return out
+
+
+class Methods(glocust.TarantoolUser):
+    wait_time = constant(0.01)
+
+    @task
+    def steps(self):
+        client = self.client
+        with client.measure("good step"):
+            client.space("tester").select(1)
+            client.replace("kv", ("k", 1))
+            client.upsert("kv", ("k", 1), [("+", 1, 1)])
+            client.update("kv", "k", [("+", 1, 1)])
+            client.delete("kv", "k")
+            client.eval("return ...", 1)
+            client.execute("SELECT 1")
+            client.ping()
+        with client.measure("bad step"):
+            client.call("raise_error", "no")
+
+
+def methods(url):
+    """Every method's request name, and measure() steps."""
+    env = run([Methods], url, 2, 1.0)
+    return {"entries": sorted([e.method, e.name, e.num_requests > 0, e.num_failures > 0]
+                              for e in env.stats.entries.values()),
+            "errors": sorted([e.method, e.name, StatsError.parse_error(e.error)]
+                             for e in env.stats.errors.values())}
+
+
+def selects(url):
+    """Each instance's box.stat SELECT total."""
+    counts = []
+    for host, port in glocust.parse_host(url)[0]:
+        with gtarantool.connect(host, port, user="test", password="secret") as conn:
+            counts.append(conn.eval("return box.stat().SELECT.total").data[0])
+    return counts
+
+
+class PoolUser(Pinger):
+    @task
+    def ping_any(self):
+        self.client.ping(notime=True, mode=gtarantool.Mode.ANY)
+
+
+def pool(url):
+    """Several instances in --host: one ConnectionPool per process, selects
+    spread over the instances; then a pool none of whose instances answers."""
+    before = selects(url)
+    env = run([PoolUser], url, 10, 1.0)
+    after = selects(url)
+    out = {"opened": [type(conn).__name__ for conn, _, _ in glocust._opened],
+           "selects": [b - a for a, b in zip(before, after)],
+           "names": sorted(e.name for e in env.stats.entries.values()),
+           "failures": env.stats.total.num_failures,
+           "report": glocust.process_report()}
+    glocust._on_quitting(env)
+    glocust._forget_after_fork()
+    dead = "tarantool://127.0.0.1:1,127.0.0.1:2"
+    env = run([PoolUser], dead, 5, 1.0)
+    out["dead"] = {"exit_code": env.process_exit_code,
+                   "errors": [[e.name, e.error, e.occurrences] for e in env.stats.errors.values()]}
+    return out
+
+
+ONE_SERVER = ("lazy_connect", "fork", "naming", "methods")
+
+
+if __name__ == "__main__":
+    # "all": every case that needs one server, in one process (Locust's import is slow)
+    case, url = sys.argv[1:3]
+    names = ONE_SERVER if case == "all" else [case]
+    print(json.dumps({name: globals()[name](url) for name in names}), flush=True)

@@ -1,0 +1,191 @@
+"""gtarantool.locust and make locust, against real servers.
+
+Locust runs in child processes only (tests/locust_cases.py, the locust
+command): importing it monkey-patches the interpreter, which the rest of the
+session must not get."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import locust_run
+from bench.server import TarantoolServer, free_port
+from bench.target import EMBEDDED_LUA, PREPARE_LUA, Target
+
+from .conftest import PASSWORD, USER, _lua
+
+# (importorskip would import Locust here)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
+                                reason="needs the locust extra: pip install -e .[locust]")
+
+# Keys drawn from 10**15: no duplicate inserts.  (On Tarantool 3.x a duplicate
+# key's error message carries the binary payload, which tarantool-python's
+# decoding, and gtarantool's, cannot read: UnicodeDecodeError, not error 3.)
+MIX = ["--bench-mix", "insert=40,select=20,update=20,delete=20", "--bench-keys", str(10**15)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+LOCUST = [PY, "-m", "locust", "-f", os.path.join(ROOT, "bench", "locustfile.py")]
+
+
+def case(name, *servers):
+    url = "tarantool://%s:%s@%s" % (USER, PASSWORD, ",".join(
+        "%s:%s" % (server.host, server.port) for server in servers))
+    out = subprocess.run([PY, "-m", "tests.locust_cases", name, url], cwd=ROOT, timeout=120,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cases(server):
+    """The results of every one-server case of tests/locust_cases.py, run once."""
+    return case("all", server)
+
+
+@pytest.fixture
+def bench_server():
+    """A server with the bench space, for whole Locust runs."""
+    srv = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, "bench"))
+    srv.start()
+    yield srv
+    srv.cleanup()
+
+
+def test_headless_processes_counts_match_box_stat(tmp_path):
+    """make locust, 5 s, --processes 2: every check passes; each process opened
+    one connection for its 10 users."""
+    out = subprocess.run([PY, "-m", "bench.locust_run", "-u", "20", "-p", "2", "-t", "5s",
+                          "--out", str(tmp_path), "--mix", MIX[1], "--keys", MIX[3]],
+                         cwd=ROOT, timeout=120,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert "MISMATCH" not in out.stdout and out.stdout.count("[ok]") == 5, out.stdout[-4000:]
+    report = json.loads((tmp_path / "bench-report.json").read_text())
+    workers = report["workers"].values()
+    assert len(workers) == 2
+    assert all(w["connections"] == 1 and w["started"] > 0 for w in workers)
+    assert all(w["failed"] == 0 and w["server_errors"] == 0 for w in workers)
+    for suffix in ("_stats.csv", ".html", ".json"):
+        assert (tmp_path / ("locust" + suffix)).stat().st_size > 0
+
+
+def test_master_and_two_workers(bench_server, tmp_path):
+    target = Target(bench_server.host, bench_server.port, locust_run.Config())
+    try:
+        cost = locust_run.connect_cost(target)
+        before = target.stat()
+        port = free_port()
+        report = tmp_path / "report.json"
+        host = "tarantool://%s:%s" % (bench_server.host, bench_server.port)
+        master = subprocess.Popen(LOCUST + [
+            "--master", "--master-bind-port", str(port), "--expect-workers", "2", "--headless",
+            "-u", "20", "-r", "20", "-t", "3s", "--stop-timeout", "5", "--host", host,
+            "--bench-report", str(report), "--only-summary"] + MIX, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        workers = [subprocess.Popen(LOCUST + ["--worker", "--master-port", str(port)], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for _ in range(2)]
+        try:
+            output = master.communicate(timeout=90)[0]
+            for worker in workers:
+                worker.wait(timeout=30)
+        finally:
+            for proc in [master] + workers:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        after = target.stat()
+    finally:
+        target.close()
+    assert master.returncode == 0, output[-4000:]
+    data = json.loads(report.read_text())
+    assert len(data["workers"]) == 2
+    lines, ok = locust_run.reconcile(data, before, after, cost)
+    assert ok, "\n".join(lines)
+    assert sum(w["reported"] for w in data["workers"].values()) > 0
+
+
+def test_lazy_connect_one_connection_per_process(cases):
+    """50 users starting together share one connection (connect yields: a
+    plain lazy check would open one each); connection_scope="user" opens one
+    per user and closes them when the test stops."""
+    got = cases["lazy_connect"]
+    shared = got["shared"]
+    assert shared["opened"] == 1 and shared["server_connections"] == 1, shared
+    assert shared["failures"] == 0 and shared["report"]["reported"] > 0
+    assert got["user"] == {"opened": 5, "server_connections": 5, "closed": True}
+
+
+def test_fork_child_opens_its_own_connection(cases):
+    got = cases["fork"]
+    assert got == {"child": {"same": False, "select": True, "opened": 1}, "parent_ok": True}
+
+
+def test_error_names_are_stable(cases):
+    """Timeouts (whose messages carry sync ids) and server errors each make one
+    row in Locust's error table; an expected error code counts as a success."""
+    got = cases["naming"]
+    slow = got["Slow"]
+    assert [row[:3] for row in slow["errors"]] == [
+        ["tarantool", "call raise_error", "DatabaseError(555)"],
+        ["tarantool", "call sleep_and_return", "RequestTimeout"]], slow
+    assert all(row[3] >= 2 for row in slow["errors"])
+    expected = got["Expected"]
+    assert [row[:3] for row in expected["errors"]] == [
+        ["tarantool", "call sleep_and_return", "RequestTimeout"]], expected
+    requests, failures = expected["requests"]["call raise_error"]
+    assert requests > 0 and failures == 0
+
+
+def test_methods_and_steps(cases):
+    got = cases["methods"]
+    assert got["entries"] == [
+        ["step", "bad step", True, True], ["step", "good step", True, False],
+        ["tarantool", "call raise_error", True, True],
+        ["tarantool", "delete kv", True, False], ["tarantool", "eval return ...", True, False],
+        ["tarantool", "execute SELECT 1", True, False], ["tarantool", "ping", True, False],
+        ["tarantool", "replace kv", True, False], ["tarantool", "select tester", True, False],
+        ["tarantool", "update kv", True, False], ["tarantool", "upsert kv", True, False]]
+    assert got["errors"] == [["step", "bad step", "DatabaseError(555)"],
+                             ["tarantool", "call raise_error", "DatabaseError(555)"]]
+
+
+def test_several_instances_share_one_pool_per_process(server):
+    """--host with two instances: a gtarantool.ConnectionPool per process (the
+    instances are independent: both read-write), its selects spread over both;
+    a pool with no instance answering stops the run like a dead server."""
+    other = TarantoolServer(_lua())
+    other.start()
+    try:
+        got = case("pool", server, other)["pool"]
+    finally:
+        other.cleanup()
+    assert got["opened"] == ["ConnectionPool"]
+    assert all(n > 0 for n in got["selects"]), got
+    assert got["names"] == ["ping", "select tester"] and got["failures"] == 0
+    assert got["dead"]["exit_code"] == 1
+    assert [e[:2] for e in got["dead"]["errors"]] == [["connect", "NetworkError: none of the 2 "
+                                                       "instances answered"]], got["dead"]
+
+
+def test_unreachable_server_fails_once_and_stops(tmp_path):
+    """Nothing listens: one error, exit code 1, and the run stops at once
+    although -t asks for a minute."""
+    report = tmp_path / "report.json"
+    started = time.monotonic()
+    out = subprocess.run(LOCUST + [
+        "--headless", "--processes", "2", "-u", "20", "-r", "20", "-t", "60s",
+        "--host", "tarantool://127.0.0.1:%d" % free_port(), "--bench-report", str(report),
+        "--only-summary"], cwd=ROOT, timeout=90,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 1, out.stdout[-4000:]
+    assert elapsed < 30, elapsed
+    assert out.stdout.count("cannot connect to tarantool://127.0.0.1") == 1, out.stdout[-4000:]
+    assert "Traceback" not in out.stdout
+    entries = json.loads(report.read_text())["entries"]
+    assert entries == [{"type": "tarantool", "name": "connect", "requests": 1, "failures": 1}]
