@@ -5,6 +5,8 @@
 # make instructions - instructions per request under callgrind, host-independent
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
+# make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
+# make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -32,7 +34,7 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: all install server test bench compare perf instructions profile soak clean
+.PHONY: all install server test bench compare perf instructions profile soak sanitize fuzz clean
 
 all: test
 
@@ -77,6 +79,14 @@ profile: install
 
 soak: install
 	$(PY) -m bench.soak --duration $(or $(DURATION),300)
+
+sanitize: install
+	PY=$(PY) tests/sanitize.sh
+
+SECONDS ?= 60
+SEED ?= 1
+fuzz: install
+	$(PY) -m tests.fuzz --seconds $(SECONDS) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache profiles

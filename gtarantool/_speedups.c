@@ -42,7 +42,7 @@
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
-    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
+    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early;
 
@@ -77,6 +77,20 @@ static inline uint64_t
 be64(const unsigned char *p)
 {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+/* Every object's fields are set once, by __init__, and stay while it lives:
+ * a method keeps using them across calls that run Python (an ext_hook, a
+ * switch), so a second __init__ is refused; before the first, methods raise. */
+static int
+initialised(PyObject *self, const void *field, int want)
+{
+    if ((field != NULL) == want)
+        return 1;
+    PyErr_Format(want ? PyExc_TypeError : PyExc_RuntimeError,
+                 want ? "%.100s object was not initialised (its __init__ was not called)"
+                      : "%.100s object is initialised already", Py_TYPE(self)->tp_name);
+    return 0;
 }
 
 /* msgpack, decoded as msgpack.unpackb(data, use_list=, raw=,
@@ -360,8 +374,12 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
 
 /* Fill d->slots: where response_type keeps each field, when that is a
  * plain object slot (__slots__), which ok_response then writes directly, as
- * the slot's descriptor would; a field kept any other way gets 0. */
-static void
+ * the slot's descriptor would; a field kept any other way gets 0.  Only a
+ * descriptor of response_type's own layout counts (one of its bases', inside
+ * its size): any object could be put on the class under a field's name,
+ * another class's slot descriptor too.  -1 with an error set when
+ * response_type cannot make objects. */
+static int
 find_slots(Decoding *d)
 {
     PyObject **names[N_FIELDS] = {&str_data, &str_sync, &str_code, &str_body,
@@ -378,13 +396,23 @@ find_slots(Decoding *d)
             PyErr_Clear();
             continue;
         }
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                && PyType_IsSubtype(d->response_type, PyDescr_TYPE(descr))) {
             member = ((PyMemberDescrObject *)descr)->d_member;
-            if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)
+                    && member->offset >= (Py_ssize_t)sizeof(PyObject)
+                    && member->offset <= d->response_type->tp_basicsize
+                                          - (Py_ssize_t)sizeof(PyObject *))
                 d->slots[i] = member->offset;
         }
         Py_DECREF(descr);
     }
+    if (d->response_type->tp_new == NULL) {
+        PyErr_Format(PyExc_TypeError, "cannot create '%.100s' objects",
+                     d->response_type->tp_name);
+        return -1;
+    }
+    return 0;
 }
 
 static int
@@ -392,7 +420,8 @@ set_field(const Decoding *d, PyObject *resp, int field, PyObject *name, PyObject
 {
     PyObject **slot;
 
-    if (d->slots[field] == 0)
+    /* (tp_new may return an object of another type: no slots of ours there) */
+    if (d->slots[field] == 0 || !Py_IS_TYPE(resp, d->response_type))
         return PyObject_SetAttr(resp, name, value);
     slot = (PyObject **)((char *)resp + d->slots[field]);
     Py_XSETREF(*slot, Py_NewRef(value));
@@ -416,10 +445,13 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
     } else if (PyList_Check(rows) || PyTuple_Check(rows)) {
         data = Py_NewRef(rows);
     } else {
+        Py_INCREF(rows);   /* PyList_New may collect garbage, whose finalizers run Python */
         data = PyList_New(1);
-        if (data == NULL)
+        if (data == NULL) {
+            Py_DECREF(rows);
             goto fail;
-        PyList_SET_ITEM(data, 0, Py_NewRef(rows));
+        }
+        PyList_SET_ITEM(data, 0, rows);
     }
     if (set_field(d, resp, F_DATA, str_data, data) < 0) {
         Py_DECREF(data);
@@ -443,8 +475,7 @@ static int
 store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_size)
 {
     PyObject *replies, *value, *outstanding, *left;
-    long n;
-    int stored;
+    int stored, last;
 
     value = Py_BuildValue("(kky#)", (unsigned long)be32(p + 8), (unsigned long)be32(p + 24),
                           (const char *)p + HEADER_SIZE, body_size);
@@ -463,18 +494,17 @@ store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_si
     outstanding = PyObject_GetAttr(sink, str_outstanding);
     if (outstanding == NULL)
         return -1;
-    n = PyLong_AsLong(outstanding);
+    /* outstanding -= 1; outstanding <= 0, as Python does it: any int, no overflow */
+    left = PyNumber_Subtract(outstanding, one);
     Py_DECREF(outstanding);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    left = PyLong_FromLong(n - 1);
     if (left == NULL)
         return -1;
-    stored = PyObject_SetAttr(sink, str_outstanding, left);
+    last = PyObject_RichCompareBool(left, zero, Py_LE);
+    stored = last < 0 ? -1 : PyObject_SetAttr(sink, str_outstanding, left);
     Py_DECREF(left);
     if (stored < 0)
         return -1;
-    return n - 1 <= 0;
+    return last;
 }
 
 /* Queue the reply in the frame at p (whose waiter is already popped). */
@@ -527,6 +557,8 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *data;
     PyObject *wake;
 
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
     if (nargs != 5 || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, "cut(data, pos, end, limit, wake list)");
         return NULL;
@@ -608,31 +640,43 @@ error:
 static int
 ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type;
+    PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type,
+        *ready_append;
+    Decoding decoding = {NULL};
     static char *names[] = {"pending", "ready", "unpackb", "options", "response_type",
                             "sink_type", "pushes_type", NULL};
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!O!:ReplyCutter", names,
                                      &PyDict_Type, &pending, &ready, &unpackb,
                                      &PyTuple_Type, &options, &PyType_Type, &response_type,
-                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type))
+                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type)
+            || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     if (PyTuple_GET_SIZE(options) != 3) {
         PyErr_SetString(PyExc_TypeError, "options must be (use_list, raw, ext_hook)");
         return -1;
     }
-    Py_XSETREF(self->ready_append, PyObject_GetAttrString(ready, "append"));
-    if (self->ready_append == NULL)
+    /* What runs Python first (find_slots, getattr), then the fields, all at once */
+    decoding.response_type = (PyTypeObject *)response_type;
+    if (find_slots(&decoding) < 0)
         return -1;
-    Py_XSETREF(self->pending, Py_NewRef(pending));
-    Py_XSETREF(self->decoding.unpackb, Py_NewRef(unpackb));
-    Py_XSETREF(self->decoding.use_list, Py_NewRef(PyTuple_GET_ITEM(options, 0)));
-    Py_XSETREF(self->decoding.raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
-    Py_XSETREF(self->decoding.ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
-    Py_XSETREF(self->decoding.response_type, (PyTypeObject *)Py_NewRef(response_type));
-    find_slots(&self->decoding);
-    Py_XSETREF(self->sink_type, Py_NewRef(sink_type));
-    Py_XSETREF(self->pushes_type, Py_NewRef(pushes_type));
+    ready_append = PyObject_GetAttrString(ready, "append");
+    if (ready_append == NULL)
+        return -1;
+    if (!initialised((PyObject *)self, self->pending, 0)) {
+        Py_DECREF(ready_append);
+        return -1;
+    }
+    self->ready_append = ready_append;
+    self->decoding = decoding;
+    Py_INCREF(response_type);
+    self->decoding.unpackb = Py_NewRef(unpackb);
+    self->decoding.use_list = Py_NewRef(PyTuple_GET_ITEM(options, 0));
+    self->decoding.raw = Py_NewRef(PyTuple_GET_ITEM(options, 1));
+    self->decoding.ext_hook = Py_NewRef(PyTuple_GET_ITEM(options, 2));
+    self->sink_type = Py_NewRef(sink_type);
+    self->pushes_type = Py_NewRef(pushes_type);
+    self->pending = Py_NewRef(pending);
     return 0;
 }
 
@@ -785,6 +829,8 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t queued;
     PyObject *slow_args[5];
 
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "request(sync, code, schema_version, body)");
         return NULL;
@@ -900,7 +946,8 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOn:Requester", names, &transport,
                                      &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
-                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight))
+                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight)
+            || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
     if (self->hub_switch == NULL)
@@ -910,13 +957,13 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
         return -1;
     Py_XSETREF(self->transport, Py_NewRef(transport));
     Py_XSETREF(self->slow, Py_NewRef(slow));
-    Py_XSETREF(self->pending, Py_NewRef(pending));
     Py_XSETREF(self->ready, Py_NewRef(ready));
     Py_XSETREF(self->wbuf, Py_NewRef(wbuf));
     Py_XSETREF(self->wakeup_set, Py_NewRef(wakeup_set));
     Py_XSETREF(self->hub, Py_NewRef(hub));
     Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
     self->max_in_flight = max_in_flight;
+    Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
     return 0;
 }
 
@@ -1016,7 +1063,6 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     conn = args[0];
-    syncs = args[1];
     replies = args[2];
     options = args[4];
     general = args[6];
@@ -1025,19 +1071,26 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d.raw = PyTuple_GET_ITEM(options, 1);
     d.ext_hook = PyTuple_GET_ITEM(options, 2);
     d.response_type = (PyTypeObject *)args[5];
-    find_slots(&d);
-    n = PyList_GET_SIZE(syncs);
+    if (find_slots(&d) < 0)
+        return NULL;
+    /* Decoding can run Python (ext_hook), which may change `syncs` and
+     * `replies`: the loop works on its own references to both's items. */
+    syncs = PyList_AsTuple(args[1]);
+    if (syncs == NULL)
+        return NULL;
+    n = PyTuple_GET_SIZE(syncs);
     out = PyList_New(n);
     if (out == NULL)
-        return NULL;
+        goto error;
     for (i = 0; i < n; i++) {
-        PyObject *sync = PyList_GET_ITEM(syncs, i), *value, *result = NULL;
+        PyObject *sync = PyTuple_GET_ITEM(syncs, i), *value, *result = NULL;
         value = PyDict_GetItemWithError(replies, sync);   /* borrowed */
         if (value == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetObject(PyExc_KeyError, sync);
             goto error;
         }
+        Py_INCREF(value);   /* and so its body bytes, which decode_body reads in place */
         if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 3
                 && PyBytes_CheckExact(PyTuple_GET_ITEM(value, 2))
                 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 2)) > 0
@@ -1045,29 +1098,35 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *bytes = PyTuple_GET_ITEM(value, 2);
             PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
                                          PyBytes_GET_SIZE(bytes));
-            if (body == NULL)
+            if (body == NULL) {
+                Py_DECREF(value);
                 goto error;
+            }
             if (PyDict_CheckExact(body)) {
                 result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body);
                 if (result != NULL && PyObject_SetAttr(result, str_conn, conn) < 0)
                     Py_CLEAR(result);
                 Py_DECREF(body);
-                if (result == NULL)
+                if (result == NULL) {
+                    Py_DECREF(value);
                     goto error;
+                }
             } else {
                 Py_DECREF(body);   /* an error or not a map: the general way says which */
             }
         }
-        if (result == NULL) {
+        if (result == NULL)
             result = PyObject_CallFunctionObjArgs(general, sync, value, NULL);
-            if (result == NULL)
-                goto error;
-        }
+        Py_DECREF(value);
+        if (result == NULL)
+            goto error;
         PyList_SET_ITEM(out, i, result);
     }
+    Py_DECREF(syncs);
     return out;
 error:
-    Py_DECREF(out);
+    Py_XDECREF(out);
+    Py_DECREF(syncs);
     return NULL;
 }
 
@@ -1103,6 +1162,7 @@ PyInit__speedups(void)
                                                 "ext_hook"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
+            || !(one = PyLong_FromLong(1))
             || !(empty_tuple = PyTuple_New(0))
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))

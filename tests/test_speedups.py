@@ -8,6 +8,7 @@ a ``ReplyCutter`` (the way replies reach it) and compare.
 import collections
 import math
 import struct
+import types
 
 import msgpack
 import pytest
@@ -181,3 +182,124 @@ def test_garbage_fails_as_msgpack_fails(body):
 def test_edge_cases(body):
     _check(body)
     _check(body, use_list=False, raw=True)
+
+
+# -- memory safety: each of these crashed (or failed) under make sanitize before its fix -----
+
+def _frame_for(sync, body=b"\x80"):
+    return tarantool_frame(sync, body)
+
+
+def test_responses_holds_each_reply_while_an_ext_hook_drops_it():
+    """protocol.responses in C: decoding a body can run Python (ext_hook) that
+    removes that very reply from ``replies`` (its tuple, schema version and
+    body bytes); the response is still built from what was there."""
+    syncs = [int("1" * 31), int("1" * 31) + 1]   # fresh ints, held by the list only
+    body = b"\x81\x30\x92\xd4\x01\x00\xa1x"       # {0x30: [ext(1, b"\0"), "x"]}
+    schema = int("9" * 25)
+    replies = {syncs[0]: (0, schema, bytes(bytearray(body))), syncs[1]: (0, 1, b"\x80")}
+    del schema
+
+    def ext_hook(code, data):
+        replies.pop(syncs[0], None)
+        return ("ext", code)
+
+    out = _speedups.responses("conn", syncs, replies, msgpack.unpackb, (True, False, ext_hook),
+                              Response, lambda sync, value: (sync, value))
+    assert [r._data for r in out] == [[("ext", 1), "x"], None]
+    assert out[0]._schema_version == int("9" * 25) and out[0].conn == "conn"
+    assert [r._sync for r in out] == [int("1" * 31), int("1" * 31) + 1]
+
+
+def test_responses_goes_through_the_syncs_it_was_given_while_an_ext_hook_clears_them():
+    syncs = [int("1" * 31), int("1" * 31) + 1]
+    body = b"\x81\x30\x91\xd4\x01\x00"
+    replies = {syncs[0]: (0, 1, body), syncs[1]: (0, 2, b"\x81\x30\x91\x07")}
+
+    def ext_hook(code, data):
+        syncs.clear()
+        return "ext"
+
+    out = _speedups.responses(None, syncs, replies, msgpack.unpackb, (True, False, ext_hook),
+                              Response, lambda sync, value: (sync, value))
+    assert [(r._sync, r._schema_version, r._data) for r in out] == [
+        (int("1" * 31), 1, ["ext"]), (int("1" * 31) + 1, 2, [7])]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _speedups.Requester.__new__(_speedups.Requester).request(1, 64, 0, b""),
+    lambda: _speedups.ReplyCutter.__new__(_speedups.ReplyCutter).cut(
+        _frame_for(7), 0, len(_frame_for(7)), 1 << 20, []),
+], ids=["requester", "cutter"])
+def test_objects_never_initialised_raise(make):
+    with pytest.raises(TypeError, match="not initialised"):
+        make()
+
+
+def test_objects_are_initialised_once():
+    """Their methods keep using their fields across calls into Python: a second
+    __init__ (which would replace them meanwhile) is refused."""
+    pending, ready = {}, collections.deque()
+    args = (pending, ready, msgpack.unpackb, (True, False, None), Response, ReplySink, _Pushes)
+    cutter = _speedups.ReplyCutter(*args)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        cutter.__init__(*args)
+    requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1)
+    requester = _speedups.Requester(*requester_args)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        requester.__init__(*requester_args)
+
+
+class _Big:
+    __slots__ = tuple("s%d" % i for i in range(64)) + ("_data",)
+
+
+def test_a_slot_descriptor_of_another_class_is_not_written_through():
+    """A response type whose field name is another (larger) class's slot: the
+    reply sets that field as Python would (the descriptor refuses the object),
+    never at the other layout's offset."""
+    class Small:
+        __slots__ = ()
+    Small._data = _Big.__dict__["_data"]
+    pending, ready = {7: object()}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Small,
+                                   ReplySink, _Pushes)
+    frame = _frame_for(7)
+    with pytest.raises(TypeError, match="doesn't apply"):
+        cutter.cut(frame, 0, len(frame), 1 << 20, [])
+
+
+def test_a_response_type_whose_new_returns_something_else():
+    """Fields go to whatever tp_new returned, as attributes when it is not of the type."""
+    class Other:
+        pass
+
+    class Odd(Response):
+        __slots__ = ()
+
+        def __new__(cls, *args):
+            return Other()
+
+    pending, ready = {7: object()}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Odd,
+                                   ReplySink, _Pushes)
+    frame = _frame_for(7, b"\x81\x30\x91\x05")
+    assert cutter.cut(frame, 0, len(frame), 1 << 20, []) == (len(frame), 0)
+    (_, resp), = ready
+    assert type(resp) is Other and resp._data == [5] and resp._sync == 7
+
+
+@pytest.mark.parametrize("outstanding", [-2**63, 2**64, 1])
+def test_a_sinks_outstanding_count_is_any_int(outstanding):
+    """store() counts down ``outstanding`` as ``ReplySink`` code does, with no
+    C arithmetic to overflow at the ends of a long (or past them)."""
+    sink = ReplySink()
+    sink.outstanding = outstanding
+    cutter = _speedups.ReplyCutter({7: sink}, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    frame, wake = _frame_for(7), []
+    last = outstanding - 1 <= 0
+    assert cutter.cut(frame, 0, len(frame), 1 << 20, wake) == (len(frame), 0 if last else 1)
+    assert sink.outstanding == outstanding - 1
+    assert wake == ([(sink, None)] if last else [])
+    assert sink.replies == {7: (0, 1, b"\x80")}
