@@ -5,13 +5,16 @@
  *
  * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
  * pushes_type).cut(data, pos, end, limit, wake) takes the whole frames of
- * data[pos:end], one after another, while each is in the layout Tarantool
- * writes every reply in
+ * data[pos:end], one after another, while each is a reply whose header it
+ * reads (see read_header): Tarantool writes every reply in one of
  *
  *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xce schema32 | body
+ *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xcf schema64 | body
  *
- * and answers a request in `pending` (sync -> waiter) whose waiter is a
- * greenlet or a sink_type (transport.ReplySink).  For a greenlet it pops the
+ * (up to 2.9, and since 2.10), checked byte by byte; any other map of
+ * msgpack uints is parsed (widths, key order, extra keys).  It answers a
+ * request in `pending` (sync -> waiter) whose waiter is a greenlet or a
+ * sink_type (transport.ReplySink).  For a greenlet it pops the
  * waiter, decodes the body as unpackb(body, use_list=, raw=,
  * strict_map_key=False, ext_hook=) does (options gives the three; it calls
  * unpackb only for what its own decoder declines, see Reader), and appends
@@ -20,8 +23,8 @@
  * body or the exception decoding it raised, None).  For a sink it stores
  * (code, schema version, body bytes) in sink.replies[sync] and appends
  * (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
- * the first frame it does not take (another layout, too long, incomplete, a
- * push, a sync not in `pending`, a pushes_type waiter) and returns where that
+ * the first frame it does not take (a header read_header does not read, too
+ * long, incomplete, a push, a sync not in `pending`, a pushes_type waiter) and returns where that
  * frame starts and how many replies it stored in sinks without a wake-up:
  * the Python code decides about the rest.
  */
@@ -35,8 +38,8 @@
 #include <structmember.h>
 #include <stdint.h>
 
-#define HEADER_SIZE 28          /* length prefix and header, as above */
-#define MIN_LENGTH (HEADER_SIZE - 5)
+#define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
+#define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
 #define IPROTO_CHUNK 0x80
 #define IPROTO_DATA 0x30
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
@@ -470,15 +473,149 @@ fail:
     return NULL;
 }
 
-/* Store the reply in the frame at p in `sink`: 1 when that was its last, 0 or -1. */
+/* A reply frame's length prefix and header, as read_header finds them. */
+typedef struct {
+    uint64_t length;            /* the length prefix's value */
+    Py_ssize_t prefix;          /* its size */
+    Py_ssize_t head;            /* where the body starts, from the frame's start */
+    uint64_t code, sync, schema;
+} Header;
+
+/* The msgpack uint at *p, before end, in any width: 1, or 0 when it is
+ * something else or not all there. */
+static inline int
+read_uint(const unsigned char **p, const unsigned char *end, uint64_t *value)
+{
+    const unsigned char *q = *p;
+
+    if (q >= end)
+        return 0;
+    if (*q <= 0x7f) {
+        *value = *q;
+        *p = q + 1;
+        return 1;
+    }
+    switch (*q) {
+    case 0xcc:
+        if (end - q < 2)
+            return 0;
+        *value = q[1];
+        *p = q + 2;
+        return 1;
+    case 0xcd:
+        if (end - q < 3)
+            return 0;
+        *value = be16(q + 1);
+        *p = q + 3;
+        return 1;
+    case 0xce:
+        if (end - q < 5)
+            return 0;
+        *value = be32(q + 1);
+        *p = q + 5;
+        return 1;
+    case 0xcf:
+        if (end - q < 9)
+            return 0;
+        *value = be64(q + 1);
+        *p = q + 9;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#define HAS_CODE 1
+#define HAS_SYNC 2
+#define HAS_SCHEMA 4
+
+/* The header of the frame at p (end - p bytes of it here): 1 with h filled
+ * when the length prefix and header are whole, within the frame, and the
+ * header is a map of uints to uints with the code (0), the sync (1) and the
+ * schema version (5) once each, other keys skipped (IPROTO_STREAM_ID 0x0a,
+ * ... whatever a later server adds); 0 for anything else, which the Python
+ * code parses the general way (and fails the connection for when it is
+ * malformed).  As transport._reply_header, its Python twin. */
 static int
-store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_size)
+read_header(const unsigned char *p, const unsigned char *end, Header *h)
+{
+    const unsigned char *q = p, *frame_end;
+    uint64_t key, value;
+    Py_ssize_t n;
+    int seen = 0, field;
+
+    /* Tarantool's layouts (the frame's header, not what follows, checked here) */
+    if (end - p >= HEADER_SIZE && p[0] == 0xce && p[5] == 0x83 && p[6] == 0x00 && p[7] == 0xce
+            && p[12] == 0x01 && p[13] == 0xcf && p[22] == 0x05) {
+        h->length = be32(p + 1);
+        h->prefix = 5;
+        h->code = be32(p + 8);
+        h->sync = be64(p + 14);
+        if (p[23] == 0xce) {
+            h->schema = be32(p + 24);
+            h->head = HEADER_SIZE;
+            return 1;
+        }
+        if (p[23] == 0xcf && end - p >= HEADER_SIZE_64) {
+            h->schema = be64(p + 24);
+            h->head = HEADER_SIZE_64;
+            return 1;
+        }
+    }
+    if (!read_uint(&q, end, &h->length))
+        return 0;
+    h->prefix = q - p;
+    /* the header must end within the frame */
+    frame_end = (uint64_t)(end - q) < h->length ? end : q + h->length;
+    if (q >= frame_end)
+        return 0;
+    if (*q >= 0x80 && *q <= 0x8f) {
+        n = *q++ & 0x0f;
+    } else if (*q == 0xde && frame_end - q >= 3) {
+        n = be16(q + 1);
+        q += 3;
+    } else {
+        return 0;
+    }
+    while (n-- > 0) {
+        if (!read_uint(&q, frame_end, &key) || !read_uint(&q, frame_end, &value))
+            return 0;
+        switch (key) {
+        case 0x00:
+            field = HAS_CODE;
+            h->code = value;
+            break;
+        case 0x01:
+            field = HAS_SYNC;
+            h->sync = value;
+            break;
+        case 0x05:
+            field = HAS_SCHEMA;
+            h->schema = value;
+            break;
+        default:
+            continue;
+        }
+        if (seen & field)   /* a repeated key: the general way says which counts */
+            return 0;
+        seen |= field;
+    }
+    if (seen != (HAS_CODE | HAS_SYNC | HAS_SCHEMA))
+        return 0;
+    h->head = q - p;
+    return 1;
+}
+
+/* Store the reply `h` in `sink`: 1 when that was its last, 0 or -1. */
+static int
+store(PyObject *sink, PyObject *sync, const Header *h, const unsigned char *body,
+      Py_ssize_t body_size)
 {
     PyObject *replies, *value, *outstanding, *left;
     int stored, last;
 
-    value = Py_BuildValue("(kky#)", (unsigned long)be32(p + 8), (unsigned long)be32(p + 24),
-                          (const char *)p + HEADER_SIZE, body_size);
+    value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
+                          (unsigned long long)h->schema, (const char *)body, body_size);
     if (value == NULL)
         return -1;
     replies = PyObject_GetAttr(sink, str_replies);
@@ -507,25 +644,24 @@ store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_si
     return last;
 }
 
-/* Queue the reply in the frame at p (whose waiter is already popped). */
+/* Queue the reply `h` (whose waiter is already popped). */
 static int
-take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const unsigned char *p,
-     Py_ssize_t body_size)
+take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
+     const unsigned char *start, Py_ssize_t body_size)
 {
     PyObject *code = NULL, *schema = NULL, *body = NULL, *value = NULL, *pair, *res;
-    uint32_t code_value = be32(p + 8);
     int ok = -1;
 
-    schema = PyLong_FromUnsignedLong(be32(p + 24));
+    schema = PyLong_FromUnsignedLongLong(h->schema);
     if (schema == NULL)
         goto done;
-    body = decode_body(&self->decoding, p + HEADER_SIZE, body_size);
+    body = decode_body(&self->decoding, start, body_size);
     if (body == NULL)
         goto done;
-    if (code_value == 0 && PyDict_CheckExact(body)) {
+    if (h->code == 0 && PyDict_CheckExact(body)) {
         value = ok_response(&self->decoding, sync, schema, body);
     } else {
-        code = PyLong_FromUnsignedLong(code_value);
+        code = PyLong_FromUnsignedLongLong(h->code);
         if (code == NULL)
             goto done;
         value = PyTuple_Pack(5, sync, code, schema, body, Py_None);
@@ -577,21 +713,20 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         end = buffer.len;
     if (pos < 0)
         pos = 0;
-    while (end - pos >= HEADER_SIZE) {
+    while (pos < end) {
         const unsigned char *p = data + pos;
         PyObject *sync, *waiter;
-        Py_ssize_t length, stop;
+        Py_ssize_t stop, body_size;
+        Header h;
 
-        if (p[0] != 0xce || p[5] != 0x83 || p[6] != 0x00 || p[7] != 0xce || p[12] != 0x01
-                || p[13] != 0xcf || p[22] != 0x05 || p[23] != 0xce)
+        if (!read_header(p, data + end, &h) || h.length > (uint64_t)limit
+                || (uint64_t)(h.head - h.prefix) > h.length)
             break;
-        length = be32(p + 1);
-        if (length < MIN_LENGTH || length > limit)
+        stop = pos + h.prefix + (Py_ssize_t)h.length;
+        if (stop > end || h.code == IPROTO_CHUNK)
             break;
-        stop = pos + 5 + length;
-        if (stop > end || be32(p + 8) == IPROTO_CHUNK)
-            break;
-        sync = PyLong_FromUnsignedLongLong(be64(p + 14));
+        body_size = stop - pos - h.head;
+        sync = PyLong_FromUnsignedLongLong(h.sync);
         if (sync == NULL)
             goto error;
         waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
@@ -605,7 +740,7 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         if (PyDict_DelItem(self->pending, sync) < 0)
             goto fail;
         if ((PyObject *)Py_TYPE(waiter) == self->sink_type) {
-            int last = store(waiter, sync, p, length - MIN_LENGTH);
+            int last = store(waiter, sync, &h, p + h.head, body_size);
             if (last < 0)
                 goto fail;
             if (last) {
@@ -618,7 +753,7 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
             } else {
                 stored++;
             }
-        } else if (take(self, waiter, sync, p, length - MIN_LENGTH) < 0) {
+        } else if (take(self, waiter, sync, &h, p + h.head, body_size) < 0) {
             goto fail;
         }
         Py_DECREF(waiter);

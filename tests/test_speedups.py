@@ -12,11 +12,12 @@ import types
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gtarantool.protocol import Response, _speedups
 from gtarantool.transport import ReplySink, _Pushes
+from tests import fuzz
 from tests.fakepeer import tarantool_frame
 
 
@@ -303,3 +304,89 @@ def test_a_sinks_outstanding_count_is_any_int(outstanding):
     assert sink.outstanding == outstanding - 1
     assert wake == ([(sink, None)] if last else [])
     assert sink.replies == {7: (0, 1, b"\x80")}
+
+
+# -- reply headers in every layout: the C cutter and transport._reply_header ----------
+
+def _cut_one(frame, limit=1 << 20):
+    """What the C cutter makes of one frame awaited by a caller: (where it
+    stopped, the reply it queued or None)."""
+    pending, ready = {}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None),
+                                   Response, ReplySink, _Pushes)
+    pending.update({9: object(), fuzz.SYNC: object()})
+    pos, _ = cutter.cut(fuzz._exact(frame), 0, len(frame), limit, [])
+    return pos, (ready[0][1] if ready else None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1))
+def test_reply_headers_in_any_layout_are_read_without_msgpack(rng, code, schema):
+    """2.6's layout, 2.10+'s (schema version as uint64), and any map of uints:
+    keys in any order and width, extra keys, a map16, the length in any width.
+    The C cutter and the Python twin take exactly the headers the reference
+    (msgpack) reads as such a map, with the same fields."""
+    from gtarantool.transport import _reply_header
+    assume(code != 0x80)   # a push: never taken here
+    body = b"\x81\x30\x91\x07"
+    frame = fuzz.frame(rng, code, fuzz.SYNC, schema, body)
+    unpacker = msgpack.Unpacker(strict_map_key=False)
+    unpacker.feed(frame)
+    length = unpacker.unpack()
+    start = unpacker.tell()
+    header = unpacker.unpack()
+    head = unpacker.tell()
+    takeable = all(type(v) is int and v >= 0 for v in header.values()) and {0, 1, 5} <= set(header)
+    expected = (head, len(frame), header[0], header[1], header.get(5)) if takeable else None
+    assert length == len(frame) - start
+    assert _reply_header(frame, 0, len(frame), 1 << 20) == expected
+    pos, reply = _cut_one(frame)
+    if takeable:
+        assert pos == len(frame)
+        assert (reply._sync, reply._schema_version, reply._data) == (fuzz.SYNC, header[5], [7]) \
+            if code == 0 else reply[:4] == (fuzz.SYNC, code, header[5], {0x30: [7]})
+    else:
+        assert (pos, reply) == (0, None)
+
+
+HEADERS = {   # (header bytes, taken by the fast paths)
+    "2.6": (b"\x83\x00\xce\x00\x00\x00\x00\x01\xcf" + bytes(7) + b"\x09\x05\xce\x00\x00\x00\x01",
+            True),
+    "2.10+": (b"\x83\x00\xce\x00\x00\x00\x00\x01\xcf" + bytes(7) + b"\x09\x05\xcf" + bytes(7)
+              + b"\x01", True),
+    "compact": (b"\x83\x00\x00\x01\x09\x05\x01", True),
+    "reordered": (b"\x83\x05\x01\x01\x09\x00\x00", True),
+    "stream-id": (b"\x84\x00\x00\x0a\xcf" + bytes(7) + b"\x05\x01\x09\x05\x01", True),
+    "map16": (b"\xde\x00\x03\x00\x00\x01\x09\x05\x01", True),
+    "repeated-key": (b"\x84\x00\x00\x01\x09\x01\x09\x05\x01", False),
+    "no-schema": (b"\x82\x00\x00\x01\x09", False),
+    "negative-code": (b"\x83\x00\xff\x01\x09\x05\x01", False),
+    "float-value": (b"\x84\x00\x00\x01\x09\x04\xcb" + bytes(8) + b"\x05\x01", False),
+    "str-key": (b"\x84\x00\x00\x01\x09\xa1k\x01\x05\x01", False),
+    "array": (b"\x93\x00\x09\x01", False),
+}
+
+
+@pytest.mark.parametrize("name", HEADERS)
+def test_reply_header_layouts(name):
+    from gtarantool.transport import _reply_header
+    header, taken = HEADERS[name]
+    body = b"\x81\x30\x91\x07"
+    frame = b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
+    parsed = _reply_header(frame, 0, len(frame), 1 << 20)
+    pos, reply = _cut_one(frame)
+    if taken:
+        assert parsed == (5 + len(header), len(frame), 0, 9, 1)
+        assert pos == len(frame) and (reply._sync, reply._schema_version, reply._data) == (
+            9, 1, [7])
+    else:
+        assert parsed is None and (pos, reply) == (0, None)
+    # Cut short anywhere, no path takes it (nor reads past what is there); the
+    # header is read once it is all here.
+    for cut in range(len(frame)):
+        assert _reply_header(frame[:cut], 0, cut, 1 << 20) == (
+            parsed if cut >= 5 + len(header) else None)
+        assert _cut_one(frame[:cut]) == (0, None)
+    # Over the length limit: neither does.
+    assert _reply_header(frame, 0, len(frame), len(frame) - 6) is None
+    assert _cut_one(frame, limit=len(frame) - 6) == (0, None)
