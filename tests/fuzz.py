@@ -241,8 +241,10 @@ def comparable(reply):
 # -- cutter ----------------------------------------------------------------------
 
 def _exact(data):
-    """``data`` in a buffer of exactly its size (ASan sees a read past its end)."""
-    return array.array("B", data)
+    """``data`` in a buffer of exactly its size (ASan sees a read past its end).
+    (An array made from a list is allocated to its size; from bytes, it is
+    over-allocated as it grows.)"""
+    return array.array("B", list(data))
 
 
 class _Caller:
@@ -252,6 +254,15 @@ class _Caller:
 def fuzz_cutter(rng, case):
     data, waiters = stream(rng)
     frames, _ = reference_frames(data, LIMIT)
+    if rng.random() < 0.3:   # cut short at every byte of the first header
+        syncs = [sync for sync, _ in waiters]
+        stops = {0} | {f[1] for f in frames}
+        for cut in range(min(len(data), 48)):
+            cutter = _speedups.ReplyCutter(dict.fromkeys(syncs, _Caller()), collections.deque(),
+                                           msgpack.unpackb, _OPTIONS, Response, ReplySink,
+                                           _Pushes)
+            pos, _ = cutter.cut(_exact(data[:cut]), 0, cut, LIMIT, [])
+            assert pos <= cut and pos in stops, (data[:cut], pos)
     pending, kinds = {}, {}
     for sync, kind in waiters:
         roll = rng.random()
@@ -268,8 +279,8 @@ def fuzz_cutter(rng, case):
     lead = rng.randrange(4)
     # (an array's buffer is allocated to its exact size, where bytes and
     # bytearray keep a byte more: a read one past the end is caught there)
-    buf = rng.choice((bytes, bytearray, _exact))(rng.randbytes(lead) + data
-                                                  + rng.randbytes(rng.choice((0, 0, 1, 3))))
+    buf = rng.choice((bytes, bytearray, _exact, _exact))(
+        rng.randbytes(lead) + data + rng.randbytes(rng.choice((0, 0, 1, 3))))
     end = lead + len(data) if rng.random() < 0.8 else rng.randrange(len(buf) + 2)
     limit = LIMIT if rng.random() < 0.9 else rng.randrange(64)
     ready, wake = collections.deque(), []
