@@ -535,7 +535,8 @@ read_uint(const unsigned char **p, const unsigned char *end, uint64_t *value)
  * schema version (5) once each, other keys skipped (IPROTO_STREAM_ID 0x0a,
  * ... whatever a later server adds); 0 for anything else, which the Python
  * code parses the general way (and fails the connection for when it is
- * malformed).  As transport._reply_header, its Python twin. */
+ * malformed): an IPROTO_EVENT's header, which has no schema version, too.
+ * As transport._reply_header, its Python twin. */
 static int
 read_header(const unsigned char *p, const unsigned char *end, Header *h)
 {

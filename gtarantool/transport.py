@@ -388,12 +388,10 @@ class Transport:
                 # Tarantool writes every reply's length and header in one of two
                 # fixed layouts: one struct call reads 2.6's, _reply_header the
                 # rest.  Anything odd (a header that is no map of uints, a push,
-                # an unknown sync, a partial frame) takes _frame().
-                while fast_end > pos:
-                    if fast_end - pos >= 28:
-                        ce, length, m1, m2, code, m3, sync, m4, schema = unpack(data, pos)
-                    else:
-                        ce = None
+                # an unknown sync, a partial frame, a last frame shorter than
+                # 2.6's header) takes _frame().
+                while fast_end - pos >= 28:
+                    ce, length, m1, m2, code, m3, sync, m4, schema = unpack(data, pos)
                     # (separate int tests: a tuple or bytes comparison costs twice as much)
                     if (ce == 0xce and m1 == 0x83 and m2 == 0x00ce and m3 == 0x01cf
                             and m4 == 0x05ce and 23 <= length <= limit):
@@ -595,7 +593,8 @@ def _reply_header(data, pos, end, limit):
     is a map of uints to uints holding the code, the sync and the schema version
     once each, in any order and width, other keys skipped (IPROTO_STREAM_ID,
     ... whatever a later server adds); None for anything else, which _frame()
-    parses (and fails the connection for, when it is malformed).  The frame
+    parses (and fails the connection for, when it is malformed): an
+    IPROTO_EVENT's header, which has no schema version, too.  The frame
     itself need not be all here.  (The cutter's read_header in C.)"""
     if end - pos >= 32:   # 2.10+'s layout: 2.6's, with the schema version as uint64
         ce, length, m1, m2, code, m3, sync, m4, schema = _TNT_FRAME_64.unpack_from(data, pos)
