@@ -236,8 +236,10 @@ def test_a_stray_switch_into_a_waiting_caller_fails_it_and_takes_no_reply(code, 
         gevent.get_hub().loop.run_callback(stray)
         with pytest.raises(InvalidSwitchError):
             victim.get(timeout=2)
-        assert _delivered(other.get(timeout=2)) == _expected(
-            8, 0, 1, msgpack.packb({IPROTO_DATA: ["eight"]}))
+        got = other.get(timeout=2)   # (a Response from a fast path, a tuple from _frame)
+        if type(got) is Response:
+            got = (got._sync, got._code, got._schema_version, got._body)
+        assert got[:4] == (8, 0, 1, {IPROTO_DATA: ["eight"]})
         assert transport.alive and transport.in_flight == 0 and not transport._ready
     finally:
         transport.close()
