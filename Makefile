@@ -7,6 +7,8 @@
 # make soak    - long mixed load with injected faults (not part of CI)
 # make locust  - bench/locustfile.py under Locust, headless, counts checked against box.stat
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
+# make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
+# make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -49,7 +51,7 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
 
 .PHONY: all install server test bench compare perf instructions profile soak locust \
-	locust-master locust-worker clean
+	locust-master locust-worker sanitize fuzz clean
 
 all: test
 
@@ -118,6 +120,13 @@ locust-master: install
 locust-worker: install
 	$(PY) -m locust -f bench/locustfile.py --worker --master-host $(MASTER) \
 		$(if $(filter command line environment,$(origin PROCS)),--processes $(PROCS))
+sanitize: install
+	PY=$(PY) tests/sanitize.sh
+
+SECONDS ?= 60
+SEED ?= 1
+fuzz: install
+	$(PY) -m tests.fuzz --seconds $(SECONDS) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache profiles $(LOCUST_OUT)

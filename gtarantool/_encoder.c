@@ -312,6 +312,11 @@ BodyEncoder_join(BodyEncoder *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned char *p;
     int declined = 0;
 
+    if (self->pack == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "BodyEncoder object was not initialised (its __init__ was not called)");
+        return NULL;
+    }
     if (nargs > MAX_PARTS) {
         PyErr_Format(PyExc_TypeError, "join() takes at most %d parts", MAX_PARTS);
         return NULL;
@@ -365,7 +370,12 @@ BodyEncoder_init(BodyEncoder *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "BodyEncoder(pack, use_bin_type): pack must be callable");
         return -1;
     }
-    Py_XSETREF(self->pack, Py_NewRef(pack));
+    /* join() calls pack() (Python) and goes on using self: set once, for good */
+    if (self->pack != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BodyEncoder object is initialised already");
+        return -1;
+    }
+    self->pack = Py_NewRef(pack);
     self->use_bin_type = use_bin_type;
     return 0;
 }

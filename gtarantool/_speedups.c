@@ -5,13 +5,16 @@
  *
  * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
  * pushes_type).cut(data, pos, end, limit, wake) takes the whole frames of
- * data[pos:end], one after another, while each is in the layout Tarantool
- * writes every reply in
+ * data[pos:end], one after another, while each is a reply whose header it
+ * reads (see read_header): Tarantool writes every reply in one of
  *
  *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xce schema32 | body
+ *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xcf schema64 | body
  *
- * and answers a request in `pending` (sync -> waiter) whose waiter is a
- * greenlet or a sink_type (transport.ReplySink).  For a greenlet it pops the
+ * (up to 2.9, and since 2.10), checked byte by byte; any other map of
+ * msgpack uints is parsed (widths, key order, extra keys).  It answers a
+ * request in `pending` (sync -> waiter) whose waiter is a greenlet or a
+ * sink_type (transport.ReplySink).  For a greenlet it pops the
  * waiter, decodes the body as unpackb(body, use_list=, raw=,
  * strict_map_key=False, ext_hook=) does (options gives the three; it calls
  * unpackb only for what its own decoder declines, see Reader), and appends
@@ -20,8 +23,8 @@
  * body or the exception decoding it raised, None).  For a sink it stores
  * (code, schema version, body bytes) in sink.replies[sync] and appends
  * (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
- * the first frame it does not take (another layout, too long, incomplete, a
- * push, a sync not in `pending`, a pushes_type waiter) and returns where that
+ * the first frame it does not take (a header read_header does not read, too
+ * long, incomplete, a push, a sync not in `pending`, a pushes_type waiter) and returns where that
  * frame starts and how many replies it stored in sinks without a wake-up:
  * the Python code decides about the rest.
  */
@@ -35,14 +38,14 @@
 #include <structmember.h>
 #include <stdint.h>
 
-#define HEADER_SIZE 28          /* length prefix and header, as above */
-#define MIN_LENGTH (HEADER_SIZE - 5)
+#define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
+#define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
 #define IPROTO_CHUNK 0x80
 #define IPROTO_DATA 0x30
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
-    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
+    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early;
 
@@ -77,6 +80,20 @@ static inline uint64_t
 be64(const unsigned char *p)
 {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+/* Every object's fields are set once, by __init__, and stay while it lives:
+ * a method keeps using them across calls that run Python (an ext_hook, a
+ * switch), so a second __init__ is refused; before the first, methods raise. */
+static int
+initialised(PyObject *self, const void *field, int want)
+{
+    if ((field != NULL) == want)
+        return 1;
+    PyErr_Format(want ? PyExc_TypeError : PyExc_RuntimeError,
+                 want ? "%.100s object was not initialised (its __init__ was not called)"
+                      : "%.100s object is initialised already", Py_TYPE(self)->tp_name);
+    return 0;
 }
 
 /* msgpack, decoded as msgpack.unpackb(data, use_list=, raw=,
@@ -360,8 +377,12 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
 
 /* Fill d->slots: where response_type keeps each field, when that is a
  * plain object slot (__slots__), which ok_response then writes directly, as
- * the slot's descriptor would; a field kept any other way gets 0. */
-static void
+ * the slot's descriptor would; a field kept any other way gets 0.  Only a
+ * descriptor of response_type's own layout counts (one of its bases', inside
+ * its size): any object could be put on the class under a field's name,
+ * another class's slot descriptor too.  -1 with an error set when
+ * response_type cannot make objects. */
+static int
 find_slots(Decoding *d)
 {
     PyObject **names[N_FIELDS] = {&str_data, &str_sync, &str_code, &str_body,
@@ -378,13 +399,23 @@ find_slots(Decoding *d)
             PyErr_Clear();
             continue;
         }
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                && PyType_IsSubtype(d->response_type, PyDescr_TYPE(descr))) {
             member = ((PyMemberDescrObject *)descr)->d_member;
-            if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)
+                    && member->offset >= (Py_ssize_t)sizeof(PyObject)
+                    && member->offset <= d->response_type->tp_basicsize
+                                          - (Py_ssize_t)sizeof(PyObject *))
                 d->slots[i] = member->offset;
         }
         Py_DECREF(descr);
     }
+    if (d->response_type->tp_new == NULL) {
+        PyErr_Format(PyExc_TypeError, "cannot create '%.100s' objects",
+                     d->response_type->tp_name);
+        return -1;
+    }
+    return 0;
 }
 
 static int
@@ -392,7 +423,8 @@ set_field(const Decoding *d, PyObject *resp, int field, PyObject *name, PyObject
 {
     PyObject **slot;
 
-    if (d->slots[field] == 0)
+    /* (tp_new may return an object of another type: no slots of ours there) */
+    if (d->slots[field] == 0 || !Py_IS_TYPE(resp, d->response_type))
         return PyObject_SetAttr(resp, name, value);
     slot = (PyObject **)((char *)resp + d->slots[field]);
     Py_XSETREF(*slot, Py_NewRef(value));
@@ -416,10 +448,13 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
     } else if (PyList_Check(rows) || PyTuple_Check(rows)) {
         data = Py_NewRef(rows);
     } else {
+        Py_INCREF(rows);   /* PyList_New may collect garbage, whose finalizers run Python */
         data = PyList_New(1);
-        if (data == NULL)
+        if (data == NULL) {
+            Py_DECREF(rows);
             goto fail;
-        PyList_SET_ITEM(data, 0, Py_NewRef(rows));
+        }
+        PyList_SET_ITEM(data, 0, rows);
     }
     if (set_field(d, resp, F_DATA, str_data, data) < 0) {
         Py_DECREF(data);
@@ -438,16 +473,150 @@ fail:
     return NULL;
 }
 
-/* Store the reply in the frame at p in `sink`: 1 when that was its last, 0 or -1. */
+/* A reply frame's length prefix and header, as read_header finds them. */
+typedef struct {
+    uint64_t length;            /* the length prefix's value */
+    Py_ssize_t prefix;          /* its size */
+    Py_ssize_t head;            /* where the body starts, from the frame's start */
+    uint64_t code, sync, schema;
+} Header;
+
+/* The msgpack uint at *p, before end, in any width: 1, or 0 when it is
+ * something else or not all there. */
+static inline int
+read_uint(const unsigned char **p, const unsigned char *end, uint64_t *value)
+{
+    const unsigned char *q = *p;
+
+    if (q >= end)
+        return 0;
+    if (*q <= 0x7f) {
+        *value = *q;
+        *p = q + 1;
+        return 1;
+    }
+    switch (*q) {
+    case 0xcc:
+        if (end - q < 2)
+            return 0;
+        *value = q[1];
+        *p = q + 2;
+        return 1;
+    case 0xcd:
+        if (end - q < 3)
+            return 0;
+        *value = be16(q + 1);
+        *p = q + 3;
+        return 1;
+    case 0xce:
+        if (end - q < 5)
+            return 0;
+        *value = be32(q + 1);
+        *p = q + 5;
+        return 1;
+    case 0xcf:
+        if (end - q < 9)
+            return 0;
+        *value = be64(q + 1);
+        *p = q + 9;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#define HAS_CODE 1
+#define HAS_SYNC 2
+#define HAS_SCHEMA 4
+
+/* The header of the frame at p (end - p bytes of it here): 1 with h filled
+ * when the length prefix and header are whole, within the frame, and the
+ * header is a map of uints to uints with the code (0), the sync (1) and the
+ * schema version (5) once each, other keys skipped (IPROTO_STREAM_ID 0x0a,
+ * ... whatever a later server adds); 0 for anything else, which the Python
+ * code parses the general way (and fails the connection for when it is
+ * malformed): an IPROTO_EVENT's header, which has no schema version, too.
+ * As transport._reply_header, its Python twin. */
 static int
-store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_size)
+read_header(const unsigned char *p, const unsigned char *end, Header *h)
+{
+    const unsigned char *q = p, *frame_end;
+    uint64_t key, value;
+    Py_ssize_t n;
+    int seen = 0, field;
+
+    /* Tarantool's layouts (the frame's header, not what follows, checked here) */
+    if (end - p >= HEADER_SIZE && p[0] == 0xce && p[5] == 0x83 && p[6] == 0x00 && p[7] == 0xce
+            && p[12] == 0x01 && p[13] == 0xcf && p[22] == 0x05) {
+        h->length = be32(p + 1);
+        h->prefix = 5;
+        h->code = be32(p + 8);
+        h->sync = be64(p + 14);
+        if (p[23] == 0xce) {
+            h->schema = be32(p + 24);
+            h->head = HEADER_SIZE;
+            return 1;
+        }
+        if (p[23] == 0xcf && end - p >= HEADER_SIZE_64) {
+            h->schema = be64(p + 24);
+            h->head = HEADER_SIZE_64;
+            return 1;
+        }
+    }
+    if (!read_uint(&q, end, &h->length))
+        return 0;
+    h->prefix = q - p;
+    /* the header must end within the frame */
+    frame_end = (uint64_t)(end - q) < h->length ? end : q + h->length;
+    if (q >= frame_end)
+        return 0;
+    if (*q >= 0x80 && *q <= 0x8f) {
+        n = *q++ & 0x0f;
+    } else if (*q == 0xde && frame_end - q >= 3) {
+        n = be16(q + 1);
+        q += 3;
+    } else {
+        return 0;
+    }
+    while (n-- > 0) {
+        if (!read_uint(&q, frame_end, &key) || !read_uint(&q, frame_end, &value))
+            return 0;
+        switch (key) {
+        case 0x00:
+            field = HAS_CODE;
+            h->code = value;
+            break;
+        case 0x01:
+            field = HAS_SYNC;
+            h->sync = value;
+            break;
+        case 0x05:
+            field = HAS_SCHEMA;
+            h->schema = value;
+            break;
+        default:
+            continue;
+        }
+        if (seen & field)   /* a repeated key: the general way says which counts */
+            return 0;
+        seen |= field;
+    }
+    if (seen != (HAS_CODE | HAS_SYNC | HAS_SCHEMA))
+        return 0;
+    h->head = q - p;
+    return 1;
+}
+
+/* Store the reply `h` in `sink`: 1 when that was its last, 0 or -1. */
+static int
+store(PyObject *sink, PyObject *sync, const Header *h, const unsigned char *body,
+      Py_ssize_t body_size)
 {
     PyObject *replies, *value, *outstanding, *left;
-    long n;
-    int stored;
+    int stored, last;
 
-    value = Py_BuildValue("(kky#)", (unsigned long)be32(p + 8), (unsigned long)be32(p + 24),
-                          (const char *)p + HEADER_SIZE, body_size);
+    value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
+                          (unsigned long long)h->schema, (const char *)body, body_size);
     if (value == NULL)
         return -1;
     replies = PyObject_GetAttr(sink, str_replies);
@@ -463,39 +632,37 @@ store(PyObject *sink, PyObject *sync, const unsigned char *p, Py_ssize_t body_si
     outstanding = PyObject_GetAttr(sink, str_outstanding);
     if (outstanding == NULL)
         return -1;
-    n = PyLong_AsLong(outstanding);
+    /* outstanding -= 1; outstanding <= 0, as Python does it: any int, no overflow */
+    left = PyNumber_Subtract(outstanding, one);
     Py_DECREF(outstanding);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    left = PyLong_FromLong(n - 1);
     if (left == NULL)
         return -1;
-    stored = PyObject_SetAttr(sink, str_outstanding, left);
+    last = PyObject_RichCompareBool(left, zero, Py_LE);
+    stored = last < 0 ? -1 : PyObject_SetAttr(sink, str_outstanding, left);
     Py_DECREF(left);
     if (stored < 0)
         return -1;
-    return n - 1 <= 0;
+    return last;
 }
 
-/* Queue the reply in the frame at p (whose waiter is already popped). */
+/* Queue the reply `h` (whose waiter is already popped). */
 static int
-take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const unsigned char *p,
-     Py_ssize_t body_size)
+take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
+     const unsigned char *start, Py_ssize_t body_size)
 {
     PyObject *code = NULL, *schema = NULL, *body = NULL, *value = NULL, *pair, *res;
-    uint32_t code_value = be32(p + 8);
     int ok = -1;
 
-    schema = PyLong_FromUnsignedLong(be32(p + 24));
+    schema = PyLong_FromUnsignedLongLong(h->schema);
     if (schema == NULL)
         goto done;
-    body = decode_body(&self->decoding, p + HEADER_SIZE, body_size);
+    body = decode_body(&self->decoding, start, body_size);
     if (body == NULL)
         goto done;
-    if (code_value == 0 && PyDict_CheckExact(body)) {
+    if (h->code == 0 && PyDict_CheckExact(body)) {
         value = ok_response(&self->decoding, sync, schema, body);
     } else {
-        code = PyLong_FromUnsignedLong(code_value);
+        code = PyLong_FromUnsignedLongLong(h->code);
         if (code == NULL)
             goto done;
         value = PyTuple_Pack(5, sync, code, schema, body, Py_None);
@@ -527,6 +694,8 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *data;
     PyObject *wake;
 
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
     if (nargs != 5 || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, "cut(data, pos, end, limit, wake list)");
         return NULL;
@@ -545,21 +714,20 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         end = buffer.len;
     if (pos < 0)
         pos = 0;
-    while (end - pos >= HEADER_SIZE) {
+    while (pos < end) {
         const unsigned char *p = data + pos;
         PyObject *sync, *waiter;
-        Py_ssize_t length, stop;
+        Py_ssize_t stop, body_size;
+        Header h;
 
-        if (p[0] != 0xce || p[5] != 0x83 || p[6] != 0x00 || p[7] != 0xce || p[12] != 0x01
-                || p[13] != 0xcf || p[22] != 0x05 || p[23] != 0xce)
+        if (!read_header(p, data + end, &h) || h.length > (uint64_t)limit
+                || (uint64_t)(h.head - h.prefix) > h.length)
             break;
-        length = be32(p + 1);
-        if (length < MIN_LENGTH || length > limit)
+        stop = pos + h.prefix + (Py_ssize_t)h.length;
+        if (stop > end || h.code == IPROTO_CHUNK)
             break;
-        stop = pos + 5 + length;
-        if (stop > end || be32(p + 8) == IPROTO_CHUNK)
-            break;
-        sync = PyLong_FromUnsignedLongLong(be64(p + 14));
+        body_size = stop - pos - h.head;
+        sync = PyLong_FromUnsignedLongLong(h.sync);
         if (sync == NULL)
             goto error;
         waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
@@ -573,7 +741,7 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         if (PyDict_DelItem(self->pending, sync) < 0)
             goto fail;
         if ((PyObject *)Py_TYPE(waiter) == self->sink_type) {
-            int last = store(waiter, sync, p, length - MIN_LENGTH);
+            int last = store(waiter, sync, &h, p + h.head, body_size);
             if (last < 0)
                 goto fail;
             if (last) {
@@ -586,7 +754,7 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
             } else {
                 stored++;
             }
-        } else if (take(self, waiter, sync, p, length - MIN_LENGTH) < 0) {
+        } else if (take(self, waiter, sync, &h, p + h.head, body_size) < 0) {
             goto fail;
         }
         Py_DECREF(waiter);
@@ -608,31 +776,43 @@ error:
 static int
 ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type;
+    PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type,
+        *ready_append;
+    Decoding decoding = {NULL};
     static char *names[] = {"pending", "ready", "unpackb", "options", "response_type",
                             "sink_type", "pushes_type", NULL};
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!O!:ReplyCutter", names,
                                      &PyDict_Type, &pending, &ready, &unpackb,
                                      &PyTuple_Type, &options, &PyType_Type, &response_type,
-                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type))
+                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type)
+            || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     if (PyTuple_GET_SIZE(options) != 3) {
         PyErr_SetString(PyExc_TypeError, "options must be (use_list, raw, ext_hook)");
         return -1;
     }
-    Py_XSETREF(self->ready_append, PyObject_GetAttrString(ready, "append"));
-    if (self->ready_append == NULL)
+    /* What runs Python first (find_slots, getattr), then the fields, all at once */
+    decoding.response_type = (PyTypeObject *)response_type;
+    if (find_slots(&decoding) < 0)
         return -1;
-    Py_XSETREF(self->pending, Py_NewRef(pending));
-    Py_XSETREF(self->decoding.unpackb, Py_NewRef(unpackb));
-    Py_XSETREF(self->decoding.use_list, Py_NewRef(PyTuple_GET_ITEM(options, 0)));
-    Py_XSETREF(self->decoding.raw, Py_NewRef(PyTuple_GET_ITEM(options, 1)));
-    Py_XSETREF(self->decoding.ext_hook, Py_NewRef(PyTuple_GET_ITEM(options, 2)));
-    Py_XSETREF(self->decoding.response_type, (PyTypeObject *)Py_NewRef(response_type));
-    find_slots(&self->decoding);
-    Py_XSETREF(self->sink_type, Py_NewRef(sink_type));
-    Py_XSETREF(self->pushes_type, Py_NewRef(pushes_type));
+    ready_append = PyObject_GetAttrString(ready, "append");
+    if (ready_append == NULL)
+        return -1;
+    if (!initialised((PyObject *)self, self->pending, 0)) {
+        Py_DECREF(ready_append);
+        return -1;
+    }
+    self->ready_append = ready_append;
+    self->decoding = decoding;
+    Py_INCREF(response_type);
+    self->decoding.unpackb = Py_NewRef(unpackb);
+    self->decoding.use_list = Py_NewRef(PyTuple_GET_ITEM(options, 0));
+    self->decoding.raw = Py_NewRef(PyTuple_GET_ITEM(options, 1));
+    self->decoding.ext_hook = Py_NewRef(PyTuple_GET_ITEM(options, 2));
+    self->sink_type = Py_NewRef(sink_type);
+    self->pushes_type = Py_NewRef(pushes_type);
+    self->pending = Py_NewRef(pending);
     return 0;
 }
 
@@ -785,6 +965,8 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t queued;
     PyObject *slow_args[5];
 
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "request(sync, code, schema_version, body)");
         return NULL;
@@ -900,7 +1082,8 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOn:Requester", names, &transport,
                                      &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
-                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight))
+                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight)
+            || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
     if (self->hub_switch == NULL)
@@ -910,13 +1093,13 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
         return -1;
     Py_XSETREF(self->transport, Py_NewRef(transport));
     Py_XSETREF(self->slow, Py_NewRef(slow));
-    Py_XSETREF(self->pending, Py_NewRef(pending));
     Py_XSETREF(self->ready, Py_NewRef(ready));
     Py_XSETREF(self->wbuf, Py_NewRef(wbuf));
     Py_XSETREF(self->wakeup_set, Py_NewRef(wakeup_set));
     Py_XSETREF(self->hub, Py_NewRef(hub));
     Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
     self->max_in_flight = max_in_flight;
+    Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
     return 0;
 }
 
@@ -1016,7 +1199,6 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     conn = args[0];
-    syncs = args[1];
     replies = args[2];
     options = args[4];
     general = args[6];
@@ -1025,19 +1207,26 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d.raw = PyTuple_GET_ITEM(options, 1);
     d.ext_hook = PyTuple_GET_ITEM(options, 2);
     d.response_type = (PyTypeObject *)args[5];
-    find_slots(&d);
-    n = PyList_GET_SIZE(syncs);
+    if (find_slots(&d) < 0)
+        return NULL;
+    /* Decoding can run Python (ext_hook), which may change `syncs` and
+     * `replies`: the loop works on its own references to both's items. */
+    syncs = PyList_AsTuple(args[1]);
+    if (syncs == NULL)
+        return NULL;
+    n = PyTuple_GET_SIZE(syncs);
     out = PyList_New(n);
     if (out == NULL)
-        return NULL;
+        goto error;
     for (i = 0; i < n; i++) {
-        PyObject *sync = PyList_GET_ITEM(syncs, i), *value, *result = NULL;
+        PyObject *sync = PyTuple_GET_ITEM(syncs, i), *value, *result = NULL;
         value = PyDict_GetItemWithError(replies, sync);   /* borrowed */
         if (value == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetObject(PyExc_KeyError, sync);
             goto error;
         }
+        Py_INCREF(value);   /* and so its body bytes, which decode_body reads in place */
         if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 3
                 && PyBytes_CheckExact(PyTuple_GET_ITEM(value, 2))
                 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 2)) > 0
@@ -1045,29 +1234,35 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *bytes = PyTuple_GET_ITEM(value, 2);
             PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
                                          PyBytes_GET_SIZE(bytes));
-            if (body == NULL)
+            if (body == NULL) {
+                Py_DECREF(value);
                 goto error;
+            }
             if (PyDict_CheckExact(body)) {
                 result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body);
                 if (result != NULL && PyObject_SetAttr(result, str_conn, conn) < 0)
                     Py_CLEAR(result);
                 Py_DECREF(body);
-                if (result == NULL)
+                if (result == NULL) {
+                    Py_DECREF(value);
                     goto error;
+                }
             } else {
                 Py_DECREF(body);   /* an error or not a map: the general way says which */
             }
         }
-        if (result == NULL) {
+        if (result == NULL)
             result = PyObject_CallFunctionObjArgs(general, sync, value, NULL);
-            if (result == NULL)
-                goto error;
-        }
+        Py_DECREF(value);
+        if (result == NULL)
+            goto error;
         PyList_SET_ITEM(out, i, result);
     }
+    Py_DECREF(syncs);
     return out;
 error:
-    Py_DECREF(out);
+    Py_XDECREF(out);
+    Py_DECREF(syncs);
     return NULL;
 }
 
@@ -1103,6 +1298,7 @@ PyInit__speedups(void)
                                                 "ext_hook"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
+            || !(one = PyLong_FromLong(1))
             || !(empty_tuple = PyTuple_New(0))
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))

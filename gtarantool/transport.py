@@ -44,8 +44,10 @@ RECV_SIZE = 256 * 1024
 IPROTO_EVENT = 76   # a watcher's notification (Tarantool 2.10+)
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 # uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
-# version}: how Tarantool writes every reply; anything else goes through msgpack.
+# version}: how Tarantool up to 2.9 writes every reply (since 2.10 the schema
+# version is a uint64: _TNT_FRAME_64); _reply_header reads any other layout.
 _TNT_FRAME = struct.Struct(">BIBHIHQHI")
+_TNT_FRAME_64 = struct.Struct(">BIBHIHQHQ")
 # Requests go out in the same layout: 0xce len32 | {0: code, 1: 0xcf sync64,
 # 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
 _REQUEST_HEADER = struct.Struct(">BIHBHQHI")
@@ -402,16 +404,22 @@ class Transport:
                 if cut:   # the loop below, in C; it stops at pushes and anything odd
                     pos, in_sinks = cut(data, pos, fast_end, limit, wake)
                     stored += in_sinks
-                # Tarantool writes every reply's length and header in one fixed
-                # layout: one struct call reads both.  Anything else (another
-                # layout, a push, an unknown sync, a partial frame) takes _frame().
+                # Tarantool writes every reply's length and header in one of two
+                # fixed layouts: one struct call reads 2.6's, _reply_header the
+                # rest.  Anything odd (a header that is no map of uints, a push,
+                # an unknown sync, a partial frame, a last frame shorter than
+                # 2.6's header) takes _frame().
                 while fast_end - pos >= 28:
                     ce, length, m1, m2, code, m3, sync, m4, schema = unpack(data, pos)
                     # (separate int tests: a tuple or bytes comparison costs twice as much)
-                    if (ce != 0xce or m1 != 0x83 or m2 != 0x00ce or m3 != 0x01cf
-                            or m4 != 0x05ce or not 23 <= length <= limit):
-                        break
-                    stop = pos + 5 + length
+                    if (ce == 0xce and m1 == 0x83 and m2 == 0x00ce and m3 == 0x01cf
+                            and m4 == 0x05ce and 23 <= length <= limit):
+                        head, stop = pos + 28, pos + 5 + length
+                    else:
+                        header = _reply_header(data, pos, fast_end, limit)
+                        if header is None:
+                            break
+                        head, stop, code, sync, schema = header
                     if stop > end or code == IPROTO_CHUNK:
                         break
                     waiter = pop(sync, None)
@@ -420,10 +428,10 @@ class Transport:
                     kind = type(waiter)
                     if kind is not ReplySink and kind is not _Pushes:   # a caller's greenlet
                         try:
-                            body = unpackb(view[pos + 28:stop], use_list=use_list, raw=raw,
+                            body = unpackb(view[head:stop], use_list=use_list, raw=raw,
                                            strict_map_key=False, ext_hook=ext_hook)
                         except Exception as exc:  # noqa: BLE001 - that caller's error
-                            body = {} if stop == pos + 28 else exc.with_traceback(None)
+                            body = {} if stop == head else exc.with_traceback(None)
                         if code or type(body) is not dict:
                             ready.append((waiter, (sync, code, schema, body, None)))
                             pos = stop
@@ -444,14 +452,14 @@ class Transport:
                     elif kind is ReplySink:
                         # Stored as bytes: decoded objects held until the
                         # pipeline collects them would keep the cyclic GC busy.
-                        waiter.replies[sync] = (code, schema, data[pos + 28:stop])
+                        waiter.replies[sync] = (code, schema, data[head:stop])
                         stored += 1
                         waiter.outstanding -= 1
                         if waiter.outstanding <= 0:
                             wake.append((waiter, None))
                             stored -= 1   # that entry is no reply
                     else:   # a _Pushes
-                        self._deliver(*waiter.final((sync, code, schema, data[pos + 28:stop])),
+                        self._deliver(*waiter.final((sync, code, schema, data[head:stop])),
                                       wake)
                     pos = stop
                 if pos == end:
@@ -586,6 +594,68 @@ def _slow_prefix(data, pos, end):
     if end - pos < 1 + size:
         return None, None
     return int.from_bytes(data[pos + 1:pos + 1 + size], "big"), pos + 1 + size
+
+
+def _uint(data, pos, end):
+    """(value, where it ends) of the msgpack uint at ``pos``, any width, or
+    (None, pos) when it is something else or not all before ``end``."""
+    if pos >= end:
+        return None, pos
+    first = data[pos]
+    if first <= 0x7f:
+        return first, pos + 1
+    size = _UINT_SIZES.get(first)
+    if size is None or end - pos <= size:
+        return None, pos
+    return int.from_bytes(data[pos + 1:pos + 1 + size], "big"), pos + 1 + size
+
+
+_HEADER_KEYS = (IPROTO_REQUEST_TYPE, IPROTO_SYNC, IPROTO_SCHEMA_ID)
+
+
+def _reply_header(data, pos, end, limit):
+    """The length prefix and header of the reply at ``data[pos:end]``, without
+    an Unpacker: ``(body start, frame end, code, sync, schema version)`` when
+    its length is within ``limit`` and its header, whole and within the frame,
+    is a map of uints to uints holding the code, the sync and the schema version
+    once each, in any order and width, other keys skipped (IPROTO_STREAM_ID,
+    ... whatever a later server adds); None for anything else, which _frame()
+    parses (and fails the connection for, when it is malformed): an
+    IPROTO_EVENT's header, which has no schema version, too.  The frame
+    itself need not be all here.  (The cutter's read_header in C.)"""
+    if end - pos >= 32:   # 2.10+'s layout: 2.6's, with the schema version as uint64
+        ce, length, m1, m2, code, m3, sync, m4, schema = _TNT_FRAME_64.unpack_from(data, pos)
+        if (ce == 0xce and m1 == 0x83 and m2 == 0x00ce and m3 == 0x01cf and m4 == 0x05cf
+                and 27 <= length <= limit):
+            return pos + 32, pos + 5 + length, code, sync, schema
+    length, at = _uint(data, pos, end)
+    if length is None or length > limit:
+        return None
+    stop = at + length
+    end = min(end, stop)   # the header ends within the frame
+    if at >= end:
+        return None
+    first = data[at]
+    if 0x80 <= first <= 0x8f:
+        count, at = first & 0x0f, at + 1
+    elif first == 0xde and end - at >= 3:
+        count, at = int.from_bytes(data[at + 1:at + 3], "big"), at + 3
+    else:
+        return None
+    fields = {}
+    for _ in range(count):
+        key, at = _uint(data, at, end)
+        if key is None:
+            return None
+        value, at = _uint(data, at, end)
+        if value is None or key in fields:   # (a repeated key: _frame() says which counts)
+            return None
+        if key in _HEADER_KEYS:
+            fields[key] = value
+    if len(fields) != 3:
+        return None
+    return (at, stop, fields[IPROTO_REQUEST_TYPE], fields[IPROTO_SYNC],
+            fields[IPROTO_SCHEMA_ID])
 
 
 def _parse_header(data, start, stop):

@@ -43,6 +43,21 @@ def conn(server):
     c.close()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--reader", choices=("c", "python"),
+                     help="run only this half of the tests that use the reader fixture "
+                          "(make sanitize: the C half)")
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = config.getoption("--reader")
+    if wanted:
+        drop = [item for item in items if getattr(item, "callspec", None) is not None
+                and item.callspec.params.get("reader", wanted) != wanted]
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item not in drop]
+
+
 @pytest.fixture(params=["c", "python"])
 def reader(request, monkeypatch):
     """Runs a test twice: with the hot paths in C (gtarantool._speedups and

@@ -32,11 +32,13 @@ def reply(sync, data=None, code=0, schema_id=1):
     return frame({IPROTO_CODE: code, IPROTO_SYNC: sync, IPROTO_SCHEMA_ID: schema_id}, body)
 
 
-def tarantool_frame(sync, body, code=0, schema_id=1):
-    """A reply with ``body`` (bytes) in the one layout Tarantool writes replies in
-    (uint32 length, header {0: uint32, 1: uint64, 5: uint32}): the reader's fast path."""
+def tarantool_frame(sync, body, code=0, schema_id=1, schema_width=4):
+    """A reply with ``body`` (bytes) in a layout Tarantool writes replies in
+    (uint32 length, header {0: uint32, 1: uint64, 5: uint32}, or 5: uint64
+    with ``schema_width`` 8 as since 2.10): the reader's fast path."""
     header = (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
-              + b"\x05\xce" + schema_id.to_bytes(4, "big"))
+              + (b"\x05\xce" if schema_width == 4 else b"\x05\xcf")
+              + schema_id.to_bytes(schema_width, "big"))
     return b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
 
 

@@ -203,3 +203,15 @@ def test_a_packer_hook_that_changes_an_earlier_part():
     body = join(b"<", key, b"|", object(), b">")
     assert body == b"<" + msgpack.packb([1]) + b"|" + msgpack.packb("hooked") + b">"
     assert len(key) == 100001
+
+
+def test_an_encoder_never_initialised_raises():
+    """(Its pack was NULL: a declined object crashed join.)"""
+    encoder = protocol._encoder.BodyEncoder.__new__(protocol._encoder.BodyEncoder)
+    for obj in (1, object()):
+        with pytest.raises(TypeError, match="not initialised"):
+            encoder.join(b"", obj)
+    encoder = protocol._encoder.BodyEncoder(msgpack.Packer().pack, True)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        encoder.__init__(len, False)
+    assert encoder.join(b"", object.__name__) == msgpack.packb("object")

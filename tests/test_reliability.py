@@ -350,6 +350,11 @@ HOSTILE = {
     "header_claims_huge_array": (
         lambda s: msgpack.packb(12) + b"\x82\x00\x00\x01\xdd\x7f\xff\xff\xff" + b"\x00" * 3,
         False, ProtocolError),
+    # 2.10+'s header layout, its length prefix shorter than the header
+    "header_beyond_its_frame": (lambda s: b"\xce\x00\x00\x00\x10\x83\x00\xce" + bytes(4)
+                                + b"\x01\xcf" + s[0].to_bytes(8, "big") + b"\x05\xcf" + bytes(8)
+                                + b"\x80", False, ProtocolError),
+    "sync_not_an_int": (lambda s: fakepeer.frame({0: 0, 1: "x", 5: 1}, {}), False, ProtocolError),
     "truncated_frame_then_close": (lambda s: fakepeer.reply(s[0], ["x" * 100])[:40], True,
                                    NetworkError),
     "valid_reply_then_close": (_valid, True, NetworkError),

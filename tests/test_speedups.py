@@ -8,14 +8,16 @@ a ``ReplyCutter`` (the way replies reach it) and compare.
 import collections
 import math
 import struct
+import types
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gtarantool.protocol import Response, _speedups
 from gtarantool.transport import ReplySink, _Pushes
+from tests import fuzz
 from tests.fakepeer import tarantool_frame
 
 
@@ -181,3 +183,210 @@ def test_garbage_fails_as_msgpack_fails(body):
 def test_edge_cases(body):
     _check(body)
     _check(body, use_list=False, raw=True)
+
+
+# -- memory safety: each of these crashed (or failed) under make sanitize before its fix -----
+
+def _frame_for(sync, body=b"\x80"):
+    return tarantool_frame(sync, body)
+
+
+def test_responses_holds_each_reply_while_an_ext_hook_drops_it():
+    """protocol.responses in C: decoding a body can run Python (ext_hook) that
+    removes that very reply from ``replies`` (its tuple, schema version and
+    body bytes); the response is still built from what was there."""
+    syncs = [int("1" * 31), int("1" * 31) + 1]   # fresh ints, held by the list only
+    body = b"\x81\x30\x92\xd4\x01\x00\xa1x"       # {0x30: [ext(1, b"\0"), "x"]}
+    schema = int("9" * 25)
+    replies = {syncs[0]: (0, schema, bytes(bytearray(body))), syncs[1]: (0, 1, b"\x80")}
+    del schema
+
+    def ext_hook(code, data):
+        replies.pop(syncs[0], None)
+        return ("ext", code)
+
+    out = _speedups.responses("conn", syncs, replies, msgpack.unpackb, (True, False, ext_hook),
+                              Response, lambda sync, value: (sync, value))
+    assert [r._data for r in out] == [[("ext", 1), "x"], None]
+    assert out[0]._schema_version == int("9" * 25) and out[0].conn == "conn"
+    assert [r._sync for r in out] == [int("1" * 31), int("1" * 31) + 1]
+
+
+def test_responses_goes_through_the_syncs_it_was_given_while_an_ext_hook_clears_them():
+    syncs = [int("1" * 31), int("1" * 31) + 1]
+    body = b"\x81\x30\x91\xd4\x01\x00"
+    replies = {syncs[0]: (0, 1, body), syncs[1]: (0, 2, b"\x81\x30\x91\x07")}
+
+    def ext_hook(code, data):
+        syncs.clear()
+        return "ext"
+
+    out = _speedups.responses(None, syncs, replies, msgpack.unpackb, (True, False, ext_hook),
+                              Response, lambda sync, value: (sync, value))
+    assert [(r._sync, r._schema_version, r._data) for r in out] == [
+        (int("1" * 31), 1, ["ext"]), (int("1" * 31) + 1, 2, [7])]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _speedups.Requester.__new__(_speedups.Requester).request(1, 64, 0, b""),
+    lambda: _speedups.ReplyCutter.__new__(_speedups.ReplyCutter).cut(
+        _frame_for(7), 0, len(_frame_for(7)), 1 << 20, []),
+], ids=["requester", "cutter"])
+def test_objects_never_initialised_raise(make):
+    with pytest.raises(TypeError, match="not initialised"):
+        make()
+
+
+def test_objects_are_initialised_once():
+    """Their methods keep using their fields across calls into Python: a second
+    __init__ (which would replace them meanwhile) is refused."""
+    pending, ready = {}, collections.deque()
+    args = (pending, ready, msgpack.unpackb, (True, False, None), Response, ReplySink, _Pushes)
+    cutter = _speedups.ReplyCutter(*args)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        cutter.__init__(*args)
+    requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1)
+    requester = _speedups.Requester(*requester_args)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        requester.__init__(*requester_args)
+
+
+class _Big:
+    __slots__ = tuple("s%d" % i for i in range(64)) + ("_data",)
+
+
+def test_a_slot_descriptor_of_another_class_is_not_written_through():
+    """A response type whose field name is another (larger) class's slot: the
+    reply sets that field as Python would (the descriptor refuses the object),
+    never at the other layout's offset."""
+    class Small:
+        __slots__ = ()
+    Small._data = _Big.__dict__["_data"]
+    pending, ready = {7: object()}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Small,
+                                   ReplySink, _Pushes)
+    frame = _frame_for(7)
+    with pytest.raises(TypeError, match="doesn't apply"):
+        cutter.cut(frame, 0, len(frame), 1 << 20, [])
+
+
+def test_a_response_type_whose_new_returns_something_else():
+    """Fields go to whatever tp_new returned, as attributes when it is not of the type."""
+    class Other:
+        pass
+
+    class Odd(Response):
+        __slots__ = ()
+
+        def __new__(cls, *args):
+            return Other()
+
+    pending, ready = {7: object()}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Odd,
+                                   ReplySink, _Pushes)
+    frame = _frame_for(7, b"\x81\x30\x91\x05")
+    assert cutter.cut(frame, 0, len(frame), 1 << 20, []) == (len(frame), 0)
+    (_, resp), = ready
+    assert type(resp) is Other and resp._data == [5] and resp._sync == 7
+
+
+@pytest.mark.parametrize("outstanding", [-2**63, 2**64, 1])
+def test_a_sinks_outstanding_count_is_any_int(outstanding):
+    """store() counts down ``outstanding`` as ``ReplySink`` code does, with no
+    C arithmetic to overflow at the ends of a long (or past them)."""
+    sink = ReplySink()
+    sink.outstanding = outstanding
+    cutter = _speedups.ReplyCutter({7: sink}, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    frame, wake = _frame_for(7), []
+    last = outstanding - 1 <= 0
+    assert cutter.cut(frame, 0, len(frame), 1 << 20, wake) == (len(frame), 0 if last else 1)
+    assert sink.outstanding == outstanding - 1
+    assert wake == ([(sink, None)] if last else [])
+    assert sink.replies == {7: (0, 1, b"\x80")}
+
+
+# -- reply headers in every layout: the C cutter and transport._reply_header ----------
+
+def _cut_one(frame, limit=1 << 20):
+    """What the C cutter makes of one frame awaited by a caller: (where it
+    stopped, the reply it queued or None)."""
+    pending, ready = {}, collections.deque()
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None),
+                                   Response, ReplySink, _Pushes)
+    pending.update({9: object(), fuzz.SYNC: object()})
+    pos, _ = cutter.cut(fuzz._exact(frame), 0, len(frame), limit, [])
+    return pos, (ready[0][1] if ready else None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1))
+def test_reply_headers_in_any_layout_are_read_without_msgpack(rng, code, schema):
+    """2.6's layout, 2.10+'s (schema version as uint64), and any map of uints:
+    keys in any order and width, extra keys, a map16, the length in any width.
+    The C cutter and the Python twin take exactly the headers the reference
+    (msgpack) reads as such a map, with the same fields."""
+    from gtarantool.transport import _reply_header
+    assume(code != 0x80)   # a push: never taken here
+    body = b"\x81\x30\x91\x07"
+    frame = fuzz.frame(rng, code, fuzz.SYNC, schema, body)
+    unpacker = msgpack.Unpacker(strict_map_key=False)
+    unpacker.feed(frame)
+    length = unpacker.unpack()
+    start = unpacker.tell()
+    header = unpacker.unpack()
+    head = unpacker.tell()
+    takeable = all(type(v) is int and v >= 0 for v in header.values()) and {0, 1, 5} <= set(header)
+    expected = (head, len(frame), header[0], header[1], header.get(5)) if takeable else None
+    assert length == len(frame) - start
+    assert _reply_header(frame, 0, len(frame), 1 << 20) == expected
+    pos, reply = _cut_one(frame)
+    if takeable:
+        assert pos == len(frame)
+        assert (reply._sync, reply._schema_version, reply._data) == (fuzz.SYNC, header[5], [7]) \
+            if code == 0 else reply[:4] == (fuzz.SYNC, code, header[5], {0x30: [7]})
+    else:
+        assert (pos, reply) == (0, None)
+
+
+HEADERS = {   # (header bytes, taken by the fast paths)
+    "2.6": (b"\x83\x00\xce\x00\x00\x00\x00\x01\xcf" + bytes(7) + b"\x09\x05\xce\x00\x00\x00\x01",
+            True),
+    "2.10+": (b"\x83\x00\xce\x00\x00\x00\x00\x01\xcf" + bytes(7) + b"\x09\x05\xcf" + bytes(7)
+              + b"\x01", True),
+    "compact": (b"\x83\x00\x00\x01\x09\x05\x01", True),
+    "reordered": (b"\x83\x05\x01\x01\x09\x00\x00", True),
+    "stream-id": (b"\x84\x00\x00\x0a\xcf" + bytes(7) + b"\x05\x01\x09\x05\x01", True),
+    "map16": (b"\xde\x00\x03\x00\x00\x01\x09\x05\x01", True),
+    "repeated-key": (b"\x84\x00\x00\x01\x09\x01\x09\x05\x01", False),
+    "no-schema": (b"\x82\x00\x00\x01\x09", False),
+    "negative-code": (b"\x83\x00\xff\x01\x09\x05\x01", False),
+    "float-value": (b"\x84\x00\x00\x01\x09\x04\xcb" + bytes(8) + b"\x05\x01", False),
+    "str-key": (b"\x84\x00\x00\x01\x09\xa1k\x01\x05\x01", False),
+    "array": (b"\x93\x00\x09\x01", False),
+}
+
+
+@pytest.mark.parametrize("name", HEADERS)
+def test_reply_header_layouts(name):
+    from gtarantool.transport import _reply_header
+    header, taken = HEADERS[name]
+    body = b"\x81\x30\x91\x07"
+    frame = b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
+    parsed = _reply_header(frame, 0, len(frame), 1 << 20)
+    pos, reply = _cut_one(frame)
+    if taken:
+        assert parsed == (5 + len(header), len(frame), 0, 9, 1)
+        assert pos == len(frame) and (reply._sync, reply._schema_version, reply._data) == (
+            9, 1, [7])
+    else:
+        assert parsed is None and (pos, reply) == (0, None)
+    # Cut short anywhere, no path takes it (nor reads past what is there); the
+    # header is read once it is all here.
+    for cut in range(len(frame)):
+        assert _reply_header(frame[:cut], 0, cut, 1 << 20) == (
+            parsed if cut >= 5 + len(header) else None)
+        assert _cut_one(frame[:cut]) == (0, None)
+    # Over the length limit: neither does.
+    assert _reply_header(frame, 0, len(frame), len(frame) - 6) is None
+    assert _cut_one(frame, limit=len(frame) - 6) == (0, None)

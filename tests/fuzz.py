@@ -1,0 +1,541 @@
+"""Seeded fuzzers of the C paths against reference parsers (``make fuzz``, ``make sanitize``).
+
+    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder feed]
+
+runs each target for its share of ``--seconds`` (random cases from one
+``random.Random(seed)`` per target: the same seed gives the same cases in the
+same order) and exits 1 at the first mismatch, printing the target, the seed
+and the case number.  Under ``make sanitize`` the extensions are built with
+ASan and UBSan, so a memory error ends the run with a report instead.
+
+- ``cutter``: ``_speedups.ReplyCutter.cut`` on streams of replies in every
+  header layout (2.6's, 2.10+'s, any uint width, keys in any order, extra
+  keys, pushes), cut short, corrupted, at random positions and limits; every
+  reply it takes must be the reference's, and it must stop on a frame
+  boundary.
+- ``encoder``: ``_encoder.BodyEncoder.join`` against joining ``msgpack``'s
+  ``Packer.pack`` of the same objects.
+- ``feed``: ``Transport.feed`` (the C and the Python reader) with such
+  streams in random pieces, waited for by callers and pipelines' sinks: what
+  each gets, and whether the stream fails the connection, must be the
+  reference parser's (an ``Unpacker`` per frame, as ``_frame`` does).
+"""
+import argparse
+import array
+import collections
+import os
+import random
+import socket
+import struct
+import sys
+import time
+
+import gevent
+import gevent.socket as gsocket
+import msgpack
+
+from gtarantool import protocol, transport
+from gtarantool.errors import ProtocolError
+from gtarantool.protocol import BodyDecoder, Response, _encoder, _speedups
+from gtarantool.transport import ReplySink, Stats, Transport, _Pushes
+
+IPROTO_CHUNK = 0x80
+LIMIT = 1 << 16   # the transports' max_response_size
+SYNC = 0x1234     # a sync for tests of one reply
+
+
+# -- msgpack, written with any encoding of each value ----------------------------
+
+def uint(rng, n, shortest=False):
+    """``n`` (0 <= n < 2**64) in any valid msgpack uint encoding."""
+    forms = [(tag, size) for tag, size in ((0xcc, 1), (0xcd, 2), (0xce, 4), (0xcf, 8))
+             if n < 1 << (8 * size)]
+    if n < 0x80:
+        forms.insert(0, (None, 0))
+    tag, size = forms[0] if shortest else rng.choice(forms)
+    return bytes([n]) if tag is None else bytes([tag]) + n.to_bytes(size, "big")
+
+
+def value(rng, depth=0):
+    """A random msgpack object as bytes (valid; ext types included)."""
+    kind = rng.choice(("nil", "bool", "int", "int", "neg", "float", "str", "str", "bin")
+                      + (("array", "map") if depth < 3 else ()))
+    if rng.random() < 0.02:
+        kind = "ext"   # unknown to tarantool's ext_hook, which raises: the whole body fails
+    if kind == "nil":
+        return b"\xc0"
+    if kind == "bool":
+        return rng.choice((b"\xc2", b"\xc3"))
+    if kind == "int":
+        return uint(rng, rng.choice((rng.randrange(128), rng.randrange(1 << 64))))
+    if kind == "neg":
+        return msgpack.packb(-rng.randrange(1, 1 << 63))
+    if kind == "float":
+        return msgpack.packb(rng.uniform(-1e9, 1e9), use_single_float=rng.random() < 0.3)
+    if kind == "str":
+        data = "".join(chr(rng.choice((rng.randrange(32, 127), rng.randrange(0x80, 0x800))))
+                       for _ in range(rng.randrange(40))).encode()
+        return msgpack.packb(data.decode())
+    if kind == "bin":
+        return msgpack.packb(rng.randbytes(rng.randrange(40)), use_bin_type=True)
+    if kind == "ext":
+        return msgpack.packb(msgpack.ExtType(rng.randrange(100, 128),
+                                             rng.randbytes(rng.randrange(1, 20))))
+    items = [value(rng, depth + 1) for _ in range(rng.randrange(6))]
+    if kind == "map":
+        return bytes([0x80 | len(items)]) + b"".join(uint(rng, rng.randrange(0x60)) + item
+                                                     for item in items)
+    return bytes([0x90 | len(items)]) + b"".join(items)
+
+
+def body(rng):
+    """A reply body: mostly maps, as Tarantool's; sometimes empty, odd or broken."""
+    roll = rng.random()
+    if roll < 0.05:
+        return b""
+    if roll < 0.1:
+        return value(rng)
+    good = bytes([0x81, 0x30]) + bytes([0x90 | 2]) + value(rng) + value(rng)
+    if roll < 0.15:
+        return good[:rng.randrange(len(good))] or b"\xc1"
+    if roll < 0.2:
+        return good + b"\x01"
+    return good
+
+
+def header(rng, code, sync, schema):
+    """A reply header map in any layout: 2.6's, 2.10+'s, or keys in any order, in
+    any uint width, with extra keys (stream id, ...), or without a schema version."""
+    roll = rng.random()
+    if roll < 0.3:     # Tarantool 2.6
+        return (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
+                + b"\x05\xce" + (schema & 0xffffffff).to_bytes(4, "big"))
+    if roll < 0.6:     # 2.10 and later
+        return (b"\x83\x00\xce" + code.to_bytes(4, "big") + b"\x01\xcf" + sync.to_bytes(8, "big")
+                + b"\x05\xcf" + schema.to_bytes(8, "big"))
+    pairs = [(0x00, code), (0x01, sync), (0x05, schema)]
+    if rng.random() < 0.1:
+        pairs.pop()                                     # no schema version (as an event)
+    for _ in range(rng.choice((0, 0, 1, 2))):           # stream id, replica id, flags, ...
+        pairs.append((rng.choice((0x0a, 0x02, 0x09, 0x03, 0x54)), rng.randrange(1 << 40)))
+    rng.shuffle(pairs)
+    items = b"".join(uint(rng, k, shortest=rng.random() < 0.9) + uint(rng, v) for k, v in pairs)
+    if rng.random() < 0.05:                             # a value no fast path takes
+        items += b"\x04\xcb" + struct.pack(">d", time.time())
+        pairs.append(None)
+    head = bytes([0x80 | len(pairs)]) if rng.random() < 0.9 else \
+        b"\xde" + len(pairs).to_bytes(2, "big")
+    return head + items
+
+
+def frame(rng, code, sync, schema, payload):
+    head = header(rng, code, sync, schema)
+    n = len(head) + len(payload)
+    prefix = b"\xce" + n.to_bytes(4, "big") if rng.random() < 0.8 else uint(rng, n)
+    return prefix + head + payload
+
+
+def corrupt(rng, data):
+    """One byte changed, a piece cut out, or garbage put in."""
+    if not data:
+        return data
+    at = rng.randrange(len(data))
+    roll = rng.random()
+    if roll < 0.5:
+        return data[:at] + bytes([rng.randrange(256)]) + data[at + 1:]
+    if roll < 0.75:
+        return data[:at] + data[at + rng.randrange(1, 8):]
+    return data[:at] + rng.randbytes(rng.randrange(1, 8)) + data[at:]
+
+
+def stream(rng):
+    """(stream bytes, [(sync, kind)]): replies to callers ("glet") and pipelines
+    ("sink"), some with pushes first; syncs of any size."""
+    frames, waiters = [], []
+    used = set()
+    for _ in range(rng.randrange(1, 12)):
+        sync = rng.choice((rng.randrange(1 << 16), rng.randrange(1 << 64)))
+        if sync in used:
+            continue
+        used.add(sync)
+        waiters.append((sync, rng.choice(("glet", "glet", "sink"))))
+        schema = rng.choice((rng.randrange(1 << 32), rng.randrange(1 << 64)))
+        for _ in range(rng.choice((0, 0, 0, 1, 2))):
+            frames.append(frame(rng, IPROTO_CHUNK, sync, schema, body(rng)))
+        code = rng.choice((0, 0, 0, 0x8000 | rng.randrange(200), 7, rng.randrange(1 << 32)))
+        frames.append(frame(rng, code, sync, schema, body(rng)))
+    data = b"".join(frames)
+    if rng.random() < 0.2:
+        data = corrupt(rng, data)
+    if rng.random() < 0.1:
+        data = data[:rng.randrange(len(data) + 1)]
+    return data, waiters
+
+
+# -- the reference: every frame parsed by msgpack, as Transport._frame does -------
+
+_OPTIONS = BodyDecoder().options
+_unpackb_options = dict(use_list=_OPTIONS[0], raw=_OPTIONS[1], strict_map_key=False,
+                        ext_hook=_OPTIONS[2])
+
+
+def reference_frames(data, limit):
+    """[(start, stop, sync, code, schema, body bytes)] of the whole frames of
+    ``data``, then "error" (the stream is bad at that frame) or "more"."""
+    out, pos = [], 0
+    while pos < len(data):
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(data[pos:pos + 9])
+        first = data[pos]
+        if first > 0x7f and first not in (0xcc, 0xcd, 0xce, 0xcf):
+            return out, "error"
+        size = {0xcc: 2, 0xcd: 3, 0xce: 5, 0xcf: 9}.get(first, 1)
+        if len(data) - pos < size:
+            return out, "more"
+        length = unpacker.unpack()
+        if not 0 < length <= limit:
+            return out, "error"
+        start, stop = pos + size, pos + size + length
+        if stop > len(data):
+            return out, "more"
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(data[start:stop])
+        try:
+            head = unpacker.unpack()
+        except Exception:  # noqa: BLE001 - a bad header is the reference's answer
+            return out, "error"
+        if type(head) is not dict or type(head.get(1)) is not int or type(head.get(0)) is not int:
+            return out, "error"
+        out.append((pos, stop, head[1], head[0], head.get(5), data[start + unpacker.tell():stop]))
+        pos = stop
+    return out, "more"
+
+
+def decoded(payload):
+    if not payload:
+        return {}
+    try:
+        return msgpack.unpackb(payload, **_unpackb_options)
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return exc
+
+
+def comparable(reply):
+    """A reply as a caller gets it, in one form whichever path made it."""
+    if type(reply) is Response:
+        return (reply._sync, 0, reply._schema_version, comparable(reply._body), None,
+                reply._data)
+    if isinstance(reply, BaseException):
+        return type(reply).__name__
+    if type(reply) is tuple and len(reply) == 5:
+        sync, code, schema, payload, pushes = reply
+        data = None
+        if code == 0 and type(payload) is dict:
+            data = payload.get(0x30)
+            data = data if data is None or isinstance(data, list) else [data]
+        return (sync, code, schema, comparable(payload),
+                pushes and [(c, s, comparable(b)) for c, s, b in pushes], data)
+    return repr(reply)
+
+
+# -- cutter ----------------------------------------------------------------------
+
+def _exact(data):
+    """``data`` in a buffer of exactly its size (ASan sees a read past its end).
+    (An array made from a list is allocated to its size; from bytes, it is
+    over-allocated as it grows.)"""
+    return array.array("B", list(data))
+
+
+class _Caller:
+    """Stands for a caller's greenlet in a pending table."""
+
+
+def fuzz_cutter(rng, case):
+    data, waiters = stream(rng)
+    frames, _ = reference_frames(data, LIMIT)
+    if rng.random() < 0.3:   # cut short at every byte of the first header
+        syncs = [sync for sync, _ in waiters]
+        stops = {0} | {f[1] for f in frames}
+        for cut in range(min(len(data), 48)):
+            cutter = _speedups.ReplyCutter(dict.fromkeys(syncs, _Caller()), collections.deque(),
+                                           msgpack.unpackb, _OPTIONS, Response, ReplySink,
+                                           _Pushes)
+            pos, _ = cutter.cut(_exact(data[:cut]), 0, cut, LIMIT, [])
+            assert pos <= cut and pos in stops, (data[:cut], pos)
+    pending, kinds = {}, {}
+    for sync, kind in waiters:
+        roll = rng.random()
+        if roll < 0.1:
+            continue                                    # not pending: the cutter stops
+        if kind == "sink":
+            waiter = ReplySink()
+            waiter.outstanding = rng.choice((1, 2, 5))
+        elif roll < 0.15:
+            waiter = _Pushes(_Caller(), None)           # the cutter leaves these alone
+        else:
+            waiter = _Caller()
+        pending[sync] = kinds[sync] = waiter
+    lead = rng.randrange(4)
+    # (an array's buffer is allocated to its exact size, where bytes and
+    # bytearray keep a byte more: a read one past the end is caught there)
+    buf = rng.choice((bytes, bytearray, _exact, _exact))(
+        rng.randbytes(lead) + data + rng.randbytes(rng.choice((0, 0, 1, 3))))
+    end = lead + len(data) if rng.random() < 0.8 else rng.randrange(len(buf) + 2)
+    limit = LIMIT if rng.random() < 0.9 else rng.randrange(64)
+    ready, wake = collections.deque(), []
+    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, _OPTIONS, Response,
+                                   ReplySink, _Pushes)
+    pos, stored = cutter.cut(buf, lead, end, limit, wake)
+    taken = [f for f in frames if lead + f[1] <= pos]
+    assert lead <= pos <= max(lead, min(end, len(buf))), (pos, lead, end)
+    assert pos == lead or (taken and lead + taken[-1][1] == pos), "stopped off a frame boundary"
+    got = list(ready)
+    in_sinks = 0
+    for start, stop, sync, code, schema, payload in taken:
+        assert stop - start <= limit + 9 and code != IPROTO_CHUNK
+        waiter = kinds[sync]
+        assert sync not in pending
+        if type(waiter) is ReplySink:
+            assert waiter.replies[sync] == (code, schema, payload)
+            in_sinks += 1
+            continue
+        assert type(waiter) is _Caller
+        who, reply = got.pop(0)
+        assert who is waiter
+        expected = decoded(payload)
+        if code or type(expected) is not dict:
+            expected = (sync, code, schema, expected, None)
+        else:
+            expected = protocol.ok_response(None, sync, schema, expected)
+        assert comparable(reply) == comparable(expected), (reply, expected)
+    assert not got
+    assert stored + len(wake) == in_sinks
+
+
+# -- encoder ---------------------------------------------------------------------
+
+class _Other:
+    pass
+
+
+def random_object(rng, depth=0):
+    kind = rng.randrange(14 if depth < 4 else 9)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice((rng.randrange(-1 << 64, 1 << 65), rng.randrange(-40, 300),
+                           rng.choice((2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1))))
+    if kind == 3:
+        return rng.choice((rng.uniform(-1e300, 1e300), float("nan"), float("inf"), -0.0))
+    if kind == 4:
+        return "".join(chr(rng.choice((rng.randrange(32, 127), rng.randrange(0x80, 0x10ffff))))
+                       for _ in range(rng.choice((rng.randrange(40), rng.randrange(70000)
+                                                  if rng.random() < 0.02 else 3))))
+    if kind == 5:
+        return rng.randbytes(rng.choice((rng.randrange(40), 255, 256, 65536)))
+    if kind == 6:
+        return rng.choice(("\ud800x", bytearray(b"ba"), _Other(), 1j, {1, 2}))
+    if kind in (7, 8):
+        return rng.randrange(1 << 20)
+    items = [random_object(rng, depth + 1) for _ in range(rng.choice((rng.randrange(8), 16)))]
+    if kind in (9, 10):
+        return items
+    if kind == 11:
+        return tuple(items)
+    keys = [random_object(rng, 4) for _ in items]
+    try:
+        return dict(zip(keys, items))
+    except TypeError:   # an unhashable key
+        return {}
+
+
+def _outcome(function, *args):
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - the failure is the outcome
+        return type(exc), str(exc)
+
+
+def fuzz_encoder(rng, case):
+    use_bin_type = rng.random() < 0.5
+    packer = msgpack.Packer(use_bin_type=use_bin_type,
+                            default=(lambda obj: "hooked") if rng.random() < 0.5 else None)
+    join = _encoder.BodyEncoder(packer.pack, use_bin_type).join
+    parts = []
+    for i in range(rng.choice((1, 2, 2, 4, 5, 8))):
+        parts.append(rng.randbytes(rng.randrange(6)) if i % 2 == 0 else random_object(rng))
+    expected = _outcome(lambda: b"".join(packer.pack(p) if i % 2 else p
+                                         for i, p in enumerate(parts)))
+    got = _outcome(join, *parts)
+    assert got == expected, (parts, got, expected)
+
+
+# -- Transport.feed ------------------------------------------------------------
+
+class _Waiting:
+    """A caller's greenlet, as the transport sees one: woken (from the hub), it
+    takes its reply from the ready queue."""
+
+    def __init__(self, ready):
+        self.ready = ready
+        self.got = []
+
+    def switch(self, *value):
+        if value:   # the error that failed the connection, handed from the hub
+            self.got.append(value[0])
+        elif self.ready and self.ready[0][0] is self:
+            self.got.append(self.ready.popleft()[1])
+
+
+class _Conn:
+    error = True   # error replies raise, as on a connection
+
+
+def _run_feed(data, waiters, pieces, c_paths, abandoned):
+    """Feed ``data`` in ``pieces`` to a transport whose callers and sink wait for
+    ``waiters``: ({sync: what it got}, {sync: sink's reply}, whether it failed)."""
+    saved = transport._speedups, protocol._speedups
+    if not c_paths:
+        transport._speedups = protocol._speedups = None
+    a, b = socket.socketpair()
+    try:
+        t = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 1000, LIMIT)
+    finally:
+        transport._speedups, protocol._speedups = saved
+    try:
+        callers = {}
+        sink = ReplySink()
+        for sync, kind in waiters:
+            if kind == "sink":
+                t._pending[sync] = sink
+                sink.outstanding += 1
+                sink.syncs.append(sync)
+            else:
+                t._pending[sync] = callers[sync] = _Waiting(t._ready)
+        for sync in abandoned:
+            t._pending[sync] = _Waiting(t._ready)
+            t.abandon(sync)
+        failed = False
+        at = 0
+        for size in pieces:
+            try:
+                t.feed(data[at:at + size])
+            except ProtocolError as exc:
+                failed = True
+                t._fail(exc)
+                break
+            at += size
+            gevent.sleep(0)
+        gevent.sleep(0)
+        got = {sync: [comparable(r) for r in w.got] for sync, w in callers.items()}
+        # (bytes from the C reader, a bytearray's slices from the Python one)
+        stored = {sync: comparable(r) if isinstance(r, BaseException) else r[:2] + (bytes(r[2]),)
+                  for sync, r in sink.replies.items()}
+        answered = [sync for sync in sink.syncs if sync in sink.replies]
+        if answered and not failed:
+            for sync, reply in zip(answered, protocol.responses(
+                    _Conn(), BodyDecoder(), answered, sink.replies, fast=c_paths)):
+                got[sync] = [comparable(reply)]
+        return got, stored, failed
+    finally:
+        t.close()
+        a.close()
+        b.close()
+
+
+def reference_feed(data, waiters, abandoned):
+    """What _run_feed must give for ``data``, from reference_frames."""
+    frames, tail = reference_frames(data, LIMIT)
+    kinds = dict(waiters)
+    pending, abandoned = dict(kinds), set(abandoned)
+    pushes = collections.defaultdict(list)
+    finals = {}
+    failed = tail == "error"
+    for start, stop, sync, code, schema, payload in frames:
+        if sync in pending:
+            if code == IPROTO_CHUNK:
+                pushes[sync].append((code, schema, payload))
+                continue
+            finals[sync] = (code, schema, payload)
+            del pending[sync]
+        elif sync in abandoned:
+            if code != IPROTO_CHUNK:
+                abandoned.discard(sync)
+        else:
+            failed = True   # a reply or push for no request
+            break
+    got, stored = {}, {}
+    for sync, (code, schema, payload) in finals.items():
+        if kinds[sync] == "sink":
+            stored[sync] = (code, schema, payload)
+        else:
+            body = decoded(payload)
+            extra = pushes[sync] and [(c, s, decoded(b)) for c, s, b in pushes[sync]]
+            got[sync] = [comparable((sync, code, schema, body, extra or None))]
+    return got, stored, failed
+
+
+def fuzz_feed(rng, case):
+    data, waiters = stream(rng)
+    abandoned = []
+    if waiters and rng.random() < 0.2:   # a caller gave up: its reply is discarded
+        abandoned.append(waiters.pop(rng.randrange(len(waiters)))[0])
+    pieces, left = [], len(data)
+    while left > 0:
+        pieces.append(min(left, rng.choice((1, 3, 17, 64, 500, 1 << 20))))
+        left -= pieces[-1]
+    c = _run_feed(data, waiters, pieces, True, abandoned)
+    python = _run_feed(data, waiters, pieces, False, abandoned)
+    assert c == python, (data, waiters, c, python)
+    got, stored, failed = reference_feed(data, waiters, abandoned)
+    assert c[2] == failed, ("failed" if failed else "did not fail", data)
+    assert {s: r for s, r in c[1].items()} == stored or failed, (c[1], stored)
+    for sync, replies in got.items():
+        assert c[0][sync] == replies, (sync, c[0][sync], replies)
+
+
+TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "feed": fuzz_feed}
+
+
+def run(target, seconds, seed):
+    rng = random.Random("%s-%d" % (target, seed))
+    fn = TARGETS[target]
+    deadline = time.monotonic() + seconds
+    case = 0
+    while time.monotonic() < deadline:
+        try:
+            fn(rng, case)
+        except AssertionError:
+            print("fuzz %s: mismatch at case %d (--seed %d)" % (target, case, seed),
+                  file=sys.stderr)
+            raise
+        case += 1
+    return case
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="some of %s (default: all)" % ", ".join(TARGETS))
+    parser.add_argument("--seconds", type=float, default=60,
+                        help="in all, shared by the targets (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="(default %(default)s)")
+    args = parser.parse_args(argv)
+    args.targets = args.targets or list(TARGETS)
+    for target in args.targets:
+        if target not in TARGETS:
+            parser.error("unknown target %r" % target)
+    if _speedups is None or _encoder is None:
+        parser.error("gtarantool._speedups and _encoder are not built")
+    for target in args.targets:
+        cases = run(target, args.seconds / len(args.targets), args.seed)
+        print("fuzz %s: %d cases, seed %d, no mismatch" % (target, cases, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+#!/bin/sh
+# make sanitize: the C extensions built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, then the tests of the C paths (the C half of those
+# that run both) and the seeded fuzzers (tests/fuzz.py) run against that build.
+# Fails on any test failure and on any sanitizer report (reports go to files, so
+# one in a child process counts too).  The normal build is put back on every exit.
+#   FUZZ_SECONDS (default 60) and FUZZ_SEED (default 1) set the fuzzers' run.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=build/sanitize
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+FUZZ_SEED=${FUZZ_SEED:-1}
+
+build() {   # build(what, CFLAGS, LDFLAGS): both extensions in place, from scratch
+    mkdir -p build
+    if ! env CFLAGS="$2" LDFLAGS="$3" "$PY" setup.py build_ext --inplace --force \
+            -b "build/$1" -t "build/$1-tmp" >"build/$1.log" 2>&1; then
+        cat "build/$1.log"
+        return 1
+    fi
+    for ext in _speedups _encoder; do   # optional extensions: a failed one is skipped quietly
+        ls gtarantool/$ext.*.so >/dev/null 2>&1 || { echo "gtarantool/$ext did not build" \
+            "(build/$1.log):"; cat "build/$1.log"; return 1; }
+    done
+}
+
+rebuild_normal() {
+    build normal "" "" || { echo "make sanitize: the normal build failed"; exit 1; }
+}
+trap rebuild_normal EXIT
+trap 'exit 1' INT TERM
+
+rm -rf "$OUT" && mkdir -p "$OUT/reports"
+# asan-stack=0: greenlet copies C stacks with memcpy, which ASan's stack
+# redzones report as stack-buffer-underflow; heap checks stay on.
+build sanitize-build "-fsanitize=address,undefined -fno-sanitize-recover=undefined \
+-fno-omit-frame-pointer -O1 -g -UNDEBUG --param=asan-stack=0" "-fsanitize=address,undefined" \
+    || exit 1
+nm -D gtarantool/_speedups.*.so | grep -q __asan_init || { echo "not a sanitized build"; exit 1; }
+
+# The server must not run with the sanitizer runtime preloaded: a wrapper drops it.
+REAL=$("$PY" -c "from bench.server import find_binary; print(find_binary())") || exit 1
+cat >"$OUT/tarantool" <<EOF
+#!/bin/sh
+unset LD_PRELOAD
+exec "$REAL" "\$@"
+EOF
+chmod +x "$OUT/tarantool"
+
+REPORTS=$(pwd)/$OUT/reports
+status=0
+(
+    export TARANTOOL="$(pwd)/$OUT/tarantool"
+    # libstdc++ too: greenlet's C++ exceptions break an ASan runtime loaded after it
+    export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+    export PYTHONMALLOC=malloc
+    export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$REPORTS/asan"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$REPORTS/ubsan"
+    # (three tests bound wall-clock time, which the sanitizers' several-fold
+    # slowdown on a busy host overruns: they run in make test)
+    "$PY" -m pytest -q --reader c tests/test_speedups.py tests/test_encoder.py \
+        tests/test_protocol.py tests/test_transport.py tests/test_pipeline.py \
+        tests/test_connection.py \
+        --deselect "tests/test_connection.py::test_request_timeout_discards_late_reply[c]" \
+        --deselect "tests/test_connection.py::test_close_fails_requests_in_flight[c]" \
+        --deselect "tests/test_connection.py::test_server_killed_then_restarted[c]" &&
+    "$PY" -m tests.fuzz --seconds "$FUZZ_SECONDS" --seed "$FUZZ_SEED"
+) || status=1
+if ls "$REPORTS"/* >/dev/null 2>&1; then
+    echo "make sanitize: sanitizer reports:"
+    cat "$REPORTS"/*
+    status=1
+fi
+[ $status = 0 ] && echo "make sanitize: no sanitizer report, every test and fuzz case passed"
+exit $status
