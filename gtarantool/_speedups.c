@@ -44,7 +44,7 @@
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early;
+    *str_switched_early, *str_send_now;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -701,7 +701,8 @@ static PyTypeObject ReplyCutterType = {
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
  * transport.error).  It frames the header, queues header and body for the
- * writer, registers the current greenlet under its sync and switches away (to
+ * writer (a lone request: sends them, with transport._send_now(header, body)),
+ * registers the current greenlet under its sync and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready`.  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
@@ -783,6 +784,7 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long schema_value;
     long code_value;
     Py_ssize_t queued;
+    int alone;
     PyObject *slow_args[5];
 
     if (nargs != 4) {
@@ -810,31 +812,45 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
                             PyBytes_GET_SIZE(body));
     if (header == NULL)
         return NULL;
-    queued = PyList_GET_SIZE(self->wbuf);
-    if (queued == 0) {
-        res = PyObject_CallNoArgs(self->wakeup_set);
-        if (res == NULL) {
-            Py_DECREF(header);
-            return NULL;
-        }
-        Py_DECREF(res);
-        queued = PyList_GET_SIZE(self->wbuf);
-    }
-    if (PyList_Append(self->wbuf, header) < 0) {
+    alone = PyDict_GET_SIZE(self->pending) == 0;
+    current = PyObject_CallNoArgs(self->getcurrent);
+    if (current == NULL) {
         Py_DECREF(header);
         return NULL;
     }
-    Py_DECREF(header);
-    if (PyList_Append(self->wbuf, body) < 0) {   /* two entries per request, or none */
-        PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
-        return NULL;
-    }
-    current = PyObject_CallNoArgs(self->getcurrent);
-    if (current == NULL)
-        return NULL;
     if (PyDict_SetItem(self->pending, sync, current) < 0) {
+        Py_DECREF(header);
         Py_DECREF(current);
         return NULL;
+    }
+    /* A lone request is sent by its caller (see Transport.request), the rest
+     * queued for the writer. */
+    queued = PyList_GET_SIZE(self->wbuf);
+    if (alone && queued == 0 && PyObject_Size(self->ready) == 0) {
+        res = PyObject_CallMethodObjArgs(self->transport, str_send_now, header, body, NULL);
+        Py_DECREF(header);
+        if (res == NULL)
+            goto unregister;
+        Py_DECREF(res);
+    } else {
+        if (queued == 0) {
+            res = PyObject_CallNoArgs(self->wakeup_set);
+            if (res == NULL) {
+                Py_DECREF(header);
+                goto unregister;
+            }
+            Py_DECREF(res);
+            queued = PyList_GET_SIZE(self->wbuf);
+        }
+        if (PyList_Append(self->wbuf, header) < 0) {
+            Py_DECREF(header);
+            goto unregister;
+        }
+        Py_DECREF(header);
+        if (PyList_Append(self->wbuf, body) < 0) {   /* two entries per request, or none */
+            PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
+            goto unregister;
+        }
     }
 
     /* Wake the next caller whose reply is in (it takes its reply itself) or
@@ -883,6 +899,17 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
     Py_DECREF(item);
     return value;
+
+unregister:   /* nothing sent or queued for it: no reply to wait for */
+    {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        if (PyDict_DelItem(self->pending, sync) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+    }
+    Py_DECREF(current);
+    return NULL;
 
 slow:
     slow_args[0] = self->transport;
@@ -1107,7 +1134,8 @@ PyInit__speedups(void)
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))
             || !(str_forget = PyUnicode_InternFromString("_forget"))
-            || !(str_switched_early = PyUnicode_InternFromString("_switched_early")))
+            || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
+            || !(str_send_now = PyUnicode_InternFromString("_send_now")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;
