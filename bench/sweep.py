@@ -172,14 +172,15 @@ def verdict(m, levels):
     """(lines, all targets met)."""
     lines, ok = [], True
 
-    def line(name, value, target, higher=True, counts=True):
+    def line(name, value, target, higher=True, counts=True, fmt="%.2f"):
         nonlocal ok
         met = value is not None and (value >= target if higher else value <= target)
         if counts:
             ok = ok and met
-        lines.append("%-4s %-66s %8s  target %s %g" % (
+        lines.append("%-4s %-66s %8s  target %s %s" % (
             ("PASS" if met else "FAIL") if counts else ("met " if met else "not "),
-            name, "n/a" if value is None else "%.2f" % value, ">=" if higher else "<=", target))
+            name, "n/a" if value is None else fmt % value, ">=" if higher else "<=",
+            fmt % target if fmt != "%.2f" else "%g" % target))
 
     def ratio(a, b):
         return None if a is None or not b else a / b
@@ -198,14 +199,14 @@ def verdict(m, levels):
                 line("G=1 %s: (aim) ops per client CPU-s, gtarantool / asynctnt" % op, cpu,
                      TARGETS["cpu_aim_at_1"], counts=False)
                 line("G=1 %s: p50 ms, gtarantool (asynctnt %.3f)" % (op, a[op]["p50_ms"]),
-                     g[op]["p50_ms"], a[op]["p50_ms"], higher=False)
+                     g[op]["p50_ms"], a[op]["p50_ms"], higher=False, fmt="%.3f")
                 if s is not None:
                     line("G=1 %s: ops per client CPU-s, gtarantool / sync" % op,
                          ratio(g[op]["ops_per_client_cpu_second"],
                                s[op]["ops_per_client_cpu_second"]),
                          TARGETS["cpu_vs_peers_at_1"])
                     line("G=1 %s: p50 ms, gtarantool (sync %.3f)" % (op, s[op]["p50_ms"]),
-                         g[op]["p50_ms"], s[op]["p50_ms"], higher=False)
+                         g[op]["p50_ms"], s[op]["p50_ms"], higher=False, fmt="%.3f")
                 continue
             line("G=%d %s: ops per client CPU-s, gtarantool / asynctnt" % (level, op), cpu,
                  TARGETS["cpu_vs_asynctnt"])
@@ -217,7 +218,8 @@ def verdict(m, levels):
                      % (level, op, ratio(a[op]["p999_ms"], a[op]["p50_ms"]) or 0),
                      ratio(g[op]["p999_ms"], g[op]["p50_ms"]), TARGETS["p999_over_p50"],
                      higher=False)
-            line("G=%d: RSS growth MB, gtarantool (asynctnt %.0f)" % (level, a["rss_growth_mb"]),
+            line("G=%d: RSS growth MB, gtarantool (asynctnt %.0f; %.1f KB per greenlet)"
+                 % (level, a["rss_growth_mb"], g["rss_growth_mb"] * 1024 / level),
                  g["rss_growth_mb"], TARGETS["rss_growth_mb"], higher=False)
     return lines, ok
 
