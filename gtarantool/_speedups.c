@@ -34,6 +34,8 @@
 #endif
 #include <structmember.h>
 #include <stdint.h>
+#include <errno.h>
+#include <sys/uio.h>
 
 #define HEADER_SIZE 28          /* length prefix and header, as above */
 #define MIN_LENGTH (HEADER_SIZE - 5)
@@ -44,7 +46,8 @@
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early, *str_send_now;
+    *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
+    *str_bytes_out, *str_max_in_flight;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -701,7 +704,7 @@ static PyTypeObject ReplyCutterType = {
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
  * transport.error).  It frames the header, queues header and body for the
- * writer (a lone request: sends them, with transport._send_now(header, body)),
+ * writer (a lone request: sends them, as send_now below),
  * registers the current greenlet under its sync and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready`.  Any other call goes to slow(transport, sync, code,
@@ -776,6 +779,92 @@ first_ready(Requester *self)
     return glet;
 }
 
+/* obj.name += n, or obj.name = max(obj.name, n) when `highest`. */
+static int
+update(PyObject *obj, PyObject *name, Py_ssize_t n, int highest)
+{
+    PyObject *old = PyObject_GetAttr(obj, name), *new;
+    Py_ssize_t value;
+    int res;
+
+    if (old == NULL)
+        return -1;
+    value = PyLong_AsSsize_t(old);
+    Py_DECREF(old);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (highest && value >= n)
+        return 0;
+    new = PyLong_FromSsize_t(highest ? n : value + n);
+    if (new == NULL)
+        return -1;
+    res = PyObject_SetAttr(obj, name, new);
+    Py_DECREF(new);
+    return res;
+}
+
+/* Transport._send_now: one non-blocking writev of header and body from the
+ * caller's greenlet.  The common end (all sent) is counted here; the others
+ * (part sent, none, an error) go to transport._sent(header, body, sent).
+ * 0, or -1 with an exception set. */
+static int
+send_now(Requester *self, PyObject *header, PyObject *body)
+{
+    PyObject *fd_obj, *stats, *sent_obj, *res;
+    struct iovec iov[2];
+    Py_ssize_t total, sent;
+    long fd;
+    int ok;
+
+    fd_obj = PyObject_GetAttr(self->transport, str_fd);
+    if (fd_obj == NULL)
+        return -1;
+    fd = PyLong_AsLong(fd_obj);
+    Py_DECREF(fd_obj);
+    if (fd == -1 && PyErr_Occurred())
+        return -1;
+    iov[0].iov_base = PyBytes_AS_STRING(header);
+    iov[0].iov_len = PyBytes_GET_SIZE(header);
+    iov[1].iov_base = PyBytes_AS_STRING(body);
+    iov[1].iov_len = PyBytes_GET_SIZE(body);
+    total = PyBytes_GET_SIZE(header) + PyBytes_GET_SIZE(body);
+    do {
+        sent = writev((int)fd, iov, 2);
+    } while (sent < 0 && errno == EINTR && !PyErr_CheckSignals());
+    if (sent < 0 && PyErr_Occurred())
+        return -1;
+    if (sent == total) {
+        stats = PyObject_GetAttr(self->transport, str_stats);
+        if (stats == NULL)
+            return -1;
+        ok = update(stats, str_send_calls, 1, 0) < 0 || update(stats, str_bytes_out, sent, 0) < 0
+            || update(stats, str_requests, 1, 0) < 0
+            || update(stats, str_max_in_flight, PyDict_GET_SIZE(self->pending), 1) < 0;
+        Py_DECREF(stats);
+        return ok ? -1 : 0;
+    }
+    if (sent >= 0) {
+        sent_obj = PyLong_FromSsize_t(sent);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        sent_obj = PyLong_FromLong(0);
+    } else {   /* the OSError os.writev would raise */
+        PyObject *type, *tb;
+        PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_Fetch(&type, &sent_obj, &tb);
+        PyErr_NormalizeException(&type, &sent_obj, &tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+    }
+    if (sent_obj == NULL)
+        return -1;
+    res = PyObject_CallMethodObjArgs(self->transport, str_sent, header, body, sent_obj, NULL);
+    Py_DECREF(sent_obj);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 static PyObject *
 Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -827,11 +916,10 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
      * queued for the writer. */
     queued = PyList_GET_SIZE(self->wbuf);
     if (alone && queued == 0 && PyObject_Size(self->ready) == 0) {
-        res = PyObject_CallMethodObjArgs(self->transport, str_send_now, header, body, NULL);
+        int sent = send_now(self, header, body);
         Py_DECREF(header);
-        if (res == NULL)
+        if (sent < 0)
             goto unregister;
-        Py_DECREF(res);
     } else {
         if (queued == 0) {
             res = PyObject_CallNoArgs(self->wakeup_set);
@@ -1135,7 +1223,13 @@ PyInit__speedups(void)
             || !(str_popleft = PyUnicode_InternFromString("popleft"))
             || !(str_forget = PyUnicode_InternFromString("_forget"))
             || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
-            || !(str_send_now = PyUnicode_InternFromString("_send_now")))
+            || !(str_sent = PyUnicode_InternFromString("_sent"))
+            || !(str_fd = PyUnicode_InternFromString("_fd"))
+            || !(str_stats = PyUnicode_InternFromString("stats"))
+            || !(str_requests = PyUnicode_InternFromString("requests"))
+            || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
+            || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
+            || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;

@@ -197,15 +197,22 @@ class Transport:
         self._switched_early(sync, current)
 
     def _send_now(self, header, body):
-        """Send one request from its caller's greenlet, without blocking: what the
-        socket does not take now goes to the writer, ahead of anything queued
-        later; a failure fails the transport (and so the caller, registered)."""
+        """Send one request from its caller's greenlet, without blocking."""
         try:
             sent = os.writev(self._fd, (header, body))
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._fail(_network_error(exc, "write"))
+            sent = exc
+        self._sent(header, body, sent)
+
+    def _sent(self, header, body, sent):
+        """After a caller's own send of ``sent`` bytes (or the OSError it raised):
+        what the socket did not take goes to the writer, ahead of anything
+        queued later; a failure fails the transport (and so the caller,
+        registered already)."""
+        if type(sent) is not int:
+            self._fail(_network_error(sent, "write"))
             return
         stats = self.stats
         if sent:
