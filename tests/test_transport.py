@@ -616,3 +616,34 @@ def test_callers_in_line_for_max_in_flight_are_served_in_order(server):
         assert max(p[0] for p in firsts.values()) < min(p[2] for p in firsts.values())
     finally:
         c.close()
+
+
+@REQUEST_FORMS
+def test_a_caller_let_in_whose_slot_is_taken_first_waits_at_the_front(code, schema):
+    """max_in_flight=1: a caller let in from the line, whose slot a newcomer took
+    before it ran, waits again ahead of those behind it."""
+    transport, a, b = _socketpair_transport(max_in_flight=1)
+    order = []
+
+    def caller(sync):
+        transport.request(sync, code, schema, tarantool_frame(sync, b"\x80", 64, 0)
+                          if code is None else b"\x80")
+        order.append(sync)
+
+    try:
+        callers = [gevent.spawn(caller, 1)]
+        gevent.sleep(0)                                  # 1 in flight
+        callers += [gevent.spawn(caller, 2), gevent.spawn(caller, 3)]
+        gevent.sleep(0)                                  # 2, then 3 in line
+        callers.append(gevent.spawn(caller, 4))          # starts before 2 is let in
+        with gevent.Timeout(5):
+            while len(order) < 4:
+                (sync,) = transport._pending
+                transport.feed(reply(sync, sync))
+                while sync not in order:
+                    gevent.sleep(0)
+        assert order == [1, 4, 2, 3]
+    finally:
+        transport.close()
+        a.close()
+        b.close()
