@@ -158,7 +158,8 @@ def table(m, levels):
                 if entry is None:
                     continue
                 f = entry[op]
-                rows.append("%-7d %-7s %-10s %9.0f %9.0f %8.3f %8.3f %8s %8s %7s %7s %8.0f %8.0f" % (
+                rows.append((
+                    "%-7d %-7s %-10s %9.0f %9.0f %8.3f %8.3f %8s %8s %7s %7s %8.0f %8.0f") % (
                     level, op, name, f["ops_per_sec"], f["ops_per_client_cpu_second"],
                     f["p50_ms"], f["p99_ms"],
                     _fmt(f["p999_ms"] if level == top else None, "%.3f"),

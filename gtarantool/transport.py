@@ -14,10 +14,11 @@ two through the hub.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
-run (whose request would join its batch) sends its frame itself, in one non-blocking ``writev``; and a
-reader with exactly one reply to hand on switches to that caller directly and
-is resumed by the hub when the socket is readable again.  Under load the
-queue is never empty, and the writer still sends each burst in one call.
+run (whose request would join its batch) sends its frame itself, in one
+non-blocking ``writev``; and a reader with exactly one reply to hand on
+switches to that caller directly and is resumed by the hub when the socket is
+readable again.  Under load the queue is never empty, and the writer still
+sends each burst in one call.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
