@@ -387,10 +387,12 @@ class Transport:
                     stats.recv_calls += 1
                     stats.bytes_in += received
                     self._parse(start + received, lone=True)
-                    if received == space:
-                        continue   # the buffer filled up: there may be more already
-                # Short of a full buffer the socket is drained: wait for it to be
-                # readable rather than find it empty with another read.
+                    if received == space or len(ready) != 1 or self._waking:
+                        # Read again at once: replies that came meanwhile join
+                        # the callers woken with these (they send one batch).
+                        continue
+                # A lone reply, the socket drained (short of a full buffer):
+                # wait for it to be readable rather than find it empty again.
                 watcher.start(resume)
                 try:
                     if len(ready) == 1 and not self._waking:
