@@ -3,6 +3,7 @@
 # make compare - sync, threads, gtarantool and asynctnt side by side
 # make perf    - the speed targets (ratios against asynctnt and the sync client)
 # make instructions - instructions per request under callgrind, host-independent
+# make sweep   - gtarantool vs asynctnt (and sync) at 1 to 10,000 greenlets, with its targets
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
 # make locust  - bench/locustfile.py under Locust, headless, counts checked against box.stat
@@ -50,7 +51,7 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
 	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
 
-.PHONY: all install server test bench compare perf instructions profile soak locust \
+.PHONY: all install server test bench compare perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz clean
 
 all: test
@@ -97,8 +98,14 @@ compare: install
 perf: install
 	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))
 
+# OPS=, when given, is the requests per phase and run (the sweep's own default is smaller)
+sweep: install
+	$(PY) -m bench.sweep --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON)) \
+		$(if $(filter command line,$(origin OPS)),--ops $(OPS))
+
 instructions: install
-	$(PY) -m bench.instructions $(if $(DRIVERS),--drivers $(DRIVERS))
+	$(PY) -m bench.instructions $(if $(DRIVERS),--drivers $(DRIVERS)) \
+		$(if $(filter command line,$(origin GREENLETS)),--greenlets $(GREENLETS))
 
 profile: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) --profile $(PROFILE_DIR)

@@ -37,6 +37,8 @@
 #endif
 #include <structmember.h>
 #include <stdint.h>
+#include <errno.h>
+#include <sys/uio.h>
 
 #define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
 #define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
@@ -47,7 +49,8 @@
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early;
+    *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
+    *str_bytes_out, *str_max_in_flight;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -881,7 +884,8 @@ static PyTypeObject ReplyCutterType = {
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
  * transport.error).  It frames the header, queues header and body for the
- * writer, registers the current greenlet under its sync and switches away (to
+ * writer (a lone request: sends them, as send_now below),
+ * registers the current greenlet under its sync and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready`.  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
@@ -955,6 +959,92 @@ first_ready(Requester *self)
     return glet;
 }
 
+/* obj.name += n, or obj.name = max(obj.name, n) when `highest`. */
+static int
+update(PyObject *obj, PyObject *name, Py_ssize_t n, int highest)
+{
+    PyObject *old = PyObject_GetAttr(obj, name), *new;
+    Py_ssize_t value;
+    int res;
+
+    if (old == NULL)
+        return -1;
+    value = PyLong_AsSsize_t(old);
+    Py_DECREF(old);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (highest && value >= n)
+        return 0;
+    new = PyLong_FromSsize_t(highest ? n : value + n);
+    if (new == NULL)
+        return -1;
+    res = PyObject_SetAttr(obj, name, new);
+    Py_DECREF(new);
+    return res;
+}
+
+/* Transport._send_now: one non-blocking writev of header and body from the
+ * caller's greenlet.  The common end (all sent) is counted here; the others
+ * (part sent, none, an error) go to transport._sent(header, body, sent).
+ * 0, or -1 with an exception set. */
+static int
+send_now(Requester *self, PyObject *header, PyObject *body)
+{
+    PyObject *fd_obj, *stats, *sent_obj, *res;
+    struct iovec iov[2];
+    Py_ssize_t total, sent;
+    long fd;
+    int ok;
+
+    fd_obj = PyObject_GetAttr(self->transport, str_fd);
+    if (fd_obj == NULL)
+        return -1;
+    fd = PyLong_AsLong(fd_obj);
+    Py_DECREF(fd_obj);
+    if (fd == -1 && PyErr_Occurred())
+        return -1;
+    iov[0].iov_base = PyBytes_AS_STRING(header);
+    iov[0].iov_len = PyBytes_GET_SIZE(header);
+    iov[1].iov_base = PyBytes_AS_STRING(body);
+    iov[1].iov_len = PyBytes_GET_SIZE(body);
+    total = PyBytes_GET_SIZE(header) + PyBytes_GET_SIZE(body);
+    do {
+        sent = writev((int)fd, iov, 2);
+    } while (sent < 0 && errno == EINTR && !PyErr_CheckSignals());
+    if (sent < 0 && PyErr_Occurred())
+        return -1;
+    if (sent == total) {
+        stats = PyObject_GetAttr(self->transport, str_stats);
+        if (stats == NULL)
+            return -1;
+        ok = update(stats, str_send_calls, 1, 0) < 0 || update(stats, str_bytes_out, sent, 0) < 0
+            || update(stats, str_requests, 1, 0) < 0
+            || update(stats, str_max_in_flight, PyDict_GET_SIZE(self->pending), 1) < 0;
+        Py_DECREF(stats);
+        return ok ? -1 : 0;
+    }
+    if (sent >= 0) {
+        sent_obj = PyLong_FromSsize_t(sent);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        sent_obj = PyLong_FromLong(0);
+    } else {   /* the OSError os.writev would raise */
+        PyObject *type, *tb;
+        PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_Fetch(&type, &sent_obj, &tb);
+        PyErr_NormalizeException(&type, &sent_obj, &tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+    }
+    if (sent_obj == NULL)
+        return -1;
+    res = PyObject_CallMethodObjArgs(self->transport, str_sent, header, body, sent_obj, NULL);
+    Py_DECREF(sent_obj);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 static PyObject *
 Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -963,6 +1053,7 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long schema_value;
     long code_value;
     Py_ssize_t queued;
+    int alone;
     PyObject *slow_args[5];
 
     if (!initialised((PyObject *)self, self->pending, 1))
@@ -992,31 +1083,44 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
                             PyBytes_GET_SIZE(body));
     if (header == NULL)
         return NULL;
-    queued = PyList_GET_SIZE(self->wbuf);
-    if (queued == 0) {
-        res = PyObject_CallNoArgs(self->wakeup_set);
-        if (res == NULL) {
-            Py_DECREF(header);
-            return NULL;
-        }
-        Py_DECREF(res);
-        queued = PyList_GET_SIZE(self->wbuf);
-    }
-    if (PyList_Append(self->wbuf, header) < 0) {
+    alone = PyDict_GET_SIZE(self->pending) == 0;
+    current = PyObject_CallNoArgs(self->getcurrent);
+    if (current == NULL) {
         Py_DECREF(header);
         return NULL;
     }
-    Py_DECREF(header);
-    if (PyList_Append(self->wbuf, body) < 0) {   /* two entries per request, or none */
-        PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
-        return NULL;
-    }
-    current = PyObject_CallNoArgs(self->getcurrent);
-    if (current == NULL)
-        return NULL;
     if (PyDict_SetItem(self->pending, sync, current) < 0) {
+        Py_DECREF(header);
         Py_DECREF(current);
         return NULL;
+    }
+    /* A lone request is sent by its caller (see Transport.request), the rest
+     * queued for the writer. */
+    queued = PyList_GET_SIZE(self->wbuf);
+    if (alone && queued == 0 && PyObject_Size(self->ready) == 0) {
+        int sent = send_now(self, header, body);
+        Py_DECREF(header);
+        if (sent < 0)
+            goto unregister;
+    } else {
+        if (queued == 0) {
+            res = PyObject_CallNoArgs(self->wakeup_set);
+            if (res == NULL) {
+                Py_DECREF(header);
+                goto unregister;
+            }
+            Py_DECREF(res);
+            queued = PyList_GET_SIZE(self->wbuf);
+        }
+        if (PyList_Append(self->wbuf, header) < 0) {
+            Py_DECREF(header);
+            goto unregister;
+        }
+        Py_DECREF(header);
+        if (PyList_Append(self->wbuf, body) < 0) {   /* two entries per request, or none */
+            PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
+            goto unregister;
+        }
     }
 
     /* Wake the next caller whose reply is in (it takes its reply itself) or
@@ -1065,6 +1169,17 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
     Py_DECREF(item);
     return value;
+
+unregister:   /* nothing sent or queued for it: no reply to wait for */
+    {
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        if (PyDict_DelItem(self->pending, sync) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+    }
+    Py_DECREF(current);
+    return NULL;
 
 slow:
     slow_args[0] = self->transport;
@@ -1303,7 +1418,14 @@ PyInit__speedups(void)
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))
             || !(str_forget = PyUnicode_InternFromString("_forget"))
-            || !(str_switched_early = PyUnicode_InternFromString("_switched_early")))
+            || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
+            || !(str_sent = PyUnicode_InternFromString("_sent"))
+            || !(str_fd = PyUnicode_InternFromString("_fd"))
+            || !(str_stats = PyUnicode_InternFromString("stats"))
+            || !(str_requests = PyUnicode_InternFromString("requests"))
+            || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
+            || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
+            || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;

@@ -12,6 +12,14 @@ woken caller takes its reply from the queue and, when it waits for its next
 one, wakes the next caller itself: one greenlet switch per request instead of
 two through the hub.
 
+A lone request skips both helpers' wake-ups: a caller that finds no other
+request in flight, nothing queued for the writer and no other caller about to
+run (whose request would join its batch) sends its frame itself, in one
+non-blocking ``writev``; and a reader with exactly one reply to hand on
+switches to that caller directly and is resumed by the hub when the socket is
+readable again.  Under load the queue is never empty, and the writer still
+sends each burst in one call.
+
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
 connection's decision.
@@ -57,8 +65,9 @@ _REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
 class Stats:
     """Per-connection counters, cumulative over reconnects.
 
-    ``send_calls`` counts the writer's flushes (one ``sendall`` each), ``recv_calls``
-    the reader's reads; ``responses`` counts every frame received, pushes included;
+    ``send_calls`` counts the writer's flushes (one ``sendall`` each) and the
+    callers' own sends (a lone request's, one ``writev``), ``recv_calls`` the
+    reader's reads; ``responses`` counts every frame received, pushes included;
     ``discarded`` counts late replies to requests whose caller gave up.
     """
 
@@ -108,6 +117,8 @@ class Transport:
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
+        self._fd = sock.fileno()          # callers' own sends and the reader use it directly
+        self._read_watcher = None         # the reader's, while it runs
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
         # The reader receives into one reused buffer (a fresh large bytes object
         # per read costs page faults); an incomplete frame is kept at its front.
@@ -152,18 +163,29 @@ class Transport:
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-        buf = self._wbuf
-        if not buf:
-            self._wakeup.set()
-        # Two entries per request: the writer counts requests as len(buf) // 2.
         if code is None:
-            buf += (body, b"")
+            header, body = body, b""
         else:
-            buf += (_REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
-                                         0x01cf, sync, 0x05ce, schema_version), body)
+            header = _REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
+                                          0x01cf, sync, 0x05ce, schema_version)
+        alone = not pending
         current = getcurrent()
         pending[sync] = current   # only once nothing above can raise
+        buf = self._wbuf
         ready = self._ready
+        if alone and not buf and not ready:
+            # No other request in flight or queued (the writer keeps its batch
+            # in buf while it sends) and no caller about to run: no batch to
+            # wait for.  (Callers that start together queue behind the first.)
+            try:
+                self._send_now(header, body)
+            except BaseException:   # (it fails the transport on socket errors instead)
+                del pending[sync]
+                raise
+        else:
+            if not buf:
+                self._wakeup.set()
+            buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
         try:
             if ready and current is not self._hub:
                 # Wake the next caller whose reply is in; it takes the reply
@@ -179,6 +201,36 @@ class Transport:
         if ready and ready[0][0] is current:
             return ready.popleft()[1]
         self._switched_early(sync, current)
+
+    def _send_now(self, header, body):
+        """Send one request from its caller's greenlet, without blocking."""
+        try:
+            sent = os.writev(self._fd, (header, body))
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            sent = exc
+        self._sent(header, body, sent)
+
+    def _sent(self, header, body, sent):
+        """After a caller's own send of ``sent`` bytes (or the OSError it raised):
+        what the socket did not take goes to the writer, ahead of anything
+        queued later; a failure fails the transport (and so the caller,
+        registered already)."""
+        if type(sent) is not int:
+            self._fail(_network_error(sent, "write"))
+            return
+        stats = self.stats
+        if sent:
+            stats.send_calls += 1
+            stats.bytes_out += sent
+        if sent == len(header) + len(body):
+            stats.requests += 1
+            if len(self._pending) > stats.max_in_flight:
+                stats.max_in_flight = len(self._pending)
+            return
+        self._wbuf += ((header + body)[sent:], b"")
+        self._wakeup.set()
 
     def _switched_early(self, sync, waiting):
         """Something switched to ``waiting`` before its reply came: give up on it."""
@@ -228,9 +280,12 @@ class Transport:
 
     def _wait_for_room(self):
         """Wait in line while ``max_in_flight`` requests await replies (raise if dead)."""
+        join = self._queue.append
         while self.error is None and len(self._pending) >= self.max_in_flight:
             waiter = Waiter(self._hub)
-            self._queue.append(waiter)
+            join(waiter)
+            # Let in, and another caller took the slot first: wait at the front.
+            join = self._queue.appendleft
             try:
                 waiter.get()
             except BaseException:  # timed out or killed while in line
@@ -275,12 +330,14 @@ class Transport:
                 del ready[index]
                 return
 
-    def _wake(self, wake):
+    def _wake(self, wake, lone=False):
         """Wake the callers in ``_ready`` and hand each ``(waiter, value)`` of
-        ``wake`` (those that must be switched from the hub) to its waiter."""
+        ``wake`` (those that must be switched from the hub) to its waiter.
+        ``lone``: the reader switches to a single caller in ``_ready`` itself,
+        unless callers in line for ``max_in_flight`` were let in: they go first."""
         if wake:
             self._hub.loop.run_callback(_wake_all, wake)
-        if self._ready and not self._waking:
+        if self._ready and not self._waking and (wake or not lone or len(self._ready) > 1):
             self._waking = True
             self._hub.loop.run_callback(self._run_ready)
 
@@ -310,34 +367,65 @@ class Transport:
             while True:
                 wakeup.wait()
                 wakeup.clear()
-                if not buf:
-                    continue
-                stats.requests += len(buf) // 2
-                in_flight = len(self._pending)   # the most there are: all sent, none answered
-                if in_flight > stats.max_in_flight:
-                    stats.max_in_flight = in_flight
-                data = b"".join(buf)
-                buf.clear()
-                sock.sendall(data)
-                stats.send_calls += 1
-                stats.bytes_out += len(data)
+                while buf:
+                    queued = len(buf)
+                    stats.requests += queued // 2
+                    in_flight = len(self._pending)   # the most there are: all sent, none answered
+                    if in_flight > stats.max_in_flight:
+                        stats.max_in_flight = in_flight
+                    data = b"".join(buf)
+                    # Left in buf until sent: a caller that finds buf empty sends
+                    # itself, and must not do so in the middle of this batch.
+                    sock.sendall(data)
+                    del buf[:queued]
+                    stats.send_calls += 1
+                    stats.bytes_out += len(data)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
     # -- the reader greenlet -------------------------------------------------
 
     def _read_loop(self):
-        sock = self._sock
+        fd = self._fd
         stats = self.stats
+        ready = self._ready
+        hub = self._hub
+        readv = os.readv
+        # The hub resumes the reader through this watcher, wherever it switched to.
+        watcher = self._read_watcher = hub.loop.io(fd, 1)
+        resume = getcurrent().switch
         try:
             while True:
                 start = self._rlen
-                received = sock.recv_into(self._rview[start:])
-                if not received:
-                    raise _lost("the server closed the connection")
-                stats.recv_calls += 1
-                stats.bytes_in += received
-                self._parse(start + received)
+                space = len(self._rbuf) - start
+                try:
+                    received = readv(fd, (self._rview[start:],))
+                except BlockingIOError:
+                    received = None
+                if received is not None:
+                    if not received:
+                        raise _lost("the server closed the connection")
+                    stats.recv_calls += 1
+                    stats.bytes_in += received
+                    self._parse(start + received, lone=True)
+                    if received == space or len(ready) != 1 or self._waking:
+                        # Read again at once: replies that came meanwhile join
+                        # the callers woken with these (they send one batch).
+                        continue
+                # A lone reply, the socket drained (short of a full buffer):
+                # wait for it to be readable rather than find it empty again.
+                watcher.start(resume)
+                try:
+                    if len(ready) == 1 and not self._waking:
+                        # A lone reply: run its caller now, not from a hub callback.
+                        waiting = ready[0][0]
+                        waiting.switch()
+                        if ready and ready[0][0] is waiting:
+                            ready.popleft()   # it did not take its reply (it was dead)
+                    else:
+                        hub.switch()
+                finally:
+                    watcher.stop()
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "read"), killer=self._reader)
 
@@ -350,17 +438,19 @@ class Transport:
         self._rview[self._rlen:end] = data
         self._parse(end)
 
-    def _parse(self, end):
+    def _parse(self, end, lone=False):
         """Hand on every whole frame in the first ``end`` bytes of the read
-        buffer and move the rest to its front."""
+        buffer and move the rest to its front (``lone``: see ``_wake``)."""
         if end >= self._need:
             wake = []
             try:
                 pos = self._cut(self._rbuf, end, wake)
-            finally:
+            except BaseException:
                 # Even when a later frame is bad, the replies already taken out
                 # of the pending table must reach their callers.
                 self._wake(wake)
+                raise
+            self._wake(wake, lone)
             if pos:
                 end -= pos
                 self._rview[:end] = self._rview[pos:pos + end]
@@ -536,6 +626,8 @@ class Transport:
         self.error = exc
         if self._requester is not None:
             self._requester.stop()
+        if self._read_watcher is not None:
+            self._read_watcher.stop()   # before its descriptor is closed
         try:
             self._sock.close()
         except OSError:

@@ -271,3 +271,31 @@ def test_instructions_rejects_unknown_names():
         instructions.main(["--ops", "frobnicate"])
     with pytest.raises(SystemExit):
         instructions.main(["--drivers", "nosuchdriver"])
+
+
+def test_sweep_prints_every_level_and_target_and_exits_by_the_verdict(tmp_path, capsys):
+    from bench import sweep
+    out = tmp_path / "sweep.json"
+    code = sweep.main(["--runs", "1", "--ops", "300", "--ops-at-1", "100", "--min-rounds", "2",
+                       "--levels", "1,10,200", "--wal", "none", "--json", str(out)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    verdict = [line for line in printed.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert verdict == [line for line in result["verdict"] if line.startswith(("PASS", "FAIL"))]
+    # G=1: CPU and p50 against asynctnt and sync, per op; G=10 and 200: CPU and ops/s per op;
+    # the top level: p99.9/p50 per op and RSS growth
+    assert len(verdict) == 2 * 4 + 2 * 2 * 2 + 2 + 1
+    assert code == (0 if all(line.startswith("PASS") for line in verdict) else 1)
+    assert sorted(result["medians"]) == ["asynctnt@1", "asynctnt@10", "asynctnt@200",
+                                         "gtarantool@1", "gtarantool@10", "gtarantool@200",
+                                         "sync@1"]
+    top = result["medians"]["gtarantool@200"]
+    for op in ("insert", "select"):
+        figures = top[op]
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["p999_ms"] \
+            <= figures["max_ms"]
+        # 200 greenlets, 400 requests: at least one send per 200 requests, never one each
+        assert 5 <= figures["send_calls_per_1000"] < 1000
+    assert result["medians"]["gtarantool@1"]["select"]["send_calls_per_1000"] == 1000
+    assert top["peak_rss_mb"] > 0
+    assert re.search(r"^200 +select +gtarantool .*$", printed, re.M)

@@ -435,6 +435,242 @@ def test_every_kind_of_reply_in_tarantools_layout_reaches_its_caller(reader, sch
         b.close()
 
 
+def _fields(value):
+    """(sync, code, schema version, body) of a reply as ``request`` returns it: a
+    Response from a fast path, a tuple from ``_frame``."""
+    if type(value) is Response:
+        return (value._sync, value._code, value._schema_version, value._body)
+    return tuple(value[:4])
+
+
+def _frames(data):
+    """The (header, body) maps of every whole request frame in ``data``."""
+    unpacker = msgpack.Unpacker(strict_map_key=False, max_buffer_size=1 << 30)
+    unpacker.feed(data)
+    frames = []
+    try:
+        for length in unpacker:
+            start = unpacker.tell()
+            if len(data) - start < length:
+                break
+            frames.append((unpacker.unpack(), unpacker.unpack()))
+            assert unpacker.tell() == start + length
+    except msgpack.OutOfData:
+        pass
+    return frames
+
+
+def _receive(b, count):
+    """The first ``count`` request frames from the peer's end ``b`` (a plain
+    socket: read without blocking, so that the transport's greenlets run)."""
+    b.setblocking(False)
+    data = b""
+    with gevent.Timeout(5):
+        while len(_frames(data)) < count:
+            try:
+                data += b.recv(1 << 20)
+            except BlockingIOError:
+                gevent.sleep(0.001)
+    b.setblocking(True)
+    return _frames(data)
+
+
+def _answer(b, frames):
+    b.sendall(b"".join(reply(header[IPROTO_SYNC], header[IPROTO_SYNC]) for header, _ in frames))
+
+
+@REQUEST_FORMS
+def test_a_lone_request_is_sent_by_its_caller(code, schema):
+    """With nothing else in flight the caller sends its frame itself, in one call,
+    before it waits; the reply wakes it; the writer is left alone."""
+    transport, a, b = _socketpair_transport()
+    writer_ran = []
+    transport._wakeup.rawlink(lambda event: writer_ran.append(True))
+    body = msgpack.packb({0x20: [1]})
+    frame = tarantool_frame(9, body, 64, 0) if code is None else body
+    try:
+        caller = gevent.spawn(transport.request, 9, code, schema, frame)
+        gevent.sleep(0)
+        b.settimeout(1)
+        assert [h[IPROTO_SYNC] for h, _ in _frames(b.recv(65536))] == [9]
+        assert transport.stats.send_calls == 1 and transport.stats.requests == 1
+        b.sendall(reply(9, "nine"))
+        assert _fields(caller.get(timeout=2)) == (9, 0, 1, {IPROTO_DATA: ["nine"]})
+        assert not writer_ran and transport.in_flight == 0 and not transport._ready
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+@REQUEST_FORMS
+def test_callers_that_start_together_share_the_writers_sends(code, schema):
+    """Only the first of many callers that start at once sends itself; the rest
+    go out in the writer's batches, and every reply reaches its caller."""
+    transport, a, b = _socketpair_transport(max_in_flight=1000)
+
+    def frame(sync):
+        return tarantool_frame(sync, b"\x80", 64, 0) if code is None else b"\x80"
+    try:
+        callers = [gevent.spawn(transport.request, sync, code, schema, frame(sync))
+                   for sync in range(1, 301)]
+        assert [h[IPROTO_SYNC] for h, _ in _receive(b, 300)] == list(range(1, 301))
+        assert transport.stats.send_calls <= 5
+        b.sendall(b"".join(reply(sync, sync) for sync in range(1, 301)))
+        gevent.joinall(callers, timeout=5)
+        assert [_fields(c.value)[3] for c in callers] == [{IPROTO_DATA: [s]}
+                                                           for s in range(1, 301)]
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+def _small_send_buffer(a):
+    import socket
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+
+@REQUEST_FORMS
+def test_a_lone_send_the_socket_cannot_take_is_finished_by_the_writer_in_order(code, schema):
+    """A caller's own send that the socket takes only part of: the writer sends
+    the rest before anything queued later, so frames never interleave, even
+    when the caller gives up meanwhile (its late reply is discarded)."""
+    transport, a, b = _socketpair_transport()
+    _small_send_buffer(a)
+    big = msgpack.packb({0x21: b"x" * (2 << 20)})
+
+    def frame(sync, body):
+        return tarantool_frame(sync, body, 64, 0) if code is None else body
+    try:
+        def give_up_mid_send():
+            with pytest.raises(Interrupted):
+                transport.request(1, code, schema, frame(1, big))
+
+        first = gevent.spawn(give_up_mid_send)
+        gevent.sleep(0)
+        assert transport._wbuf   # the rest waits for the writer
+        first.kill(Interrupted, block=True, timeout=2)   # gives up mid-send
+        assert first.successful()
+        later = [gevent.spawn(transport.request, sync, code, schema,
+                              frame(sync, msgpack.packb({0x20: [sync]})))
+                 for sync in (2, 3)]
+        frames = _receive(b, 3)
+        assert [h[IPROTO_SYNC] for h, _ in frames] == [1, 2, 3]
+        assert frames[0][1] == {0x21: b"x" * (2 << 20)}
+        _answer(b, frames)
+        assert [_fields(g.get(timeout=2))[3] for g in later] == [{IPROTO_DATA: [2]},
+                                                                  {IPROTO_DATA: [3]}]
+        assert transport.alive and transport.in_flight == 0
+        assert transport.stats.discarded == 1
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+@REQUEST_FORMS
+def test_a_failing_lone_send_fails_the_transport_and_its_caller(code, schema):
+    """The peer is gone before the reader noticed: the caller's own send fails,
+    the caller gets the network error, the transport is dead and holds nothing."""
+    from tarantool.error import NetworkError
+    transport, a, b = _socketpair_transport()
+    try:
+        b.close()
+        with gevent.Timeout(2):
+            value = transport.request(7, code, schema,
+                                      tarantool_frame(7, b"\x80", 64, 0) if code is None
+                                      else b"\x80")
+        assert isinstance(value, NetworkError)
+        assert not transport.alive and transport.in_flight == 0 and not transport._ready
+        assert not transport._wbuf
+    finally:
+        transport.close()
+        a.close()
+
+
+def test_a_lone_caller_is_switched_to_by_the_reader(conn):
+    """One greenlet's requests in sequence: each reply reaches it straight from
+    the reader (no hub callback), and replies keep coming after it waits for
+    other things in between."""
+    transport = conn._transport
+    scheduled = []
+    run_ready = transport._run_ready
+
+    def counting():
+        scheduled.append(True)
+        run_ready()
+
+    transport._run_ready = counting
+    try:
+        for i in range(50):
+            assert conn.call("echo", i).data == [i]
+            if i % 10 == 0:
+                gevent.sleep(0.001)
+    finally:
+        del transport._run_ready
+    assert not scheduled
+    assert conn.stats.send_calls >= 50
+
+
+def test_callers_in_line_for_max_in_flight_are_served_in_order(server):
+    """With max_in_flight=1, callers that queue for a slot get it first come,
+    first served, though a woken caller asks again at once each time."""
+    from tests.conftest import PASSWORD, USER
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=1)
+    order = []
+
+    def caller(i):
+        for n in range(3):
+            c.call("echo", i)
+            order.append(i)
+
+    try:
+        callers = [gevent.spawn(caller, i) for i in range(20)]
+        gevent.joinall(callers, timeout=30, raise_error=True)
+        # Round robin: each caller's n-th request is answered before anyone's (n+1)-th
+        # but its own next one.
+        firsts = {}
+        for position, i in enumerate(order):
+            firsts.setdefault(i, []).append(position)
+        assert all(len(p) == 3 for p in firsts.values())
+        assert max(p[0] for p in firsts.values()) < min(p[2] for p in firsts.values())
+    finally:
+        c.close()
+
+
+@REQUEST_FORMS
+def test_a_caller_let_in_whose_slot_is_taken_first_waits_at_the_front(code, schema):
+    """max_in_flight=1: a caller let in from the line, whose slot a newcomer took
+    before it ran, waits again ahead of those behind it."""
+    transport, a, b = _socketpair_transport(max_in_flight=1)
+    order = []
+
+    def caller(sync):
+        transport.request(sync, code, schema, tarantool_frame(sync, b"\x80", 64, 0)
+                          if code is None else b"\x80")
+        order.append(sync)
+
+    try:
+        callers = [gevent.spawn(caller, 1)]
+        gevent.sleep(0)                                  # 1 in flight
+        callers += [gevent.spawn(caller, 2), gevent.spawn(caller, 3)]
+        gevent.sleep(0)                                  # 2, then 3 in line
+        callers.append(gevent.spawn(caller, 4))          # starts before 2 is let in
+        with gevent.Timeout(5):
+            while len(order) < 4:
+                (sync,) = transport._pending
+                transport.feed(reply(sync, sync))
+                while sync not in order:
+                    gevent.sleep(0)
+        assert order == [1, 4, 2, 3]
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
 def _event_frame(sync, key, value):
     header = msgpack.packb({IPROTO_REQUEST_TYPE: 76, IPROTO_SYNC: sync})   # as Tarantool: no schema
     body = msgpack.packb({0x57: key, 0x58: value})
@@ -488,3 +724,4 @@ def test_post_sends_a_frame_and_on_fail_hears_of_the_death():
     finally:
         transport.close()
         a.close()
+        b.close()
