@@ -14,14 +14,23 @@ FUZZ_SEED=${FUZZ_SEED:-1}
 
 build() {   # build(what, CFLAGS, LDFLAGS): both extensions in place, from scratch
     mkdir -p build
-    if ! env CFLAGS="$2" LDFLAGS="$3" "$PY" setup.py build_ext --inplace --force \
-            -b "build/$1" -t "build/$1-tmp" >"build/$1.log" 2>&1; then
-        cat "build/$1.log"
+    # No flags: none in the environment at all (an empty CFLAGS replaces Python's
+    # own, -O3 among them, and leaves an unoptimised build behind).
+    if [ -n "$2" ]; then
+        set -- "$1" env CFLAGS="$2" LDFLAGS="$3"
+    else
+        set -- "$1" env -u CFLAGS -u LDFLAGS
+    fi
+    what=$1
+    shift
+    if ! "$@" "$PY" setup.py build_ext --inplace --force \
+            -b "build/$what" -t "build/$what-tmp" >"build/$what.log" 2>&1; then
+        cat "build/$what.log"
         return 1
     fi
     for ext in _speedups _encoder; do   # optional extensions: a failed one is skipped quietly
         ls gtarantool/$ext.*.so >/dev/null 2>&1 || { echo "gtarantool/$ext did not build" \
-            "(build/$1.log):"; cat "build/$1.log"; return 1; }
+            "(build/$what.log):"; cat "build/$what.log"; return 1; }
     done
 }
 
