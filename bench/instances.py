@@ -10,7 +10,7 @@ workers that drove that instance.
 """
 import contextlib
 
-from bench.pool import addresses, parse_hosts
+from bench.pool import PoolTarget, addresses, parse_hosts
 from bench.server import TarantoolServer
 from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
 
@@ -62,19 +62,9 @@ class InstancesTarget:
                 total[op] = total.get(op, 0) + value
         return total
 
-    def cpu_seconds(self):
-        if not self.servers:
-            return None
-        import psutil
-        total = 0.0
-        for srv in self.servers:
-            times = psutil.Process(srv.pid).cpu_times()
-            total += times.user + times.system
-        return total
-
-    def close(self):
-        for member in self.members:
-            member.close()
+    # The servers' CPU time and closing every member: as a pool's target.
+    cpu_seconds = PoolTarget.cpu_seconds
+    close = PoolTarget.close
 
 
 def _check_procs(instances, config):

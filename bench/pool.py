@@ -107,6 +107,7 @@ class PoolTarget:
         return total
 
     def cpu_seconds(self):
+        """CPU time of the servers this target started (None for existing ones)."""
         if not self.servers:
             return None
         import psutil
