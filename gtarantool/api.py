@@ -196,6 +196,37 @@ class RequestMethods:
         return time.time() - start
 
 
+class ConnectionRequestMethods(RequestMethods):
+    """``RequestMethods`` over a connection's schema, codec and caches: what a
+    pipeline and a stream share (each provides its own ``_request``)."""
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._spaces = conn._spaces
+        self._indexes = conn._indexes
+
+    @property
+    def schema(self):
+        return self._conn.schema
+
+    @property
+    def _encoder(self):
+        return self._conn._encoder   # set when the connection first connects
+
+    def _opt_reconnect(self):
+        self._conn._ensure_connected()
+
+    @property
+    def call_16(self):
+        return self._conn.call_16
+
+    def _schemaful_connection_check(self):
+        self._conn._schemaful_connection_check()
+
+    def _ops_process(self, space, ops):
+        return self._conn._ops_process(space, ops)
+
+
 def _cache(cache, key, value):
     """``cache[key] = value``, emptying ``cache`` first when it is full (ids
     that name no space would otherwise make it grow without bound)."""

@@ -28,7 +28,7 @@ import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
 
-from gtarantool.api import RequestMethods
+from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout
 from gtarantool.protocol import responses
 from gtarantool.transport import ReplySink
@@ -53,37 +53,13 @@ def _gc_paused():
             gc.enable()
 
 
-class Pipeline(RequestMethods):
+class Pipeline(ConnectionRequestMethods):
     """Queue requests with the connection's methods; ``results()`` waits for all."""
 
     def __init__(self, conn):
-        self._conn = conn
-        self._spaces = conn._spaces
-        self._indexes = conn._indexes
+        super().__init__(conn)
         self._queued = []           # (code, body) of requests not handed over yet
         self._sink = ReplySink()    # syncs of those handed over, and their replies
-
-    # What RequestMethods needs, borrowed from the connection.
-    @property
-    def schema(self):
-        return self._conn.schema
-
-    @property
-    def _encoder(self):
-        return self._conn._encoder   # set when the connection first connects
-
-    def _opt_reconnect(self):
-        self._conn._ensure_connected()
-
-    @property
-    def call_16(self):
-        return self._conn.call_16
-
-    def _schemaful_connection_check(self):
-        self._conn._schemaful_connection_check()
-
-    def _ops_process(self, space, ops):
-        return self._conn._ops_process(space, ops)
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
         queued = self._queued

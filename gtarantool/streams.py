@@ -21,7 +21,7 @@ from tarantool.const import REQUEST_TYPE_EXECUTE
 from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
 
 from gtarantool import features, sql
-from gtarantool.api import RequestMethods
+from gtarantool.api import ConnectionRequestMethods
 from gtarantool.pipeline import Pipeline
 from gtarantool.protocol import Response, ResponseExecute
 
@@ -63,40 +63,16 @@ def isolation_code(isolation):
                      % (", ".join(ISOLATION_LEVELS), isolation))
 
 
-class Stream(RequestMethods):
+class Stream(ConnectionRequestMethods):
     """The connection's data methods (insert, replace, select, update, upsert,
     delete, call, eval, execute, ping) under one stream id, plus ``begin``,
     ``commit`` and ``rollback``.  Made by ``Connection.stream()``."""
 
     def __init__(self, conn):
         features.require(conn, features.STREAMS)
-        self._conn = conn
+        super().__init__(conn)
         self.stream_id = next(conn._stream_ids)
-        self._spaces = conn._spaces
-        self._indexes = conn._indexes
         self._tx = None   # the transport the open transaction began on
-
-    # What RequestMethods needs, borrowed from the connection.
-    @property
-    def schema(self):
-        return self._conn.schema
-
-    @property
-    def _encoder(self):
-        return self._conn._encoder
-
-    def _opt_reconnect(self):
-        self._conn._ensure_connected()
-
-    @property
-    def call_16(self):
-        return self._conn.call_16
-
-    def _schemaful_connection_check(self):
-        self._conn._schemaful_connection_check()
-
-    def _ops_process(self, space, ops):
-        return self._conn._ops_process(space, ops)
 
     @property
     def in_transaction(self):
