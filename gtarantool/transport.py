@@ -15,9 +15,10 @@ two through the hub.
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
 run (whose request would join its batch) sends its frame itself, in one
-non-blocking ``writev``; and a reader with exactly one reply to hand on
-switches to that caller directly and is resumed by the hub when the socket is
-readable again.  Under load the queue is never empty, and the writer still
+non-blocking ``writev``; and a receive that brings exactly one reply, for
+a caller with no other reply queued, is handed on by the read watcher's
+callback in the hub, which switches straight to that caller (the reader
+greenlet is resumed only when there is more to do).  Under load the queue is never empty, and the writer still
 sends each burst in one call.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
@@ -333,8 +334,9 @@ class Transport:
     def _wake(self, wake, lone=False):
         """Wake the callers in ``_ready`` and hand each ``(waiter, value)`` of
         ``wake`` (those that must be switched from the hub) to its waiter.
-        ``lone``: the reader switches to a single caller in ``_ready`` itself,
-        unless callers in line for ``max_in_flight`` were let in: they go first."""
+        ``lone``: the read watcher's callback switches to a single caller in
+        ``_ready`` itself, unless callers in line for ``max_in_flight`` were let
+        in: they go first."""
         if wake:
             self._hub.loop.run_callback(_wake_all, wake)
         if self._ready and not self._waking and (wake or not lone or len(self._ready) > 1):
@@ -386,48 +388,67 @@ class Transport:
     # -- the reader greenlet -------------------------------------------------
 
     def _read_loop(self):
-        fd = self._fd
-        stats = self.stats
-        ready = self._ready
-        hub = self._hub
-        readv = os.readv
-        # The hub resumes the reader through this watcher, wherever it switched to.
-        watcher = self._read_watcher = hub.loop.io(fd, 1)
-        resume = getcurrent().switch
+        # The read watcher stays on for the transport's life; its callback,
+        # _readable, runs in the hub and resumes this greenlet only when there
+        # is more to do than hand one reply to its caller.
+        watcher = self._read_watcher = self._hub.loop.io(self._fd, 1)
+        watcher.start(self._readable)
+        switch = self._hub.switch
         try:
             while True:
-                start = self._rlen
-                space = len(self._rbuf) - start
-                try:
-                    received = readv(fd, (self._rview[start:],))
-                except BlockingIOError:
-                    received = None
-                if received is not None:
-                    if not received:
-                        raise _lost("the server closed the connection")
-                    stats.recv_calls += 1
-                    stats.bytes_in += received
-                    self._parse(start + received, lone=True)
-                    if received == space or len(ready) != 1 or self._waking:
-                        # Read again at once: replies that came meanwhile join
-                        # the callers woken with these (they send one batch).
-                        continue
-                # A lone reply, the socket drained (short of a full buffer):
-                # wait for it to be readable rather than find it empty again.
-                watcher.start(resume)
-                try:
-                    if len(ready) == 1 and not self._waking:
-                        # A lone reply: run its caller now, not from a hub callback.
-                        waiting = ready[0][0]
-                        waiting.switch()
-                        if ready and ready[0][0] is waiting:
-                            ready.popleft()   # it did not take its reply (it was dead)
-                    else:
-                        hub.switch()
-                finally:
-                    watcher.stop()
+                exc = switch()   # parked until _readable resumes it
+                if exc is not None:
+                    raise exc
+                while self._read():
+                    pass
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "read"), killer=self._reader)
+        finally:
+            watcher.stop()
+
+    def _read(self, lone=False):
+        """One receive into the read buffer, its replies handed on (``lone``:
+        see ``_wake``).  True when the reader should read again at once: the
+        buffer filled up, or callers are being woken (replies that come
+        meanwhile join theirs, and they send one batch)."""
+        start = self._rlen
+        space = len(self._rbuf) - start
+        try:
+            received = os.readv(self._fd, (self._rview[start:],))
+        except BlockingIOError:
+            return False
+        if not received:
+            raise _lost("the server closed the connection")
+        stats = self.stats
+        stats.recv_calls += 1
+        stats.bytes_in += received
+        self._parse(start + received, lone)
+        return received == space or len(self._ready) != 1 or self._waking
+
+    def _readable(self):
+        """The read watcher's callback, in the hub.  A receive that brings one
+        reply for a caller with no other reply queued (a lone request's)
+        switches from here straight to that caller, which sends its next
+        request and waits in the hub again: the reader greenlet is not woken.
+        Anything else (more replies, part of a frame, an error) resumes the
+        reader, which reads on or fails the transport."""
+        try:
+            more = self._read(lone=True)
+        except BaseException as exc:   # raised in the reader, which owns failures
+            self._reader.switch(exc)
+            return
+        if more:
+            self._reader.switch(None)
+            return
+        ready = self._ready
+        if len(ready) == 1 and not self._waking:
+            waiting = ready[0][0]
+            try:
+                waiting.switch()
+            except BaseException:   # as gevent's Waiter: a greenlet that died raising
+                self._hub.handle_error(waiting, *sys.exc_info())
+            if ready and ready[0][0] is waiting:
+                ready.popleft()   # it did not take its reply (it was dead)
 
     def feed(self, data):
         """Cut ``data`` (any piece of the stream) into frames and hand each reply

@@ -503,6 +503,40 @@ def test_a_lone_request_is_sent_by_its_caller(code, schema):
         b.close()
 
 
+def test_a_lone_reply_goes_from_the_hub_to_its_caller_and_more_wake_the_reader():
+    """One reply for one waiting caller: the read watcher's callback switches
+    from the hub straight to the caller, and the reader greenlet never runs.
+    Two replies in one receive resume the reader (which hands them on)."""
+    import greenlet
+    transport, a, b = _socketpair_transport()
+    reader_ran = []
+
+    def trace(event, args):
+        if event in ("switch", "throw") and args[1] is transport._reader:
+            reader_ran.append(event)
+    gevent.sleep(0)   # the reader starts and parks
+    old = greenlet.settrace(trace)
+    try:
+        for sync in (1, 2, 3):
+            caller = gevent.spawn(transport.request, sync, 64, 0, b"\x80")
+            gevent.sleep(0)
+            b.recv(65536)
+            b.sendall(reply(sync, sync))
+            assert _fields(caller.get(timeout=2))[3] == {IPROTO_DATA: [sync]}
+        assert reader_ran == []
+        callers = [gevent.spawn(transport.request, sync, 64, 0, b"\x80") for sync in (4, 5)]
+        _receive(b, 2)
+        b.sendall(reply(4, 4) + reply(5, 5))
+        gevent.joinall(callers, timeout=2)
+        assert [_fields(c.value)[3] for c in callers] == [{IPROTO_DATA: [4]}, {IPROTO_DATA: [5]}]
+        assert reader_ran
+    finally:
+        greenlet.settrace(old)
+        transport.close()
+        a.close()
+        b.close()
+
+
 @REQUEST_FORMS
 def test_callers_that_start_together_share_the_writers_sends(code, schema):
     """Only the first of many callers that start at once sends itself; the rest
