@@ -1,8 +1,10 @@
 """The clients under test, each behind the same small interface used by the worker:
 
 ``open()`` connects (and loads the schema, so no schema request falls into a measured phase),
-``run(phase, recorder)`` keeps exactly ``concurrency`` requests going until the phase runs
-out, ``counters()`` returns the connection's socket counters (or None), ``close()``.
+``run(phase, recorder, started=None)`` keeps exactly ``concurrency`` requests going until the
+phase runs out (``started()``, when given, is called once every worker exists and before the
+first request: where a measurement of the requests alone starts), ``counters()`` returns the
+connection's socket counters (or None), ``close()``.
 
 Client libraries are imported inside the driver that uses them: gevent only ever gets imported
 in a gtarantool worker process, never in the parent.
@@ -29,8 +31,9 @@ def error_kind(exc, server_error):
     return type(exc).__name__
 
 
-def serve(take, recorder, calls, payloads, server_error):
-    """One request at a time until ``take()`` runs dry: the body of every greenlet and thread.
+def serve(take, recorder, calls, payloads, server_error, go=None):
+    """One request at a time until ``take()`` runs dry: the body of every greenlet and thread
+    (after ``go()`` returns, when given).
 
     This loop's cost is part of every driver's figures, so the usual case (a correct answer
     within the recorder's current second) is checked and counted here, without calls; the
@@ -39,6 +42,8 @@ def serve(take, recorder, calls, payloads, server_error):
     record, latency, second = recorder.record, recorder.latency, recorder.second
     shared = recorder.shared
     expected, spread = payloads.table, payloads.SPREAD
+    if go is not None:
+        go()
     while True:
         item = take()
         if item is None:
@@ -61,12 +66,15 @@ def serve(take, recorder, calls, payloads, server_error):
         second[op] += 1
 
 
-async def serve_async(take, recorder, calls, payloads, server_error):
+async def serve_async(take, recorder, calls, payloads, server_error, go=None):
     """``serve`` for asyncio tasks: the same loop, awaiting the call (a helper shared by
-    the two would put a Python call back on every request)."""
+    the two would put a Python call back on every request, and a coroutine wrapping it
+    would put a frame on every resumption: hence ``go`` here too)."""
     clock = time.monotonic
     record, latency, second = recorder.record, recorder.latency, recorder.second
     expected, spread = payloads.table, payloads.SPREAD
+    if go is not None:
+        await go()
     while True:
         item = take()
         if item is None:
@@ -176,7 +184,9 @@ class SyncDriver(Driver):
         self.conn = self._tarantool_connection()
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
 
-    def run(self, phase, recorder):
+    def run(self, phase, recorder, started=None):
+        if started is not None:
+            started()
         serve(phase.take, recorder, self.calls, self.payloads, self.server_error)
 
     def counters(self):
@@ -194,7 +204,7 @@ class ThreadsDriver(Driver):
     def open(self):
         self.conns = [self._tarantool_connection() for _ in range(self.concurrency)]
 
-    def run(self, phase, recorder):
+    def run(self, phase, recorder, started=None):
         lock = threading.Lock()
 
         def take():
@@ -203,6 +213,8 @@ class ThreadsDriver(Driver):
         threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
             take, recorder, tarantool_calls(conn, self.config.space, self.payloads),
             self.payloads, self.server_error)) for i, conn in enumerate(self.conns)]
+        if started is not None:
+            started()
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -229,12 +241,19 @@ class GeventDriver(Driver):
                                        password=self.config.password)
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
 
-    def run(self, phase, recorder):
+    def run(self, phase, recorder, started=None):
         import gevent
+        from gevent.event import Event
+        go = Event()
         greenlets = [gevent.spawn(serve, phase.take, recorder, self.calls, self.payloads,
-                                  self.server_error) for _ in range(self.concurrency)]
+                                  self.server_error, go.wait)
+                     for _ in range(self.concurrency)]
         for i, glet in enumerate(greenlets):
             glet.name = "worker-%d" % i          # what profiles and tracebacks show
+        gevent.sleep(0)   # every worker starts and waits for go
+        if started is not None:
+            started()
+        go.set()
         gevent.joinall(greenlets, raise_error=True)
 
     def counters(self):
@@ -270,13 +289,20 @@ class AsynctntDriver(Driver):
             "delete": lambda key: conn.delete(space, [key]),
         }
 
-    def run(self, phase, recorder):
+    def run(self, phase, recorder, started=None):
         import asyncio
 
         async def main():
-            await asyncio.gather(*(serve_async(phase.take, recorder, self.calls,
-                                               self.payloads, self.server_error)
-                                   for _ in range(self.concurrency)))
+            go = asyncio.Event()
+            tasks = [asyncio.ensure_future(serve_async(phase.take, recorder, self.calls,
+                                                       self.payloads, self.server_error,
+                                                       go.wait))
+                     for _ in range(self.concurrency)]
+            await asyncio.sleep(0)   # every task starts and waits for go
+            if started is not None:
+                started()
+            go.set()
+            await asyncio.gather(*tasks)
         self.loop.run_until_complete(main())
 
     def counters(self):

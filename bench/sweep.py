@@ -5,7 +5,11 @@ connection, uvloop) at G = 1, 10, 100, 1,000 and 10,000, and the synchronous
 tarantool-python client at G = 1; inserts, then selects, of 1,536-byte
 tuples.  Every run is a fresh client process (its peak RSS is its own) and the
 runs are interleaved level by level, driver by driver, so that a busy host
-slows all of them alike; each figure is the median over the runs.  Per level
+slows all of them alike; each figure is the median over the runs.  The clock
+and the CPU count start once all G greenlets (tasks) exist and wait to start,
+for both clients alike: what is measured is requests, not ``gevent.spawn``
+against ``asyncio.ensure_future`` (at G = 10,000, with 5 requests each, creating
+the greenlets took about a sixth of gtarantool's CPU time).  Per level
 and operation it prints ops/s, ops per client CPU-second, latency (p50, p99;
 p99.9 and max at the highest level), send and recv calls per 1,000 requests
 (the clients that count them) and the process's peak RSS and its growth over
@@ -66,10 +70,14 @@ def child(driver_name, greenlets, ops, size, host, port, space, out):
     for op in OPERATIONS:
         recorder = driver.recorder_class(op, lambda message: None)
         phase = Phase(op, zip(itertools.repeat(op), range(ops)))
-        counters = driver.counters()
-        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        driver.run(phase, recorder)
+        before = {}
+
+        def started():
+            before.update(counters=driver.counters(), t0=time.perf_counter(),
+                          cpu0=resource.getrusage(resource.RUSAGE_SELF))
+        driver.run(phase, recorder, started)
         t1, cpu1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        counters, t0, cpu0 = before["counters"], before["t0"], before["cpu0"]
         recorder.flush()
         if recorder.errors:
             raise SystemExit("%s G=%d %s: %s" % (driver_name, greenlets, op,
