@@ -26,7 +26,9 @@
  * the first frame it does not take (a header read_header does not read, too
  * long, incomplete, a push, a sync not in `pending`, a pushes_type waiter) and returns where that
  * frame starts and how many replies it stored in sinks without a wake-up:
- * the Python code decides about the rest.
+ * the Python code decides about the rest.  receive_lone(fd, buffer, limit)
+ * is a lone request's receive: one read, and the reply taken when the read
+ * brought exactly one that cut() would hand to a greenlet.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,6 +41,7 @@
 #include <stdint.h>
 #include <errno.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
 #define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
@@ -776,6 +779,75 @@ error:
     return NULL;
 }
 
+/* receive_lone(fd, buffer, limit): transport.Transport._receive_lone, its
+ * Python twin.  One non-blocking read into the empty read buffer; when the
+ * bytes are exactly one whole reply that cut() would hand to a caller's
+ * greenlet, it is taken as cut() takes it.  Returns (bytes received, taken),
+ * None when there was nothing to read; raises OSError when the read fails. */
+static PyObject *
+ReplyCutter_receive_lone(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer buffer;
+    Py_ssize_t received, limit;
+    const unsigned char *data;
+    long fd;
+    int taken = 0;
+    Header h;
+
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "receive_lone(fd, buffer, limit)");
+        return NULL;
+    }
+    fd = PyLong_AsLong(args[0]);
+    limit = PyLong_AsSsize_t(args[2]);
+    if ((fd == -1 || limit == -1) && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "bad file descriptor");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &buffer, PyBUF_WRITABLE) < 0)
+        return NULL;
+    do {
+        received = read((int)fd, buffer.buf, (size_t)buffer.len);
+    } while (received < 0 && errno == EINTR && !PyErr_CheckSignals());
+    if (received < 0) {
+        PyBuffer_Release(&buffer);
+        if (PyErr_Occurred())   /* a signal handler raised */
+            return NULL;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    data = buffer.buf;
+    if (read_header(data, data + received, &h) && h.length <= (uint64_t)limit
+            && (uint64_t)(h.head - h.prefix) <= h.length
+            && h.prefix + (Py_ssize_t)h.length == received && h.code != IPROTO_CHUNK) {
+        PyObject *sync = PyLong_FromUnsignedLongLong(h.sync), *waiter;
+
+        if (sync == NULL)
+            goto error;
+        waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
+        if (waiter != NULL && (PyObject *)Py_TYPE(waiter) != self->sink_type
+                && (PyObject *)Py_TYPE(waiter) != self->pushes_type) {
+            Py_INCREF(waiter);
+            taken = PyDict_DelItem(self->pending, sync) < 0
+                || take(self, waiter, sync, &h, data + h.head, received - h.head) < 0 ? -1 : 1;
+            Py_DECREF(waiter);
+        }
+        Py_DECREF(sync);
+        if (taken < 0 || PyErr_Occurred())
+            goto error;
+    }
+    PyBuffer_Release(&buffer);
+    return Py_BuildValue("(nO)", received, taken ? Py_True : Py_False);
+error:
+    PyBuffer_Release(&buffer);
+    return NULL;
+}
+
 static int
 ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
 {
@@ -861,6 +933,9 @@ static PyMethodDef ReplyCutter_methods[] = {
     {"cut", (PyCFunction)(void (*)(void))ReplyCutter_cut, METH_FASTCALL,
      "cut(data, pos, end, limit, wake) -> (where the first frame not taken starts, "
      "replies stored in sinks without a wake-up)"},
+    {"receive_lone", (PyCFunction)(void (*)(void))ReplyCutter_receive_lone, METH_FASTCALL,
+     "receive_lone(fd, buffer, limit) -> (bytes received, whether they were one reply, "
+     "taken), or None when there was nothing to read"},
     {NULL, NULL, 0, NULL}
 };
 

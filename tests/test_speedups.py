@@ -390,3 +390,87 @@ def test_reply_header_layouts(name):
     # Over the length limit: neither does.
     assert _reply_header(frame, 0, len(frame), len(frame) - 6) is None
     assert _cut_one(frame, limit=len(frame) - 6) == (0, None)
+
+
+def _lone_case(name):
+    """A transport over a socketpair whose peer has written case ``name``'s bytes
+    (the reader not yet run), and the waiter registered under sync 7."""
+    import os
+    import socket
+
+    import gevent.socket as gsocket
+
+    from gtarantool.transport import Stats, Transport
+    a, b = socket.socketpair()
+    transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 10, 1 << 20)
+    a.close()
+    waiter = ReplySink() if name == "sink" else object()
+    transport._pending[7] = waiter
+    ok = tarantool_frame(7, msgpack.packb({0x30: [[7, "seven"]]}), schema_width=8)
+    written = {
+        "ok": ok,
+        "error": tarantool_frame(7, msgpack.packb({0x31: "no"}), code=0x8003),
+        "two": ok + tarantool_frame(8, b"\x80"),
+        "part": ok[:-3],
+        "unknown sync": tarantool_frame(9, b"\x80"),
+        "sink": ok,
+        "push": tarantool_frame(7, b"\x80", code=0x80),
+        "event": msgpack.packb(9) + msgpack.packb({0: 76, 1: 7}) + b"\x80",
+        "nothing": b"",
+        "eof": b"",
+    }[name]
+    b.sendall(written)
+    if name == "eof":
+        b.close()
+    return transport, b, waiter
+
+
+@pytest.mark.parametrize("name", ["ok", "error", "two", "part", "unknown sync", "sink", "push",
+                                  "event", "nothing", "eof"])
+def test_receive_lone_takes_one_whole_reply_as_its_python_twin_does(name):
+    """The cutter's receive_lone against Transport._receive_lone, its twin: the
+    same bytes received, the same verdict, the same waiter popped and its reply
+    the same (a response from C, the tuple in Python: the same fields)."""
+    outcomes = []
+    for c_path in (True, False):
+        transport, peer, waiter = _lone_case(name)
+        try:
+            got = (transport._cutter.receive_lone(transport._fd, transport._rbuf, 1 << 20)
+                   if c_path else transport._receive_lone())
+            ready = [(w is waiter, value if type(value) is tuple else
+                      (value._sync, value._code, value._schema_version, value._body, None))
+                     for w, value in transport._ready]
+            outcomes.append((got, sorted(transport._pending), ready))
+        finally:
+            transport._pending.clear()
+            transport._ready.clear()
+            transport.close()
+            peer.close()
+    assert outcomes[0] == outcomes[1]
+    got, pending, ready = outcomes[0]
+    taken = name in ("ok", "error")
+    if name == "nothing":
+        assert got is None
+    else:
+        assert got[1] is taken and (got[0] == 0) is (name == "eof")
+    assert (pending == []) is taken and len(ready) == taken
+    if name == "ok":
+        assert ready == [(True, (7, 0, 1, {0x30: [[7, "seven"]]}, None))]
+
+
+def test_receive_lone_arguments():
+    transport, peer, _ = _lone_case("nothing")
+    cutter = transport._cutter
+    try:
+        with pytest.raises(TypeError):
+            cutter.receive_lone(transport._fd, transport._rbuf)
+        with pytest.raises(ValueError):
+            cutter.receive_lone(-1, transport._rbuf, 100)
+        with pytest.raises(BufferError):
+            cutter.receive_lone(transport._fd, b"read-only", 100)
+        with pytest.raises(OSError):
+            cutter.receive_lone(peer.fileno() + 1000, transport._rbuf, 100)
+    finally:
+        transport._pending.clear()
+        transport.close()
+        peer.close()
