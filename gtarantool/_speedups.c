@@ -53,7 +53,7 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
-    *str_bytes_out, *str_max_in_flight;
+    *str_bytes_out, *str_max_in_flight, *str_flush_due;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -1179,13 +1179,24 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
             goto unregister;
     } else {
         if (queued == 0) {
-            res = PyObject_CallNoArgs(self->wakeup_set);
-            if (res == NULL) {
+            /* the writer is woken unless a flush is due (Transport._flush) */
+            int due;
+            res = PyObject_GetAttr(self->transport, str_flush_due);
+            due = res == NULL ? -1 : PyObject_IsTrue(res);
+            Py_XDECREF(res);
+            if (due < 0) {
                 Py_DECREF(header);
                 goto unregister;
             }
-            Py_DECREF(res);
-            queued = PyList_GET_SIZE(self->wbuf);
+            if (!due) {
+                res = PyObject_CallNoArgs(self->wakeup_set);
+                if (res == NULL) {
+                    Py_DECREF(header);
+                    goto unregister;
+                }
+                Py_DECREF(res);
+            }
+            queued = PyList_GET_SIZE(self->wbuf);   /* (Python ran) */
         }
         if (PyList_Append(self->wbuf, header) < 0) {
             Py_DECREF(header);
@@ -1500,7 +1511,8 @@ PyInit__speedups(void)
             || !(str_requests = PyUnicode_InternFromString("requests"))
             || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
-            || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight")))
+            || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight"))
+            || !(str_flush_due = PyUnicode_InternFromString("_flush_due")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;

@@ -10,7 +10,9 @@ and ``_cut``'s loop run in C, ``gtarantool._speedups``, when the package was
 built with a compiler).  The hub wakes the first greenlet of the queue; each
 woken caller takes its reply from the queue and, when it waits for its next
 one, wakes the next caller itself: one greenlet switch per request instead of
-two through the hub.
+two through the hub.  What the callers of such a batch queue is sent by the hub
+once they all wait again (``_flush``, one write), not by the writer, which
+takes only what the socket does not accept at once and what other callers queue.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -115,9 +117,13 @@ class Transport:
         self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
         self._ready = collections.deque()  # (greenlet, reply) to wake, in order
         self._waking = False              # _run_ready is scheduled or running
+        # Callers are being woken, and whoever woke them sends what they queue
+        # once they all wait again (_flush): they need not wake the writer.
+        self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
+        self._sending = False             # the writer is sending the front of _wbuf
         self._fd = sock.fileno()          # callers' own sends and the reader use it directly
         self._read_watcher = None         # the reader's, while it runs
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
@@ -184,7 +190,7 @@ class Transport:
                 del pending[sync]
                 raise
         else:
-            if not buf:
+            if not buf and not self._flush_due:
                 self._wakeup.set()
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
         try:
@@ -340,7 +346,7 @@ class Transport:
         if wake:
             self._hub.loop.run_callback(_wake_all, wake)
         if self._ready and not self._waking and (wake or not lone or len(self._ready) > 1):
-            self._waking = True
+            self._waking = self._flush_due = True
             self._hub.loop.run_callback(self._run_ready)
 
     def _run_ready(self):
@@ -356,7 +362,39 @@ class Transport:
                 self._hub.handle_error(waiting, *sys.exc_info())
             if ready and ready[0][0] is waiting:
                 ready.popleft()   # it did not take its reply (it was dead): never retry it
-        self._waking = False
+        self._waking = self._flush_due = False
+        self._flush()
+
+    def _flush(self):
+        """In the hub, after a batch of woken callers: send what they queued
+        now, in one non-blocking write, instead of waking the writer (which
+        takes what the socket does not, and anything while it is sending)."""
+        buf = self._wbuf
+        if not buf or self._sending:
+            return
+        queued = len(buf)
+        data = b"".join(buf)
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:   # the writer meets it again and fails the transport
+            sent = 0
+        stats = self.stats
+        if len(self._pending) > stats.max_in_flight:
+            stats.max_in_flight = len(self._pending)
+        if sent:
+            stats.send_calls += 1
+            stats.bytes_out += sent
+        if sent == len(data):
+            stats.requests += queued // 2
+            del buf[:queued]
+            return
+        # The rest as one piece, ahead of anything queued later; the writer
+        # counts it as one request.
+        stats.requests += queued // 2 - 1
+        buf[:queued] = (data[sent:], b"")
+        self._wakeup.set()
 
     # -- the writer greenlet -------------------------------------------------
 
@@ -377,8 +415,11 @@ class Transport:
                         stats.max_in_flight = in_flight
                     data = b"".join(buf)
                     # Left in buf until sent: a caller that finds buf empty sends
-                    # itself, and must not do so in the middle of this batch.
+                    # itself, and must not do so in the middle of this batch,
+                    # nor _flush.
+                    self._sending = True
                     sock.sendall(data)
+                    self._sending = False
                     del buf[:queued]
                     stats.send_calls += 1
                     stats.bytes_out += len(data)
@@ -486,12 +527,16 @@ class Transport:
         ready = self._ready
         if len(ready) == 1 and not self._waking:
             waiting = ready[0][0]
+            self._flush_due = True
             try:
                 waiting.switch()
             except BaseException:   # as gevent's Waiter: a greenlet that died raising
                 self._hub.handle_error(waiting, *sys.exc_info())
+            self._flush_due = False
             if ready and ready[0][0] is waiting:
                 ready.popleft()   # it did not take its reply (it was dead)
+            if self._wbuf:
+                self._flush()
 
     def feed(self, data):
         """Cut ``data`` (any piece of the stream) into frames and hand each reply

@@ -537,6 +537,40 @@ def test_a_lone_reply_goes_from_the_hub_to_its_caller_and_more_wake_the_reader()
         b.close()
 
 
+def test_requests_of_callers_woken_together_go_out_in_one_write_without_the_writer():
+    """Replies that wake several callers at once: what they send next goes out
+    in one write when they all wait again, and the writer greenlet stays asleep."""
+    import greenlet
+    transport, a, b = _socketpair_transport()
+    writer_ran = []
+
+    def trace(event, args):
+        if event in ("switch", "throw") and args[1] is transport._writer:
+            writer_ran.append(event)
+
+    def caller(first):
+        transport.request(first, 64, 0, b"\x80")
+        return transport.request(first + 10, 64, 0, b"\x80")
+    try:
+        callers = [gevent.spawn(caller, sync) for sync in (1, 2, 3)]
+        assert sorted(h[IPROTO_SYNC] for h, _ in _receive(b, 3)) == [1, 2, 3]
+        sends = transport.stats.send_calls
+        old = greenlet.settrace(trace)
+        try:
+            b.sendall(reply(1, 1) + reply(2, 2) + reply(3, 3))
+            assert sorted(h[IPROTO_SYNC] for h, _ in _receive(b, 3)) == [11, 12, 13]
+        finally:
+            greenlet.settrace(old)
+        assert writer_ran == [] and transport.stats.send_calls == sends + 1
+        b.sendall(reply(11, 11) + reply(12, 12) + reply(13, 13))
+        gevent.joinall(callers, timeout=2)
+        assert [_fields(c.value)[3] for c in callers] == [{IPROTO_DATA: [s]} for s in (11, 12, 13)]
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
 @REQUEST_FORMS
 def test_callers_that_start_together_share_the_writers_sends(code, schema):
     """Only the first of many callers that start at once sends itself; the rest
