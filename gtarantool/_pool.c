@@ -22,7 +22,8 @@
  * too many arguments) goes to the Python method itself.
  *
  * Counted is the base of pool.Instance: the fields a Route reads and writes on
- * every request, as C fields (pool._Counted is its Python twin).
+ * every request, as C fields (pool._Counted is its Python twin); Picks the base
+ * of pool.ConnectionPool, for its _next (a plain attribute without it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,7 +36,7 @@
 #define MAX_ARGS 8                /* positional arguments a Route takes, the pool's included */
 #define N_MODES 5                 /* tarantool.Mode's values are 1..5 */
 
-static PyObject *str_next, *str_failed, *str_send, *str_drained, *str_mode;
+static PyObject *str_failed, *str_send, *str_drained, *str_mode;
 
 /* -- Counted ------------------------------------------------------------------ */
 
@@ -93,6 +94,54 @@ static PyTypeObject CountedType = {
     .tp_members = Counted_members,
 };
 
+/* -- Picks: the base of pool.ConnectionPool ------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *next;               /* _next: the iterators of picks by mode value */
+} Picks;
+
+static PyMemberDef Picks_members[] = {
+    {"_next", T_OBJECT, offsetof(Picks, next), 0,
+     "the iterator of picks of each mode, by mode value (see ConnectionPool._reroute)"},
+    {NULL, 0, 0, 0, NULL}
+};
+
+static int
+Picks_traverse(Picks *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->next);
+    return 0;
+}
+
+static int
+Picks_clear(Picks *self)
+{
+    Py_CLEAR(self->next);
+    return 0;
+}
+
+static void
+Picks_dealloc(Picks *self)
+{
+    PyObject_GC_UnTrack(self);
+    Picks_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PicksType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._pool.Picks",
+    .tp_basicsize = sizeof(Picks),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The base of pool.ConnectionPool: _next, as a C field.",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)Picks_traverse,
+    .tp_clear = (inquiry)Picks_clear,
+    .tp_dealloc = (destructor)Picks_dealloc,
+    .tp_members = Picks_members,
+};
+
 /* -- Route ------------------------------------------------------------------- */
 
 typedef struct {
@@ -147,18 +196,14 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
     if (value == N_MODES)
         goto python;          /* (where a mode that is no tarantool.Mode gets its ValueError) */
     pool = args[0];
-    table = PyObject_GetAttr(pool, str_next);
-    if (table == NULL)
-        return NULL;
-    if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) <= value + 1) {
-        Py_DECREF(table);
-        goto python;          /* a pool without instances yet */
-    }
-    picks = PyTuple_GET_ITEM(table, value + 1);
-    if (!PyIter_Check(picks)) {
-        Py_DECREF(table);
+    if (!PyObject_TypeCheck(pool, &PicksType))
         goto python;
-    }
+    table = ((Picks *)pool)->next;
+    if (table == NULL || !PyTuple_Check(table) || PyTuple_GET_SIZE(table) <= value + 1
+            || !PyIter_Check(PyTuple_GET_ITEM(table, value + 1)))
+        goto python;          /* (a pool without instances yet) */
+    picks = PyTuple_GET_ITEM(table, value + 1);
+    Py_INCREF(table);
     /* The pick may wait (wait_timeout) while _next is replaced: we hold the old table. */
     instance = Py_TYPE(picks)->tp_iternext(picks);
     Py_DECREF(table);
@@ -338,18 +383,19 @@ PyInit__pool(void)
 {
     PyObject *module;
 
-    if (!(str_next = PyUnicode_InternFromString("_next"))
-            || !(str_failed = PyUnicode_InternFromString("_failed"))
+    if (!(str_failed = PyUnicode_InternFromString("_failed"))
             || !(str_send = PyUnicode_InternFromString("_send"))
             || !(str_drained = PyUnicode_InternFromString("_drained"))
             || !(str_mode = PyUnicode_InternFromString("mode")))
         return NULL;
-    if (PyType_Ready(&CountedType) < 0 || PyType_Ready(&RouteType) < 0)
+    if (PyType_Ready(&CountedType) < 0 || PyType_Ready(&PicksType) < 0
+            || PyType_Ready(&RouteType) < 0)
         return NULL;
     module = PyModule_Create(&pool_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "Counted", (PyObject *)&CountedType) < 0
+            || PyModule_AddObjectRef(module, "Picks", (PyObject *)&PicksType) < 0
             || PyModule_AddObjectRef(module, "Route", (PyObject *)&RouteType) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -279,7 +279,7 @@ class Instance(_pool.Counted if _pool is not None else _Counted):
         self.drained = None          # an Event while remove() waits for in-flight requests
 
 
-class ConnectionPool:
+class ConnectionPool(_pool.Picks if _pool is not None else object):
     """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
     ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
     ``eval``, ``execute`` and ``ping`` need a mode) and errors
