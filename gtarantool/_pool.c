@@ -9,7 +9,7 @@
  *     instance = next(pool._next[mode's value])   # pool._route's pick
  *     instance.in_flight += 1; instance.requests += 1
  *     try:
- *         return getattr(instance.conn, name)(*args)
+ *         return getattr(instance.conn, name)(*args)   # (the class's method: see method())
  *     except Exception as exc:
  *         other = pool._failed(instance, exc, mode, may_resend)
  *     finally:
@@ -153,7 +153,41 @@ typedef struct {
     Py_ssize_t min_args, max_args;   /* positional arguments, the pool's included */
     PyObject *may_resend;         /* True for reads: _failed may pick another instance */
     vectorcallfunc vectorcall;
+    /* The connection class's method, while that class is unchanged (see method()). */
+    PyTypeObject *conn_type;
+    unsigned int conn_tag;
+    PyObject *func;
 } Route;
+
+/* The Python function that is the Route's method on class `type`, or NULL for
+ * anything else (call it by name).  It is looked up on the class, as Python's
+ * own method cache does, and kept while the class's version tag (which every
+ * change to the class or its bases renews) stays the same: an instance
+ * attribute of the same name would not be seen (nothing sets one on a pool's
+ * connections). */
+static PyObject *
+method(Route *self, PyTypeObject *type)
+{
+    PyObject *func;
+
+    if (type == self->conn_type && type->tp_version_tag == self->conn_tag
+            && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return self->func;
+    func = PyObject_GetAttr((PyObject *)type, self->name);   /* (assigns the tag) */
+    if (func == NULL) {
+        PyErr_Clear();        /* the call by name raises the AttributeError */
+        return NULL;
+    }
+    if (!PyFunction_Check(func) || !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        Py_DECREF(func);
+        return NULL;
+    }
+    Py_XSETREF(self->func, func);
+    Py_INCREF(type);
+    Py_XSETREF(self->conn_type, type);
+    self->conn_tag = type->tp_version_tag;
+    return func;
+}
 
 /* _failed's part of the except clause; returns the instance to re-send to or
  * NULL with the error it raised (the request's, nearly always). */
@@ -179,7 +213,7 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), value, i;
     PyObject *mode = self->mode, *pool, *table, *picks, *instance, *conn, *result, *other = NULL;
-    PyObject *call[MAX_ARGS];
+    PyObject *call[MAX_ARGS], *func;
     Counted *counted;
 
     if (nargs < self->min_args || nargs > self->max_args)
@@ -224,7 +258,14 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
     call[0] = conn;
     for (i = 1; i < nargs; i++)
         call[i] = args[i];
-    result = PyObject_VectorcallMethod(self->name, call, nargs, NULL);
+    func = method(self, Py_TYPE(conn));
+    if (func != NULL) {
+        Py_INCREF(func);      /* (another call may replace the cached one meanwhile) */
+        result = PyObject_Vectorcall(func, call, nargs, NULL);
+        Py_DECREF(func);
+    } else {
+        result = PyObject_VectorcallMethod(self->name, call, nargs, NULL);
+    }
     if (result == NULL && PyErr_ExceptionMatches(PyExc_Exception))
         other = failed(self, pool, instance, mode);
     /* finally: */
@@ -329,6 +370,8 @@ Route_traverse(Route *self, visitproc visit, void *arg)
     Py_VISIT(self->python);
     Py_VISIT(self->mode);
     Py_VISIT(self->modes);
+    Py_VISIT(self->conn_type);
+    Py_VISIT(self->func);
     return 0;
 }
 
@@ -340,6 +383,8 @@ Route_clear(Route *self)
     Py_CLEAR(self->mode);
     Py_CLEAR(self->modes);
     Py_CLEAR(self->may_resend);
+    Py_CLEAR(self->conn_type);
+    Py_CLEAR(self->func);
     return 0;
 }
 

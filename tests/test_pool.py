@@ -193,7 +193,7 @@ def test_requests_go_where_their_mode_says(rs, strategy, routes):
         assert info["requests"] >= 61 and info["errors"] == 1 and info["in_flight"] == 0
 
 
-def test_data_methods_take_every_form_of_call(rs, routes):
+def test_data_methods_take_every_form_of_call(rs, routes, monkeypatch):
     """The C Routes take positional arguments and mode=; any other call goes to
     the Python method: both must act alike, and count alike."""
     master = rs.servers[0]
@@ -233,6 +233,14 @@ def test_data_methods_take_every_form_of_call(rs, routes):
             pool.insert("tester", (1, "dup"))
         assert err.value.code == 3
         assert count("errors") == errors + 1 and count("in_flight") == 0
+        # The connection's method is the class's as it is now (the C path caches it).
+        seen, original = [], gtarantool.Connection.select
+        with monkeypatch.context() as patch:
+            patch.setattr(gtarantool.Connection, "select", lambda conn, *args, **kw:
+                          seen.append(args) or original(conn, *args, **kw))
+            assert pool.select("tester", 4, mode=Mode.RW).data == [[4, "d"]]
+        assert pool.select("tester", 1, mode=Mode.RW).data == [[1, "AA"]]
+        assert seen == [("tester", 4)]
 
 
 def test_pipeline_runs_on_the_instance_of_its_mode(rs):
