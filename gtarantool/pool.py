@@ -591,51 +591,132 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
     def _request(self, mode, method, *args, **kwargs):
         return self._send(self._route(mode), mode, method, args, kwargs, method in READS)
 
-    # The data methods: pick, count, send, learn (_send).  With the C extension,
-    # gtarantool._pool.Route does the same for the usual call (positional
-    # arguments, at most mode=) and passes any other call to these methods,
-    # which are its specification.  A ``mode`` that is no tarantool.Mode fails in
-    # _route with ValueError.
+    # The data methods.  With the C extension, gtarantool._pool.Route does what
+    # each does for the usual call (positional arguments, at most mode=) and
+    # passes any other call to it: these are its specification.  They are
+    # written out (a shared helper would cost each request a call and the
+    # packing of its arguments: a third more instructions per request without
+    # the extension, against a tenth): pick, count, send, learn.  A ``mode``
+    # that is no tarantool.Mode fails in _route with ValueError.
 
     @_routed
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
         """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
-        return self._send(self._route(mode), mode, "select", (space_name, key), dict(
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.select(space_name, key, offset=offset, limit=limit,
+                                        index=index, iterator=iterator, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            other = self._failed(instance, exc, mode, True)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+        return self._send(other, mode, "select", (space_name, key), dict(
             offset=offset, limit=limit, index=index, iterator=iterator, on_push=on_push,
-            on_push_ctx=on_push_ctx), True)
+            on_push_ctx=on_push_ctx), False)
 
     @_routed
     def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.insert`` (default mode RW)."""
-        return self._send(self._route(mode), mode, "insert", (space_name, values), dict(
-            on_push=on_push, on_push_ctx=on_push_ctx), False)
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.insert(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     @_routed
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.replace`` (default mode RW)."""
-        return self._send(self._route(mode), mode, "replace", (space_name, values), dict(
-            on_push=on_push, on_push_ctx=on_push_ctx), False)
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.replace(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     @_routed
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.update`` (default mode RW)."""
-        return self._send(self._route(mode), mode, "update", (space_name, key, op_list), dict(
-            index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.update(space_name, key, op_list, index=index, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     @_routed
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.upsert`` (default mode RW)."""
-        return self._send(self._route(mode), mode, "upsert", (space_name, tuple_value, op_list),
-                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.upsert(space_name, tuple_value, op_list, index=index,
+                                        on_push=on_push, on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     @_routed
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.delete`` (default mode RW)."""
-        return self._send(self._route(mode), mode, "delete", (space_name, key), dict(
-            index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        try:
+            instance = next(self._next[mode._value_])
+        except AttributeError:
+            instance = self._route(mode)
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.delete(space_name, key, index=index, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
+        except Exception as exc:
+            self._failed(instance, exc, mode, False)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
 
     def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
         """``Connection.call``; ``mode`` is required."""
