@@ -70,7 +70,7 @@ else
 	@"$(TARANTOOL)" --version | head -n 1
 endif
 
-$(STAMP): setup.py pyproject.toml gtarantool/_speedups.c gtarantool/_encoder.c
+$(STAMP): setup.py pyproject.toml gtarantool/_speedups.c gtarantool/_encoder.c gtarantool/_pool.c
 	$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
 	@# a C compiler and Python's headers build gtarantool/_speedups.c and _encoder.c, which the tests require

@@ -12,7 +12,9 @@ setup(
     # uses PyFloat_Pack8) the build skips them and transport.py and
     # protocol.py run the same paths in Python.
     ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True),
-                 Extension("gtarantool._encoder", ["gtarantool/_encoder.c"], optional=True)],
+                 Extension("gtarantool._encoder", ["gtarantool/_encoder.c"], optional=True),
+                 # ConnectionPool's data methods (pool.py runs them in Python without it)
+                 Extension("gtarantool._pool", ["gtarantool/_pool.c"], optional=True)],
     python_requires=">=3.8",
     install_requires=[
         "tarantool>=1.2,<2",

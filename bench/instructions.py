@@ -117,7 +117,8 @@ def table(result, args):
         counts = [result[name][op] for name in names]
         rows.append("%-8s" % op + "".join("%14s" % ("n/a" if c is None else "{:,.0f}".format(c))
                                           for c in counts)
-                    + ("%24.2f" % (counts[0] / counts[1])
+                    + ("%24s" % "{:.3f} ({:+.1%})".format(counts[0] / counts[1],
+                                                          counts[0] / counts[1] - 1)
                        if len(counts) > 1 and None not in counts[:2] else ""))
     if PIPELINE in args.ops:
         rows.append("(pipeline: inserts of %d-byte tuples, gtarantool pipelined, asynctnt %d "

@@ -167,8 +167,8 @@ class PoolDriver(GeventDriver):
         for instance in self.pool.pool.values():
             instance.conn.select(self.config.space, 0)
         self.calls = tarantool_calls(self.pool, self.config.space, self.payloads)
-        space, mode = self.config.space, gtarantool.Mode[self.select_mode]
-        self.calls["select"] = lambda key: self.pool.select(space, key, mode=mode).data
+        pool, space, mode = self.pool, self.config.space, gtarantool.Mode[self.select_mode]
+        self.calls["select"] = lambda key: pool.select(space, key, mode=mode).data
 
     def counters(self):
         """The connections' counters summed, and the requests each instance got

@@ -44,6 +44,11 @@ from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
 from gtarantool.errors import ConnectionClosed, FeatureNotSupported, RequestTimeout
 from gtarantool.protocol import NO_LIMIT
 
+try:
+    from gtarantool import _pool
+except ImportError:   # built without a C compiler, or Python < 3.10: the Python methods
+    _pool = None
+
 __all__ = ["ConnectionPool", "Mode", "RoundRobinStrategy", "LeastInFlightStrategy",
            "RolePoll", "RoleWatch"]
 
@@ -235,12 +240,30 @@ class RoleWatch(RolePoll):
 
 # -- the pool ----------------------------------------------------------------------
 
-class Instance:
+def _routed(method):
+    """``method`` as a ``gtarantool._pool.Route`` (see ``_pool.c``): the usual call
+    in C, any other through ``method``.  ``inspect.signature`` and ``help`` see
+    ``method`` (the Route's ``__wrapped__``)."""
+    if _pool is None:
+        return method
+    code = method.__code__
+    return _pool.Route(method.__name__, method, method.__kwdefaults__["mode"], MODES,
+                       code.co_argcount - len(method.__defaults__ or ()), code.co_argcount,
+                       method.__name__ in READS)
+
+
+class _Counted:
+    """What a request reads and writes on its instance (``gtarantool._pool.Counted``
+    in C, where the data methods' Routes use them as C fields)."""
+
+    __slots__ = ("conn", "drained", "in_flight", "requests")
+
+
+class Instance(_pool.Counted if _pool is not None else _Counted):
     """One replica set member: its connection, role and counters (see ``info()``)."""
 
-    __slots__ = ("name", "addr", "conn", "state", "in_flight", "requests", "errors",
-                 "last_change", "box_status", "last_error", "source", "wakeup", "checked",
-                 "monitor", "drained")
+    __slots__ = ("name", "addr", "state", "errors", "last_change", "box_status", "last_error",
+                 "source", "wakeup", "checked", "monitor")
 
     def __init__(self, name, addr, conn):
         self.name, self.addr, self.conn = name, addr, conn
@@ -256,7 +279,7 @@ class Instance:
         self.drained = None          # an Event while remove() waits for in-flight requests
 
 
-class ConnectionPool:
+class ConnectionPool(_pool.Picks if _pool is not None else object):
     """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
     ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
     ``eval``, ``execute`` and ``ping`` need a mode) and errors
@@ -477,25 +500,27 @@ class ConnectionPool:
 
     def _reroute(self):
         """Membership or a role changed: tell the strategy, and rebuild ``_next``,
-        the picker of each mode by ``mode._value_`` (with the default strategy, the
-        bound ``__next__`` of a rotation over the instances themselves: the cheapest
-        pick there is)."""
+        the iterator of picks of each mode by ``mode._value_``: with the default
+        strategy, a rotation over the instances themselves (the cheapest pick
+        there is), else the strategy's picks through ``_pick``.  (Iterators, so
+        that the C Routes take the next pick with no Python call.)"""
         self.strategy.update()
         table = [None] * 6
         if type(self.strategy) is RoundRobinStrategy:
             self.strategy.build()
-            any_, rw, ro = (itertools.cycle([self.pool[key] for key in keys]).__next__
-                            if keys else None
+            any_, rw, ro = (itertools.cycle([self.pool[key] for key in keys]) if keys else None
                             for keys in (self.strategy.any, self.strategy.rw, self.strategy.ro))
             table[1:] = [any_, rw, ro, rw or ro, ro or rw]
-        self._next = tuple(picker or functools.partial(self._pick, mode)
+        # (_pick never returns the sentinel None: iter() makes it an endless iterator.)
+        self._next = tuple(picker or iter(functools.partial(self._pick, mode), None)
                            for mode, picker in zip((ANY,) + MODES, table))
 
     def _route(self, mode):
         try:
-            return self._next[mode._value_]()
+            picks = self._next[mode._value_]
         except AttributeError:
             raise ValueError("Unexpected mode %r" % (mode,)) from None
+        return next(picks)
 
     def _pick(self, mode):
         """The strategy's pick (or, when no instance fits, a wait of ``wait_timeout``)."""
@@ -566,15 +591,20 @@ class ConnectionPool:
     def _request(self, mode, method, *args, **kwargs):
         return self._send(self._route(mode), mode, method, args, kwargs, method in READS)
 
-    # The data methods are written out (a shared helper would cost each request
-    # a call and the packing of its arguments): pick, count, send, learn.  A
-    # ``mode`` that is no tarantool.Mode fails in _route with ValueError.
+    # The data methods.  With the C extension, gtarantool._pool.Route does what
+    # each does for the usual call (positional arguments, at most mode=) and
+    # passes any other call to it: these are its specification.  They are
+    # written out (a shared helper would cost each request a call and the
+    # packing of its arguments: a third more instructions per request without
+    # the extension, against a tenth): pick, count, send, learn.  A ``mode``
+    # that is no tarantool.Mode fails in _route with ValueError.
 
+    @_routed
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
         """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1
@@ -593,10 +623,11 @@ class ConnectionPool:
             offset=offset, limit=limit, index=index, iterator=iterator, on_push=on_push,
             on_push_ctx=on_push_ctx), False)
 
+    @_routed
     def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.insert`` (default mode RW)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1
@@ -610,10 +641,11 @@ class ConnectionPool:
             if instance.drained is not None:
                 self._drained(instance)
 
+    @_routed
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.replace`` (default mode RW)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1
@@ -627,11 +659,12 @@ class ConnectionPool:
             if instance.drained is not None:
                 self._drained(instance)
 
+    @_routed
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.update`` (default mode RW)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1
@@ -646,11 +679,12 @@ class ConnectionPool:
             if instance.drained is not None:
                 self._drained(instance)
 
+    @_routed
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.upsert`` (default mode RW)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1
@@ -665,10 +699,11 @@ class ConnectionPool:
             if instance.drained is not None:
                 self._drained(instance)
 
+    @_routed
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.delete`` (default mode RW)."""
         try:
-            instance = self._next[mode._value_]()
+            instance = next(self._next[mode._value_])
         except AttributeError:
             instance = self._route(mode)
         instance.in_flight += 1

@@ -28,7 +28,7 @@ build() {   # build(what, CFLAGS, LDFLAGS): both extensions in place, from scrat
         cat "build/$what.log"
         return 1
     fi
-    for ext in _speedups _encoder; do   # optional extensions: a failed one is skipped quietly
+    for ext in _speedups _encoder _pool; do   # optional extensions: a failed one is skipped quietly
         ls gtarantool/$ext.*.so >/dev/null 2>&1 || { echo "gtarantool/$ext did not build" \
             "(build/$what.log):"; cat "build/$what.log"; return 1; }
     done
@@ -74,6 +74,7 @@ status=0
         --deselect "tests/test_connection.py::test_request_timeout_discards_late_reply[c]" \
         --deselect "tests/test_connection.py::test_close_fails_requests_in_flight[c]" \
         --deselect "tests/test_connection.py::test_server_killed_then_restarted[c]" &&
+    "$PY" -m pytest -q tests/test_pool.py -k "not python and (every_form or mode_says or read_retry)" &&
     "$PY" -m tests.fuzz --seconds "$FUZZ_SECONDS" --seed "$FUZZ_SEED"
 ) || status=1
 if ls "$REPORTS"/* >/dev/null 2>&1; then

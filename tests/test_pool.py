@@ -22,11 +22,13 @@ import gtarantool
 from bench.replicaset import ReplicaSet
 from bench.server import binary_version
 from gtarantool import ConnectionClosed, Mode
-from gtarantool.pool import LeastInFlightStrategy, RoundRobinStrategy
+from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, RoundRobinStrategy
 
 from .conftest import PASSWORD, USER, _lua
 
 REFRESH = 0.1     # refresh_delay in these tests
+# The data methods gtarantool._pool.Route runs in C (pool.py's are their specification).
+ROUTED = ("select", "insert", "replace", "update", "upsert", "delete")
 
 
 @pytest.fixture
@@ -35,6 +37,19 @@ def rs():
     replicaset.start()
     yield replicaset
     replicaset.cleanup()
+
+
+@pytest.fixture(params=["c", "python"])
+def routes(request, monkeypatch):
+    """Runs a test with the data methods in C (gtarantool._pool, which must be
+    built) and with pool.py's Python methods, as without a compiler."""
+    if request.param == "python":
+        for method in ROUTED:
+            monkeypatch.setattr(ConnectionPool, method,
+                                inspect.unwrap(getattr(ConnectionPool, method)))
+    elif gtarantool.pool._pool is None:
+        pytest.fail("gtarantool._pool is not built (pip install -e . compiles it)")
+    return request.param
 
 
 def make_pool(rs, servers=None, **kw):
@@ -137,7 +152,7 @@ def test_least_in_flight_picks_the_idlest_of_the_role():
 
 @pytest.mark.parametrize("strategy", [RoundRobinStrategy, LeastInFlightStrategy,
                                       tarantool.connection_pool.RoundRobinStrategy])
-def test_requests_go_where_their_mode_says(rs, strategy):
+def test_requests_go_where_their_mode_says(rs, strategy, routes):
     master, r1, r2 = rs.servers
     with make_pool(rs, strategy_class=strategy) as pool:
         assert {n: i["role"] for n, i in pool.info().items()} == {
@@ -176,6 +191,56 @@ def test_requests_go_where_their_mode_says(rs, strategy):
         assert err.value.code == 3        # ER_TUPLE_FOUND: the caller's error, unchanged
         info = pool.info()[name(master)]
         assert info["requests"] >= 61 and info["errors"] == 1 and info["in_flight"] == 0
+
+
+def test_data_methods_take_every_form_of_call(rs, routes, monkeypatch):
+    """The C Routes take positional arguments and mode=; any other call goes to
+    the Python method: both must act alike, and count alike."""
+    master = rs.servers[0]
+
+    def count(what):
+        return pool.info()[name(master)][what]
+    with make_pool(rs) as pool:
+        params = inspect.signature(pool.select).parameters
+        assert list(params)[:2] == ["space_name", "key"] and params["mode"].default is Mode.ANY
+        pool.insert("tester", (1, "a"))
+        pool.replace("tester", (2, "b"), mode=Mode.RW)
+        insert = pool.insert                   # a bound method, called later
+        insert("tester", (3, "c"))
+        before = count("requests")
+        assert pool.select("tester", 2, mode=Mode.RW).data == [[2, "b"]]
+        assert pool.select("tester", 1, mode=Mode.RW, iterator="GE", limit=2).data == [
+            [1, "a"], [2, "b"]]
+        assert pool.select("tester", mode=Mode.RW).data == [[1, "a"], [2, "b"], [3, "c"]]
+        assert count("requests") == before + 3
+        pool.update("tester", 1, [("=", 1, "A")])
+        pool.update("tester", (1,), [("=", 1, "AA")], index="primary")
+        pool.upsert("tester", (4, "d"), [("=", 1, "D")])
+        pool.delete("tester", 3)
+        pool.delete("tester", (2,), index=0, mode=Mode.PREFER_RW)
+        assert pool.select("tester", mode=Mode.RW).data == [[1, "AA"], [4, "d"]]
+        requests, errors = sum(i["requests"] for i in pool.info().values()), count("errors")
+        with pytest.raises(ValueError, match="mode"):
+            pool.select("tester", 1, mode="RO")
+        with pytest.raises(TypeError):
+            pool.insert("tester", (5, "e"), "one too many")
+        with pytest.raises(TypeError):
+            pool.delete("tester")
+        with pytest.raises(TypeError):
+            pool.select("tester", 1, no_such_option=1)
+        assert sum(i["requests"] for i in pool.info().values()) == requests   # none sent
+        with pytest.raises(DatabaseError) as err:
+            pool.insert("tester", (1, "dup"))
+        assert err.value.code == 3
+        assert count("errors") == errors + 1 and count("in_flight") == 0
+        # The connection's method is the class's as it is now (the C path caches it).
+        seen, original = [], gtarantool.Connection.select
+        with monkeypatch.context() as patch:
+            patch.setattr(gtarantool.Connection, "select", lambda conn, *args, **kw:
+                          seen.append(args) or original(conn, *args, **kw))
+            assert pool.select("tester", 4, mode=Mode.RW).data == [[4, "d"]]
+        assert pool.select("tester", 1, mode=Mode.RW).data == [[1, "AA"]]
+        assert seen == [("tester", 4)]
 
 
 def test_pipeline_runs_on_the_instance_of_its_mode(rs):
@@ -388,7 +453,7 @@ def test_full_restart_recovers_without_intervention(rs):
     print("\nerrors seen while restarting: %s" % sorted({t.split(":")[-1] for t in seen}))
 
 
-def test_read_retry_on_another_instance_only_when_asked(rs):
+def test_read_retry_on_another_instance_only_when_asked(rs, routes):
     _, r1, r2 = rs.servers
     for retry in (False, True):
         with make_pool(rs, retry_reads=retry) as pool:
