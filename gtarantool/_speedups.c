@@ -17,7 +17,9 @@
  * sink_type (transport.ReplySink).  For a greenlet it pops the
  * waiter, decodes the body as unpackb(body, use_list=, raw=,
  * strict_map_key=False, ext_hook=) does (options gives the three; it calls
- * unpackb only for what its own decoder declines, see Reader), and appends
+ * unpackb only for what its own decoder declines, see Reader), an error
+ * reply's with unicode_errors="backslashreplace" too (as
+ * protocol.BodyDecoder.decode(body, error=True)), and appends
  * (waiter, value) to `ready`: value is the response_type object for an OK
  * reply whose body is a map, otherwise the tuple (sync, code, schema version,
  * body or the exception decoding it raised, None).  For a sink it stores
@@ -43,6 +45,7 @@
 #define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
 #define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
 #define IPROTO_CHUNK 0x80
+#define IPROTO_TYPE_ERROR 0x8000   /* and above: an error reply (0x8000 | error code) */
 #define IPROTO_DATA 0x30
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
 
@@ -50,7 +53,7 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
-    *str_bytes_out, *str_max_in_flight;
+    *str_bytes_out, *str_max_in_flight, *unpack_escaped_kwnames, *str_backslashreplace;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -100,17 +103,23 @@ initialised(PyObject *self, const void *field, int want)
 }
 
 /* msgpack, decoded as msgpack.unpackb(data, use_list=, raw=,
- * strict_map_key=False) decodes it, for the types replies are made of.  It
+ * strict_map_key=False) decodes it, for the types replies are made of (with
+ * `escape`, as unpackb(..., unicode_errors="backslashreplace")).  It
  * declines (NULL, no error set) whatever it does not decode exactly as unpackb
  * would: ext types (ext_hook's), anything malformed or truncated, invalid
- * UTF-8, unhashable map keys, nesting deeper than MAX_DEPTH; decode_body then
- * calls unpackb, which decides.  (unpackb's call costs as much as decoding a
- * small body: its keyword arguments and its context, per call.) */
+ * UTF-8 (without `escape`), unhashable map keys, nesting deeper than
+ * MAX_DEPTH; decode_body then calls unpackb, which decides.  (unpackb's call
+ * costs as much as decoding a small body: its keyword arguments and its
+ * context, per call.) */
 #define MAX_DEPTH 256
 
 typedef struct {
     const unsigned char *p, *end;
-    int use_list, raw;
+    int use_list, raw, escape;
+    /* with escape: the last string escaped and the bytes it came from */
+    PyObject *escaped;
+    const unsigned char *escaped_from;
+    Py_ssize_t escaped_size;
 } Reader;
 
 static PyObject *read_object(Reader *r, int depth);
@@ -140,6 +149,92 @@ read_length(Reader *r, int width)
     return n;
 }
 
+/* An error reply's string that is not valid UTF-8, as
+ * bytes.decode("utf-8", "backslashreplace") makes it, without its cost: that
+ * error handler is a Python call per bad byte (~0.2 us each; an error message
+ * quoting 1.5 KB of random bytes has ~600), while CPython's decoder does
+ * "surrogateescape" inline.  That one puts each byte of an invalid sequence
+ * as U+DC80..U+DCFF, which valid UTF-8 never decodes to (the same sequences
+ * fail either way), and here each of those becomes the "\xNN" that
+ * backslashreplace writes.  The decoded string has surrogates, so its kind is
+ * 2 or 4 bytes; the loops below are inlined for the usual kinds. */
+#define IS_ESCAPED(c) ((c) >= 0xdc80 && (c) <= 0xdcff)
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+static ALWAYS_INLINE void
+count_escapes(int kind, const void *in, Py_ssize_t size, Py_ssize_t *bad, Py_UCS4 *maxchar)
+{
+    Py_ssize_t i;
+
+    for (i = 0; i < size; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, in, i);
+        if (IS_ESCAPED(c))
+            (*bad)++;
+        else if (c > *maxchar)
+            *maxchar = c;
+    }
+}
+
+static ALWAYS_INLINE void
+write_escapes(int kind, const void *in, Py_ssize_t size, int out_kind, void *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    Py_ssize_t i, j;
+
+    for (i = j = 0; i < size; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, in, i);
+        if (IS_ESCAPED(c)) {
+            PyUnicode_WRITE(out_kind, out, j, '\\');
+            PyUnicode_WRITE(out_kind, out, j + 1, 'x');
+            PyUnicode_WRITE(out_kind, out, j + 2, hex[(c >> 4) & 0xf]);
+            PyUnicode_WRITE(out_kind, out, j + 3, hex[c & 0xf]);
+            j += 4;
+        } else {
+            PyUnicode_WRITE(out_kind, out, j, c);
+            j++;
+        }
+    }
+}
+
+static PyObject *
+escaped_utf8(const char *p, Py_ssize_t n)
+{
+    PyObject *decoded, *out;
+    Py_ssize_t size, bad = 0;
+    Py_UCS4 maxchar = 'x';
+    const void *in;
+    int kind, out_kind;
+
+    decoded = PyUnicode_DecodeUTF8(p, n, "surrogateescape");
+    if (decoded == NULL)
+        return NULL;
+    kind = PyUnicode_KIND(decoded);
+    in = PyUnicode_DATA(decoded);
+    size = PyUnicode_GET_LENGTH(decoded);
+    if (kind == PyUnicode_2BYTE_KIND)
+        count_escapes(PyUnicode_2BYTE_KIND, in, size, &bad, &maxchar);
+    else
+        count_escapes(kind, in, size, &bad, &maxchar);
+    out = PyUnicode_New(size + 3 * bad, maxchar);
+    if (out == NULL) {
+        Py_DECREF(decoded);
+        return NULL;
+    }
+    out_kind = PyUnicode_KIND(out);
+    if (kind == PyUnicode_2BYTE_KIND && out_kind == PyUnicode_1BYTE_KIND)
+        write_escapes(PyUnicode_2BYTE_KIND, in, size, PyUnicode_1BYTE_KIND, PyUnicode_DATA(out));
+    else if (kind == PyUnicode_2BYTE_KIND && out_kind == PyUnicode_2BYTE_KIND)
+        write_escapes(PyUnicode_2BYTE_KIND, in, size, PyUnicode_2BYTE_KIND, PyUnicode_DATA(out));
+    else
+        write_escapes(kind, in, size, out_kind, PyUnicode_DATA(out));
+    Py_DECREF(decoded);
+    return out;
+}
+
 static PyObject *
 read_str(Reader *r, Py_ssize_t n)
 {
@@ -147,8 +242,25 @@ read_str(Reader *r, Py_ssize_t n)
 
     if (n < 0 || !have(r, n))
         return NULL;
-    s = r->raw ? PyBytes_FromStringAndSize((const char *)r->p, n)
-               : PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+    if (r->raw) {
+        s = PyBytes_FromStringAndSize((const char *)r->p, n);
+    } else if (r->escaped != NULL && n == r->escaped_size
+               && memcmp(r->p, r->escaped_from, n) == 0) {
+        /* An error's message comes twice (alone and in the error stack):
+         * the second is the first's string again. */
+        s = Py_NewRef(r->escaped);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+        if (s == NULL && r->escape && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            s = escaped_utf8((const char *)r->p, n);
+            if (s != NULL) {
+                Py_XSETREF(r->escaped, Py_NewRef(s));
+                r->escaped_from = r->p;
+                r->escaped_size = n;
+            }
+        }
+    }
     r->p += n;
     return s;
 }
@@ -339,18 +451,22 @@ read_object(Reader *r, int depth)
 
 /* The decoded body (new reference), the exception decoding it raised
  * (traceback dropped), or NULL with an error set for anything that is not
- * an Exception (KeyboardInterrupt, ...), which must propagate. */
+ * an Exception (KeyboardInterrupt, ...), which must propagate.  `error`: an
+ * error reply's body, decoded with unicode_errors="backslashreplace" (since
+ * 2.10 messages quote tuples, bytes fields as they are). */
 static PyObject *
-decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
+decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int error)
 {
     PyObject *view, *body, *type, *value, *tb;
-    PyObject *args[5];
+    PyObject *args[6];
 
     if (size == 0)
         return PyDict_New();
     {
-        Reader r = {start, start + size, PyObject_IsTrue(d->use_list), PyObject_IsTrue(d->raw)};
+        Reader r = {start, start + size, PyObject_IsTrue(d->use_list), PyObject_IsTrue(d->raw),
+                    error, NULL, NULL, 0};
         body = r.use_list < 0 || r.raw < 0 ? NULL : read_object(&r, 0);
+        Py_XDECREF(r.escaped);
         if (body != NULL && r.p == r.end)
             return body;
         Py_XDECREF(body);   /* bytes after it: unpackb says how that fails */
@@ -365,7 +481,9 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
     args[2] = d->raw;
     args[3] = Py_False;
     args[4] = d->ext_hook;
-    body = PyObject_Vectorcall(d->unpackb, args, 1, unpack_kwnames);
+    args[5] = str_backslashreplace;
+    body = PyObject_Vectorcall(d->unpackb, args, 1,
+                               error ? unpack_escaped_kwnames : unpack_kwnames);
     Py_DECREF(view);
     if (body != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
         return body;
@@ -659,7 +777,7 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
     schema = PyLong_FromUnsignedLongLong(h->schema);
     if (schema == NULL)
         goto done;
-    body = decode_body(&self->decoding, start, body_size);
+    body = decode_body(&self->decoding, start, body_size, h->code >= IPROTO_TYPE_ERROR);
     if (body == NULL)
         goto done;
     if (h->code == 0 && PyDict_CheckExact(body)) {
@@ -1348,7 +1466,7 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 && is_zero(PyTuple_GET_ITEM(value, 0))) {
             PyObject *bytes = PyTuple_GET_ITEM(value, 2);
             PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
-                                         PyBytes_GET_SIZE(bytes));
+                                         PyBytes_GET_SIZE(bytes), 0);
             if (body == NULL) {
                 Py_DECREF(value);
                 goto error;
@@ -1411,6 +1529,10 @@ PyInit__speedups(void)
             || !(str_outstanding = PyUnicode_InternFromString("outstanding"))
             || !(unpack_kwnames = Py_BuildValue("(ssss)", "use_list", "raw", "strict_map_key",
                                                 "ext_hook"))
+            || !(unpack_escaped_kwnames = Py_BuildValue("(sssss)", "use_list", "raw",
+                                                        "strict_map_key", "ext_hook",
+                                                        "unicode_errors"))
+            || !(str_backslashreplace = PyUnicode_InternFromString("backslashreplace"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
             || !(one = PyLong_FromLong(1))
