@@ -152,86 +152,118 @@ read_length(Reader *r, int width)
 /* An error reply's string that is not valid UTF-8, as
  * bytes.decode("utf-8", "backslashreplace") makes it, without its cost: that
  * error handler is a Python call per bad byte (~0.2 us each; an error message
- * quoting 1.5 KB of random bytes has ~600), while CPython's decoder does
- * "surrogateescape" inline.  That one puts each byte of an invalid sequence
- * as U+DC80..U+DCFF, which valid UTF-8 never decodes to (the same sequences
- * fail either way), and here each of those becomes the "\xNN" that
- * backslashreplace writes.  The decoded string has surrogates, so its kind is
- * 2 or 4 bytes; the loops below are inlined for the usual kinds. */
-#define IS_ESCAPED(c) ((c) >= 0xdc80 && (c) <= 0xdcff)
+ * quoting 1.5 KB of random bytes has ~600).  backslashreplace writes "\xNN"
+ * for each byte of each invalid sequence, and an invalid sequence's bytes
+ * after the first are continuation bytes, which never start a valid one: so
+ * decoding a valid sequence where one starts and escaping the byte where none
+ * does, one byte at a time, writes the same. */
+
+/* The length of the valid UTF-8 sequence at p (1 to 4, as CPython's decoder
+ * takes them: no overlong forms, surrogates or code points past U+10FFFF)
+ * and its code point in *c, or 0. */
+static inline int
+utf8_char(const unsigned char *p, const unsigned char *end, Py_UCS4 *c)
+{
+#define CONT(i) ((p[i] & 0xc0) == 0x80)
+    unsigned char b = p[0];
+
+    if (b < 0x80) {
+        *c = b;
+        return 1;
+    }
+    if (b < 0xc2)
+        return 0;
+    if (b < 0xe0) {
+        if (end - p < 2 || !CONT(1))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x1f) << 6) | (p[1] & 0x3f);
+        return 2;
+    }
+    if (b < 0xf0) {
+        if (end - p < 3 || !CONT(1) || !CONT(2) || (b == 0xe0 && p[1] < 0xa0)
+                || (b == 0xed && p[1] > 0x9f))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x0f) << 12) | ((Py_UCS4)(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
+        return 3;
+    }
+    if (b < 0xf5) {
+        if (end - p < 4 || !CONT(1) || !CONT(2) || !CONT(3) || (b == 0xf0 && p[1] < 0x90)
+                || (b == 0xf4 && p[1] > 0x8f))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(p[1] & 0x3f) << 12)
+             | ((Py_UCS4)(p[2] & 0x3f) << 6) | (p[3] & 0x3f);
+        return 4;
+    }
+    return 0;
+#undef CONT
+}
+
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define ALWAYS_INLINE inline
 #endif
 
+/* (Inlined with each kind a constant: PyUnicode_WRITE is a switch on it.) */
 static ALWAYS_INLINE void
-count_escapes(int kind, const void *in, Py_ssize_t size, Py_ssize_t *bad, Py_UCS4 *maxchar)
-{
-    Py_ssize_t i;
-
-    for (i = 0; i < size; i++) {
-        Py_UCS4 c = PyUnicode_READ(kind, in, i);
-        if (IS_ESCAPED(c))
-            (*bad)++;
-        else if (c > *maxchar)
-            *maxchar = c;
-    }
-}
-
-static ALWAYS_INLINE void
-write_escapes(int kind, const void *in, Py_ssize_t size, int out_kind, void *out)
+write_escaped(int kind, void *data, const unsigned char *p, const unsigned char *end)
 {
     static const char hex[] = "0123456789abcdef";
-    Py_ssize_t i, j;
+    Py_ssize_t j = 0;
+    Py_UCS4 c;
+    int len;
 
-    for (i = j = 0; i < size; i++) {
-        Py_UCS4 c = PyUnicode_READ(kind, in, i);
-        if (IS_ESCAPED(c)) {
-            PyUnicode_WRITE(out_kind, out, j, '\\');
-            PyUnicode_WRITE(out_kind, out, j + 1, 'x');
-            PyUnicode_WRITE(out_kind, out, j + 2, hex[(c >> 4) & 0xf]);
-            PyUnicode_WRITE(out_kind, out, j + 3, hex[c & 0xf]);
-            j += 4;
-        } else {
-            PyUnicode_WRITE(out_kind, out, j, c);
+    while (p < end) {
+        len = utf8_char(p, end, &c);
+        if (len) {
+            PyUnicode_WRITE(kind, data, j, c);
             j++;
+            p += len;
+        } else {
+            PyUnicode_WRITE(kind, data, j, '\\');
+            PyUnicode_WRITE(kind, data, j + 1, 'x');
+            PyUnicode_WRITE(kind, data, j + 2, hex[*p >> 4]);
+            PyUnicode_WRITE(kind, data, j + 3, hex[*p & 0xf]);
+            j += 4;
+            p++;
         }
     }
 }
 
 static PyObject *
-escaped_utf8(const char *p, Py_ssize_t n)
+escaped_utf8(const unsigned char *p, Py_ssize_t n)
 {
-    PyObject *decoded, *out;
-    Py_ssize_t size, bad = 0;
-    Py_UCS4 maxchar = 'x';
-    const void *in;
-    int kind, out_kind;
+    const unsigned char *q, *end = p + n;
+    PyObject *out;
+    Py_ssize_t size = 0;
+    Py_UCS4 c, maxchar = 'x';
+    int len;
 
-    decoded = PyUnicode_DecodeUTF8(p, n, "surrogateescape");
-    if (decoded == NULL)
-        return NULL;
-    kind = PyUnicode_KIND(decoded);
-    in = PyUnicode_DATA(decoded);
-    size = PyUnicode_GET_LENGTH(decoded);
-    if (kind == PyUnicode_2BYTE_KIND)
-        count_escapes(PyUnicode_2BYTE_KIND, in, size, &bad, &maxchar);
-    else
-        count_escapes(kind, in, size, &bad, &maxchar);
-    out = PyUnicode_New(size + 3 * bad, maxchar);
-    if (out == NULL) {
-        Py_DECREF(decoded);
-        return NULL;
+    for (q = p; q < end; ) {   /* the size and the widest character */
+        len = utf8_char(q, end, &c);
+        if (len) {
+            size++;
+            q += len;
+            if (c > maxchar)
+                maxchar = c;
+        } else {
+            size += 4;
+            q++;
+        }
     }
-    out_kind = PyUnicode_KIND(out);
-    if (kind == PyUnicode_2BYTE_KIND && out_kind == PyUnicode_1BYTE_KIND)
-        write_escapes(PyUnicode_2BYTE_KIND, in, size, PyUnicode_1BYTE_KIND, PyUnicode_DATA(out));
-    else if (kind == PyUnicode_2BYTE_KIND && out_kind == PyUnicode_2BYTE_KIND)
-        write_escapes(PyUnicode_2BYTE_KIND, in, size, PyUnicode_2BYTE_KIND, PyUnicode_DATA(out));
-    else
-        write_escapes(kind, in, size, out_kind, PyUnicode_DATA(out));
-    Py_DECREF(decoded);
+    out = PyUnicode_New(size, maxchar);
+    if (out == NULL)
+        return NULL;
+    switch (PyUnicode_KIND(out)) {
+    case PyUnicode_1BYTE_KIND:
+        write_escaped(PyUnicode_1BYTE_KIND, PyUnicode_DATA(out), p, end);
+        break;
+    case PyUnicode_2BYTE_KIND:
+        write_escaped(PyUnicode_2BYTE_KIND, PyUnicode_DATA(out), p, end);
+        break;
+    default:
+        write_escaped(PyUnicode_4BYTE_KIND, PyUnicode_DATA(out), p, end);
+    }
     return out;
 }
 
@@ -253,7 +285,7 @@ read_str(Reader *r, Py_ssize_t n)
         s = PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
         if (s == NULL && r->escape && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
             PyErr_Clear();
-            s = escaped_utf8((const char *)r->p, n);
+            s = escaped_utf8(r->p, n);
             if (s != NULL) {
                 Py_XSETREF(r->escaped, Py_NewRef(s));
                 r->escaped_from = r->p;
