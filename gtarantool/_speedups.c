@@ -17,7 +17,9 @@
  * sink_type (transport.ReplySink).  For a greenlet it pops the
  * waiter, decodes the body as unpackb(body, use_list=, raw=,
  * strict_map_key=False, ext_hook=) does (options gives the three; it calls
- * unpackb only for what its own decoder declines, see Reader), and appends
+ * unpackb only for what its own decoder declines, see Reader), an error
+ * reply's with unicode_errors="backslashreplace" too (as
+ * protocol.BodyDecoder.decode(body, error=True)), and appends
  * (waiter, value) to `ready`: value is the response_type object for an OK
  * reply whose body is a map, otherwise the tuple (sync, code, schema version,
  * body or the exception decoding it raised, None).  For a sink it stores
@@ -46,6 +48,7 @@
 #define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
 #define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
 #define IPROTO_CHUNK 0x80
+#define IPROTO_TYPE_ERROR 0x8000   /* and above: an error reply (0x8000 | error code) */
 #define IPROTO_DATA 0x30
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
 
@@ -53,7 +56,8 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
-    *str_bytes_out, *str_max_in_flight, *str_flush_due;
+    *str_bytes_out, *str_max_in_flight, *str_flush_due, *unpack_escaped_kwnames,
+    *str_backslashreplace;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
@@ -103,17 +107,23 @@ initialised(PyObject *self, const void *field, int want)
 }
 
 /* msgpack, decoded as msgpack.unpackb(data, use_list=, raw=,
- * strict_map_key=False) decodes it, for the types replies are made of.  It
+ * strict_map_key=False) decodes it, for the types replies are made of (with
+ * `escape`, as unpackb(..., unicode_errors="backslashreplace")).  It
  * declines (NULL, no error set) whatever it does not decode exactly as unpackb
  * would: ext types (ext_hook's), anything malformed or truncated, invalid
- * UTF-8, unhashable map keys, nesting deeper than MAX_DEPTH; decode_body then
- * calls unpackb, which decides.  (unpackb's call costs as much as decoding a
- * small body: its keyword arguments and its context, per call.) */
+ * UTF-8 (without `escape`), unhashable map keys, nesting deeper than
+ * MAX_DEPTH; decode_body then calls unpackb, which decides.  (unpackb's call
+ * costs as much as decoding a small body: its keyword arguments and its
+ * context, per call.) */
 #define MAX_DEPTH 256
 
 typedef struct {
     const unsigned char *p, *end;
-    int use_list, raw;
+    int use_list, raw, escape;
+    /* with escape: the last string escaped and the bytes it came from */
+    PyObject *escaped;
+    const unsigned char *escaped_from;
+    Py_ssize_t escaped_size;
 } Reader;
 
 static PyObject *read_object(Reader *r, int depth);
@@ -143,6 +153,124 @@ read_length(Reader *r, int width)
     return n;
 }
 
+/* An error reply's string that is not valid UTF-8, as
+ * bytes.decode("utf-8", "backslashreplace") makes it, without its cost: that
+ * error handler is a Python call per bad byte (~0.2 us each; an error message
+ * quoting 1.5 KB of random bytes has ~600).  backslashreplace writes "\xNN"
+ * for each byte of each invalid sequence, and an invalid sequence's bytes
+ * after the first are continuation bytes, which never start a valid one: so
+ * decoding a valid sequence where one starts and escaping the byte where none
+ * does, one byte at a time, writes the same. */
+
+/* The length of the valid UTF-8 sequence at p (1 to 4, as CPython's decoder
+ * takes them: no overlong forms, surrogates or code points past U+10FFFF)
+ * and its code point in *c, or 0. */
+static inline int
+utf8_char(const unsigned char *p, const unsigned char *end, Py_UCS4 *c)
+{
+#define CONT(i) ((p[i] & 0xc0) == 0x80)
+    unsigned char b = p[0];
+
+    if (b < 0x80) {
+        *c = b;
+        return 1;
+    }
+    if (b < 0xc2)
+        return 0;
+    if (b < 0xe0) {
+        if (end - p < 2 || !CONT(1))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x1f) << 6) | (p[1] & 0x3f);
+        return 2;
+    }
+    if (b < 0xf0) {
+        if (end - p < 3 || !CONT(1) || !CONT(2) || (b == 0xe0 && p[1] < 0xa0)
+                || (b == 0xed && p[1] > 0x9f))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x0f) << 12) | ((Py_UCS4)(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
+        return 3;
+    }
+    if (b < 0xf5) {
+        if (end - p < 4 || !CONT(1) || !CONT(2) || !CONT(3) || (b == 0xf0 && p[1] < 0x90)
+                || (b == 0xf4 && p[1] > 0x8f))
+            return 0;
+        *c = ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(p[1] & 0x3f) << 12)
+             | ((Py_UCS4)(p[2] & 0x3f) << 6) | (p[3] & 0x3f);
+        return 4;
+    }
+    return 0;
+#undef CONT
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* (Inlined with each kind a constant: PyUnicode_WRITE is a switch on it.) */
+static ALWAYS_INLINE void
+write_escaped(int kind, void *data, const unsigned char *p, const unsigned char *end)
+{
+    static const char hex[] = "0123456789abcdef";
+    Py_ssize_t j = 0;
+    Py_UCS4 c;
+    int len;
+
+    while (p < end) {
+        len = utf8_char(p, end, &c);
+        if (len) {
+            PyUnicode_WRITE(kind, data, j, c);
+            j++;
+            p += len;
+        } else {
+            PyUnicode_WRITE(kind, data, j, '\\');
+            PyUnicode_WRITE(kind, data, j + 1, 'x');
+            PyUnicode_WRITE(kind, data, j + 2, hex[*p >> 4]);
+            PyUnicode_WRITE(kind, data, j + 3, hex[*p & 0xf]);
+            j += 4;
+            p++;
+        }
+    }
+}
+
+static PyObject *
+escaped_utf8(const unsigned char *p, Py_ssize_t n)
+{
+    const unsigned char *q, *end = p + n;
+    PyObject *out;
+    Py_ssize_t size = 0;
+    Py_UCS4 c, maxchar = 'x';
+    int len;
+
+    for (q = p; q < end; ) {   /* the size and the widest character */
+        len = utf8_char(q, end, &c);
+        if (len) {
+            size++;
+            q += len;
+            if (c > maxchar)
+                maxchar = c;
+        } else {
+            size += 4;
+            q++;
+        }
+    }
+    out = PyUnicode_New(size, maxchar);
+    if (out == NULL)
+        return NULL;
+    switch (PyUnicode_KIND(out)) {
+    case PyUnicode_1BYTE_KIND:
+        write_escaped(PyUnicode_1BYTE_KIND, PyUnicode_DATA(out), p, end);
+        break;
+    case PyUnicode_2BYTE_KIND:
+        write_escaped(PyUnicode_2BYTE_KIND, PyUnicode_DATA(out), p, end);
+        break;
+    default:
+        write_escaped(PyUnicode_4BYTE_KIND, PyUnicode_DATA(out), p, end);
+    }
+    return out;
+}
+
 static PyObject *
 read_str(Reader *r, Py_ssize_t n)
 {
@@ -150,8 +278,25 @@ read_str(Reader *r, Py_ssize_t n)
 
     if (n < 0 || !have(r, n))
         return NULL;
-    s = r->raw ? PyBytes_FromStringAndSize((const char *)r->p, n)
-               : PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+    if (r->raw) {
+        s = PyBytes_FromStringAndSize((const char *)r->p, n);
+    } else if (r->escaped != NULL && n == r->escaped_size
+               && memcmp(r->p, r->escaped_from, n) == 0) {
+        /* An error's message comes twice (alone and in the error stack):
+         * the second is the first's string again. */
+        s = Py_NewRef(r->escaped);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+        if (s == NULL && r->escape && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            s = escaped_utf8(r->p, n);
+            if (s != NULL) {
+                Py_XSETREF(r->escaped, Py_NewRef(s));
+                r->escaped_from = r->p;
+                r->escaped_size = n;
+            }
+        }
+    }
     r->p += n;
     return s;
 }
@@ -342,18 +487,22 @@ read_object(Reader *r, int depth)
 
 /* The decoded body (new reference), the exception decoding it raised
  * (traceback dropped), or NULL with an error set for anything that is not
- * an Exception (KeyboardInterrupt, ...), which must propagate. */
+ * an Exception (KeyboardInterrupt, ...), which must propagate.  `error`: an
+ * error reply's body, decoded with unicode_errors="backslashreplace" (since
+ * 2.10 messages quote tuples, bytes fields as they are). */
 static PyObject *
-decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
+decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int error)
 {
     PyObject *view, *body, *type, *value, *tb;
-    PyObject *args[5];
+    PyObject *args[6];
 
     if (size == 0)
         return PyDict_New();
     {
-        Reader r = {start, start + size, PyObject_IsTrue(d->use_list), PyObject_IsTrue(d->raw)};
+        Reader r = {start, start + size, PyObject_IsTrue(d->use_list), PyObject_IsTrue(d->raw),
+                    error, NULL, NULL, 0};
         body = r.use_list < 0 || r.raw < 0 ? NULL : read_object(&r, 0);
+        Py_XDECREF(r.escaped);
         if (body != NULL && r.p == r.end)
             return body;
         Py_XDECREF(body);   /* bytes after it: unpackb says how that fails */
@@ -368,7 +517,9 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size)
     args[2] = d->raw;
     args[3] = Py_False;
     args[4] = d->ext_hook;
-    body = PyObject_Vectorcall(d->unpackb, args, 1, unpack_kwnames);
+    args[5] = str_backslashreplace;
+    body = PyObject_Vectorcall(d->unpackb, args, 1,
+                               error ? unpack_escaped_kwnames : unpack_kwnames);
     Py_DECREF(view);
     if (body != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
         return body;
@@ -662,7 +813,7 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
     schema = PyLong_FromUnsignedLongLong(h->schema);
     if (schema == NULL)
         goto done;
-    body = decode_body(&self->decoding, start, body_size);
+    body = decode_body(&self->decoding, start, body_size, h->code >= IPROTO_TYPE_ERROR);
     if (body == NULL)
         goto done;
     if (h->code == 0 && PyDict_CheckExact(body)) {
@@ -1434,7 +1585,7 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 && is_zero(PyTuple_GET_ITEM(value, 0))) {
             PyObject *bytes = PyTuple_GET_ITEM(value, 2);
             PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
-                                         PyBytes_GET_SIZE(bytes));
+                                         PyBytes_GET_SIZE(bytes), 0);
             if (body == NULL) {
                 Py_DECREF(value);
                 goto error;
@@ -1497,6 +1648,10 @@ PyInit__speedups(void)
             || !(str_outstanding = PyUnicode_InternFromString("outstanding"))
             || !(unpack_kwnames = Py_BuildValue("(ssss)", "use_list", "raw", "strict_map_key",
                                                 "ext_hook"))
+            || !(unpack_escaped_kwnames = Py_BuildValue("(sssss)", "use_list", "raw",
+                                                        "strict_map_key", "ext_hook",
+                                                        "unicode_errors"))
+            || !(str_backslashreplace = PyUnicode_InternFromString("backslashreplace"))
             || !(data_key = PyLong_FromLong(IPROTO_DATA))
             || !(zero = PyLong_FromLong(0))
             || !(one = PyLong_FromLong(1))

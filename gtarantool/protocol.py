@@ -194,6 +194,9 @@ OPS_KEY = bytes([IPROTO_TUPLE])   # an update's operations go under IPROTO_TUPLE
 _UPSERT_OPS_KEY = bytes([IPROTO_OPS])
 
 
+ERROR_STRINGS = "backslashreplace"   # how an error reply's strings are decoded
+
+
 class BodyDecoder:
     """Decodes reply bodies as the connection's ``unpacker_factory`` would.
 
@@ -224,14 +227,21 @@ class BodyDecoder:
             return cls(conn.use_list, conn.encoding is None)
         return cls(factory=conn._unpacker_factory)
 
-    def decode(self, data):
-        """The body in ``data`` (any buffer); an empty body is ``{}``."""
+    def decode(self, data, error=False):
+        """The body in ``data`` (any buffer); an empty body is ``{}``.
+
+        ``error``: the body of an error reply, whose strings are decoded with
+        ``\\xNN`` for the bytes that are not UTF-8 (``backslashreplace``)
+        instead of failing: since 2.10 messages quote tuples, bytes fields as
+        they are (ER_TUPLE_FOUND quotes both).  Another unpacker factory
+        decodes as it does (``make_response`` copes)."""
         if not len(data):
             return {}
         if self._factory is None:
             use_list, raw, ext_hook = self.options
             return msgpack.unpackb(data, use_list=use_list, raw=raw, strict_map_key=False,
-                                   ext_hook=ext_hook)
+                                   ext_hook=ext_hook,
+                                   unicode_errors=ERROR_STRINGS if error else None)
         unpacker = self._factory()
         unpacker.feed(data)
         body = unpacker.unpack()
@@ -315,7 +325,9 @@ def responses(conn, decoder, syncs, replies, fast=True):
         if type(value) is tuple:
             code, schema, body = value
             try:
-                if ext_hook is None or not body:   # another unpacker factory, or empty
+                if code >= REQUEST_TYPE_ERROR:
+                    body = decoder.decode(body, True)
+                elif ext_hook is None or not body:   # another unpacker factory, or empty
                     body = decoder.decode(body)
                 else:
                     body = unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
@@ -342,7 +354,9 @@ def make_response(cls, conn, sync, code, schema_version, body):
         if code >= REQUEST_TYPE_ERROR and isinstance(body, UnicodeDecodeError):
             # Since 2.10 some messages quote tuples, bytes fields as they are
             # ("Duplicate key exists ... [1, "\xff"]"): the server's error, not
-            # an undecodable reply.  The string that failed is the message.
+            # an undecodable reply.  BodyDecoder.decode(..., error=True) makes
+            # them "\\xff"; another unpacker factory may fail on them, and
+            # the string that failed is the message.
             body = {IPROTO_ERROR_24: body.object.decode("utf-8", "backslashreplace")}
         elif isinstance(body, Exception):
             raise body

@@ -45,6 +45,7 @@ from tarantool.const import (
     IPROTO_REQUEST_TYPE,
     IPROTO_SCHEMA_ID,
     IPROTO_SYNC,
+    REQUEST_TYPE_ERROR,
 )
 from tarantool.error import NetworkError
 
@@ -626,12 +627,17 @@ class Transport:
                         break
                     kind = type(waiter)
                     if kind is not ReplySink and kind is not _Pushes:   # a caller's greenlet
+                        if code:   # an error (decoded with error=True: see BodyDecoder)
+                            body = _decode(self._decoder, view[head:stop], code)
+                            ready.append((waiter, (sync, code, schema, body, None)))
+                            pos = stop
+                            continue
                         try:
                             body = unpackb(view[head:stop], use_list=use_list, raw=raw,
                                            strict_map_key=False, ext_hook=ext_hook)
                         except Exception as exc:  # noqa: BLE001 - that caller's error
                             body = {} if stop == head else exc.with_traceback(None)
-                        if code or type(body) is not dict:
+                        if type(body) is not dict:
                             ready.append((waiter, (sync, code, schema, body, None)))
                             pos = stop
                             continue
@@ -705,7 +711,7 @@ class Transport:
                 waiter, value = waiter.final((sync, code, schema, body))
             else:
                 if type(waiter) is not ReplySink:
-                    body = _decode(self._decoder, body)
+                    body = _decode(self._decoder, body, code)
                 value = (sync, code, schema, body, None)
             self._deliver(waiter, value, wake)
         elif sync in self._abandoned:
@@ -874,10 +880,10 @@ def _parse_header(data, start, stop):
             data[start + unpacker.tell():stop])
 
 
-def _decode(decoder, data):
-    """The body in ``data``, or the exception decoding it raised."""
+def _decode(decoder, data, code=0):
+    """The body in ``data`` of a reply ``code``, or the exception decoding it raised."""
     try:
-        return decoder.decode(data)
+        return decoder.decode(data, code >= REQUEST_TYPE_ERROR)
     except Exception as exc:  # noqa: BLE001 - that caller's error
         return exc.with_traceback(None)
 
@@ -939,7 +945,7 @@ class _Pushes:
         decoded for a greenlet (a ``ReplySink`` decodes them itself)."""
         pushes = self.pushes
         if type(self.waiter) is not ReplySink:
-            reply = reply[:3] + (_decode(self.decoder, reply[3]),)
+            reply = reply[:3] + (_decode(self.decoder, reply[3], reply[1]),)
             pushes = [(code, schema, _decode(self.decoder, body))
                       for code, schema, body in pushes]
         return self.waiter, reply + (pushes,)

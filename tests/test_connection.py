@@ -17,6 +17,7 @@ from tarantool.response import Response
 import gtarantool
 from gtarantool import ConnectionClosed, RequestTimeout
 from gtarantool.protocol import Encoder
+from bench.server import binary_version
 
 from .conftest import PASSWORD, USER
 
@@ -463,20 +464,27 @@ def test_runs_with_and_without_monkey_patching(server, patched):
 def test_duplicate_of_a_tuple_with_bytes_is_the_servers_error(conn):
     """Since 2.10 ER_TUPLE_FOUND quotes both tuples, a bytes field as raw bytes
     that are not UTF-8: the caller gets DatabaseError(3) with the message
-    (tarantool-python raises UnicodeDecodeError), alone and in a pipeline, and
-    the connection serves the next request."""
+    (tarantool-python raises UnicodeDecodeError), its bad bytes escaped in the
+    message and in the error stack, alone and in a pipeline, and the connection
+    serves the next request."""
     key = 3_100_001
     row = (key, "bin", b"\x00\xff\xfe")
     conn.insert("tester", row)
     with pytest.raises(DatabaseError) as info:
         conn.insert("tester", row)
-    assert info.value.code == 3
-    assert "Duplicate key exists" in info.value.message
+    error = info.value
+    assert error.code == 3
+    assert "Duplicate key exists" in error.message
+    if binary_version() >= (2, 10):
+        assert '\\xff\\xfe"]' in error.message   # (the server writes \u0000)
+        assert error.extra_info.message == error.message
     with conn.pipeline() as pipe:
         pipe.insert("tester", row)
         pipe.select("tester", key)
     duplicate, selected = pipe.results()
     assert isinstance(duplicate, DatabaseError) and duplicate.code == 3
+    assert (duplicate.message, repr(duplicate.extra_info)) == (error.message,
+                                                              repr(error.extra_info))
     assert selected.data == [list(row)]
     assert conn.delete("tester", key).data == [list(row)]
 

@@ -15,6 +15,7 @@ from tarantool import response as tarantool_response
 from gtarantool.protocol import (
     OPS_KEY,
     RESPONSE_CLASSES,
+    BodyDecoder,
     Encoder,
     Response,
     ResponseExecute,
@@ -156,3 +157,19 @@ def test_iterator_names():
     assert iterator_code(const.ITERATOR_GT) == const.ITERATOR_GT
     with pytest.raises(ValueError):
         iterator_code("SIDEWAYS")
+
+
+def test_an_error_message_that_is_not_utf8():
+    """Since 2.10 a message quotes tuples, bytes fields as they are: our
+    decoder escapes them (BodyDecoder.decode(..., error=True)); a body
+    another unpacker factory failed on (UnicodeDecodeError) still gives
+    the server's error, the failed string as the message, escaped alike."""
+    raw = b'Duplicate key exists ... [1, "\xff\xfe"]'
+    body = b"\x81\x31\xda" + len(raw).to_bytes(2, "big") + raw
+    escaped = raw.decode("utf-8", "backslashreplace")
+    assert BodyDecoder().decode(body, error=True) == {0x31: escaped}
+    with pytest.raises(UnicodeDecodeError) as failed:
+        BodyDecoder().decode(body)
+    with pytest.raises(DatabaseError) as info:
+        make_response(Response, _Conn(), 7, 0x8003, 1, failed.value)
+    assert (info.value.code, info.value.message) == (3, escaped)

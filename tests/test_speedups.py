@@ -7,6 +7,7 @@ a ``ReplyCutter`` (the way replies reach it) and compare.
 """
 import collections
 import math
+import random
 import struct
 import types
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gtarantool.protocol import Response, _speedups
+from gtarantool.protocol import ERROR_STRINGS, Response, _speedups
 from gtarantool.transport import ReplySink, _Pushes
 from tests import fuzz
 from tests.fakepeer import tarantool_frame
@@ -32,21 +33,25 @@ def _ext_hook(code, data):
     return ("ext", code, data)
 
 
-def _decode(body, use_list=True, raw=False):
-    """What the C reader makes of ``body``: the decoded body, or the exception."""
+def _decode(body, use_list=True, raw=False, error=False):
+    """What the C reader makes of ``body``: the decoded body, or the exception.
+    ``error``: in an error reply (its strings decoded with escapes)."""
     pending, ready = {7: object()}, collections.deque()
     cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (use_list, raw, _ext_hook),
                                    Response, ReplySink, _Pushes)
-    frame = tarantool_frame(7, body, code=1)   # an error code: the body comes back as decoded
+    # Not an OK reply: the body comes back as decoded.
+    frame = tarantool_frame(7, body, code=0x8003 if error else 1)
     assert cutter.cut(frame, 0, len(frame), 1 << 31, []) == (len(frame), 0)
     (_, (_, _, _, decoded, _)), = ready
     return decoded
 
 
-def _reference(body, use_list=True, raw=False):
+def _reference(body, use_list=True, raw=False, error=False):
+    """msgpack's decoding, as the Python twin asks for it (protocol.BodyDecoder)."""
     try:
         return msgpack.unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
-                               ext_hook=_ext_hook)
+                               ext_hook=_ext_hook,
+                               unicode_errors=ERROR_STRINGS if error else None)
     except Exception as exc:  # noqa: BLE001 - the reference's failure is the expectation
         return exc
 
@@ -66,8 +71,8 @@ def _same(a, b):
     return a == b
 
 
-def _check(body, use_list=True, raw=False):
-    got, want = _decode(body, use_list, raw), _reference(body, use_list, raw)
+def _check(body, use_list=True, raw=False, error=False):
+    got, want = _decode(body, use_list, raw, error), _reference(body, use_list, raw, error)
     assert _same(got, want), (body, got, want)
 
 
@@ -147,9 +152,9 @@ def packed(draw, depth=0):
 
 
 @settings(max_examples=600, deadline=None)
-@given(packed(), st.booleans(), st.booleans())
-def test_every_encoding_decodes_as_msgpack_does(body, use_list, raw):
-    _check(body, use_list, raw)
+@given(packed(), st.booleans(), st.booleans(), st.booleans())
+def test_every_encoding_decodes_as_msgpack_does(body, use_list, raw, error):
+    _check(body, use_list, raw, error)
 
 
 @settings(max_examples=400, deadline=None)
@@ -183,6 +188,57 @@ def test_garbage_fails_as_msgpack_fails(body):
 def test_edge_cases(body):
     _check(body)
     _check(body, use_list=False, raw=True)
+    _check(body, error=True)
+
+
+# -- an error reply's strings: invalid UTF-8 decoded with escapes ---------------
+
+# Invalid sequences of every kind the UTF-8 decoder tells apart, and valid
+# text of every width (the escaped string is as wide as its widest character).
+UTF8_PIECES = [b"\xff", b"\xfe", b"\x80", b"\xbf", b"\xc0\x80", b"\xc2", b"\xe2\x82",
+               b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xf0\x9f\x98", b"\xf4\x90\x80\x80",
+               b"\xf8\x88\x80\x80\x80", b"\x00", b"a", b"\\", "\u00e9".encode(),
+               "\u20ac".encode(), "\U0001f600".encode(), "\udc80".encode("utf-8", "surrogatepass")]
+
+
+def _str(data):
+    """msgpack str holding ``data`` as it is (valid UTF-8 or not)."""
+    return (bytes([0xa0 | len(data)]) if len(data) < 32 else
+            b"\xd9" + bytes([len(data)]) if len(data) < 256 else
+            b"\xda" + struct.pack(">H", len(data))) + data
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(UTF8_PIECES) | st.binary(max_size=6), max_size=40),
+       st.booleans())
+def test_an_error_replys_strings_decode_with_escapes_as_msgpack_does(pieces, raw):
+    """As msgpack.unpackb(..., unicode_errors="backslashreplace"): the message,
+    as a map key and in an error stack, ext types beside it (which unpackb
+    decodes)."""
+    text = _str(b"".join(pieces))
+    _check(b"\x81\x31" + text, raw=raw, error=True)
+    _check(b"\x82" + text + b"\x01\x52\x81\x00\x91\x82\x03" + text + b"\x05\x03", error=True)
+    _check(b"\x82\x31" + text + b"\x32\xd4\x05x", error=True)
+
+
+def test_a_duplicate_keys_message_from_tarantool_3():
+    """ER_TUPLE_FOUND as 3.x writes it: both tuples quoted, a 1.5 KB bytes
+    field of random bytes as it is, in the message and the error stack."""
+    rng = random.Random(3)
+    payload = bytes(rng.getrandbits(8) for _ in range(1536))
+    quoted = b'[5, 0, "' + payload + b'"]'
+    message = (b'Duplicate key exists in unique index "pk" in space "bench" with old tuple - '
+               + quoted + b' and new tuple - ' + quoted)
+    tuple_ = msgpack.packb([5, 0, payload], use_bin_type=True)
+    stack = (b"\x81\x00\x91\x87\x00" + _str(b"ClientError") + b"\x02\xcd\x01\x4d\x01"
+             + _str(b"./src/box/memtx_tree.cc") + b"\x03" + _str(message) + b"\x04\x00\x05\x03"
+             + b"\x06\x82" + _str(b"old_tuple") + tuple_ + _str(b"new_tuple") + tuple_)
+    body = b"\x82\x31" + _str(message) + b"\x52" + stack
+    _check(body, error=True)
+    decoded = _decode(body, error=True)
+    assert decoded[0x31] == message.decode("utf-8", "backslashreplace")
+    assert decoded[0x52][0][0][6]["old_tuple"] == [5, 0, payload]
+    assert isinstance(_decode(body), UnicodeDecodeError)   # not an error reply: strict
 
 
 # -- memory safety: each of these crashed (or failed) under make sanitize before its fix -----

@@ -370,6 +370,9 @@ FAST_PATH_REPLIES = [
     (0, msgpack.packb({IPROTO_DATA: [msgpack.ExtType(99, b"x")]})),  # unknown extension
     (0x8000 | 3, msgpack.packb({0x31: "Duplicate key exists"})),
     (0x8000 | 109, msgpack.packb({0x31: "Wrong schema version"})),
+    # Since 2.10 a message quotes tuples, bytes fields as they are: escaped.
+    (0x8000 | 3, b"\x82\x31\xb4Duplicate [1, \"\xff\xe2\x82\"]\x52\x81\x00\x91\x81\x03"
+                 b"\xa4\xed\xa0\x80!"),
     (7, msgpack.packb({IPROTO_DATA: [2]})),          # another non-error code
 ]
 
@@ -388,7 +391,9 @@ def _expected(sync, code, schema, body):
     """What the caller must get, worked out with msgpack directly."""
     try:
         body = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=lambda code, data:
-                               tarantool_ext_hook(code, data, None)) if body else {}
+                               tarantool_ext_hook(code, data, None),
+                               unicode_errors="backslashreplace" if code >= 0x8000 else None
+                               ) if body else {}
     except Exception as exc:  # noqa: BLE001
         return (sync, code, schema, type(exc).__name__, None)
     if code or type(body) is not dict:
@@ -403,30 +408,37 @@ def test_every_kind_of_reply_in_tarantools_layout_reaches_its_caller(reader, sch
     """The reader's fast path (in C or in Python) on every kind of reply in the
     layouts Tarantool writes (the schema version as uint32 up to 2.9, uint64
     since), with replies in other layouts in between, one of which only the
-    general way reads (a float in its header): each caller gets exactly the
-    value the general decoding gives."""
+    general way reads (a float in its header; one of them an error): each
+    caller gets exactly the value the general decoding gives."""
     frames = [((1 << 63) + i, code, 2 ** 32 - 1 - i, body)
               for i, (code, body) in enumerate(FAST_PATH_REPLIES)]
     half = len(frames) // 2
     odd_header = msgpack.packb({IPROTO_SYNC: 6, 0x04: 1.5, IPROTO_SCHEMA_ID: 1,
                                 IPROTO_REQUEST_TYPE: 0})
     odd_body = msgpack.packb({IPROTO_DATA: ["odd"]})
+    odd_error_header = msgpack.packb({IPROTO_SYNC: 4, 0x04: 1.5, IPROTO_SCHEMA_ID: 1,
+                                      IPROTO_REQUEST_TYPE: 0x8003})
+    odd_error_body = FAST_PATH_REPLIES[-2][1]   # invalid UTF-8 in the message
     stream = b"".join(tarantool_frame(sync, body, code, schema, schema_width)
                       for sync, code, schema, body in frames[:half]) + reply(5, "other") \
         + msgpack.packb(len(odd_header) + len(odd_body)) + odd_header + odd_body \
+        + msgpack.packb(len(odd_error_header) + len(odd_error_body)) + odd_error_header \
+        + odd_error_body \
         + b"".join(tarantool_frame(sync, body, code, schema, schema_width)
                    for sync, code, schema, body in frames[half:])
     transport, a, b = _socketpair_transport(max_in_flight=100)
     try:
         callers = [gevent.spawn(transport.request, sync, None, None, b"")
-                   for sync in [f[0] for f in frames] + [5, 6]]
+                   for sync in [f[0] for f in frames] + [5, 6, 4]]
         gevent.sleep(0)
         transport.feed(stream)
         gevent.joinall(callers, timeout=2)
-        assert [_delivered(c.value) for c in callers[:-2]] == [_expected(*f) for f in frames]
-        assert _delivered(callers[-2].value) == _expected(
+        assert [_delivered(c.value) for c in callers[:-3]] == [_expected(*f) for f in frames]
+        assert _delivered(callers[-3].value) == _expected(
             5, 0, 1, msgpack.packb({IPROTO_DATA: ["other"]}))
-        assert callers[-1].value[:4] == (6, 0, 1, {IPROTO_DATA: ["odd"]})   # the general way
+        # the general way
+        assert callers[-2].value[:4] == (6, 0, 1, {IPROTO_DATA: ["odd"]})
+        assert _delivered(callers[-1].value) == _expected(4, 0x8003, 1, odd_error_body)
         assert transport.alive and transport.in_flight == 0 and not transport._ready
         assert transport.stats.responses == len(callers)
     finally:
