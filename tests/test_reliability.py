@@ -533,12 +533,15 @@ _UNPACK_OPTIONS["ext_hook"] = lambda code, data: unpacker_ext_hook(
     code, data, msgpack.Unpacker(**_UNPACK_OPTIONS))
 
 
-def _decode_reference(body):
-    """What a reply body must be delivered as: _decoded(msgpack.unpackb(body))."""
+def _decode_reference(body, code):
+    """What a reply body must be delivered as: _decoded(msgpack.unpackb(body)),
+    the strings of an error reply (code 0x8000 and above) with bytes that are
+    not UTF-8 escaped (as BodyDecoder.decode(..., error=True))."""
     if not body:
         return repr({})
     try:
-        return repr(msgpack.unpackb(body, **_UNPACK_OPTIONS))
+        return repr(msgpack.unpackb(body, **_UNPACK_OPTIONS, unicode_errors=(
+            "backslashreplace" if code >= 0x8000 else None)))
     except Exception as exc:  # noqa: BLE001
         return type(exc).__name__
 
@@ -572,7 +575,7 @@ def _reference(data, syncs, limit):
         sync, code = (header.get(1), header.get(0)) if type(header) is dict else (None, None)
         if type(sync) is not int or type(code) is not int:
             return out, True
-        body = _decode_reference(payload[unpacker.tell():])
+        body = _decode_reference(payload[unpacker.tell():], code)
         if code == 0x80:
             if sync not in pending:
                 return out, True
@@ -669,8 +672,8 @@ def test_fuzz_frame_reader_any_split_delivers_every_frame_once(loop, case):
     assert not failed
     for sync in syncs:
         mine = [f for f in frames if f[0] == sync]
-        assert got[sync] == (mine[-1][1], _decode_reference(mine[-1][2]),
-                             [(0x80, _decode_reference(f[2])) for f in mine[:-1]])
+        assert got[sync] == (mine[-1][1], _decode_reference(mine[-1][2], mine[-1][1]),
+                             [(0x80, _decode_reference(f[2], 0x80)) for f in mine[:-1]])
 
 
 @st.composite
