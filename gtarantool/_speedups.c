@@ -57,10 +57,10 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
     *str_bytes_out, *str_max_in_flight, *str_flush_due, *unpack_escaped_kwnames,
-    *str_backslashreplace;
+    *str_backslashreplace, *str_size;
 
 /* The fields ok_response sets (find_slots names them in this order). */
-enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, N_FIELDS };
+enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, F_SIZE, N_FIELDS };
 
 /* How bodies are decoded and OK replies built: a ReplyCutter's own references,
  * or responses()'s borrowed arguments. */
@@ -543,7 +543,7 @@ static int
 find_slots(Decoding *d)
 {
     PyObject **names[N_FIELDS] = {&str_data, &str_sync, &str_code, &str_body,
-                                  &str_schema_version, &str_return_code};
+                                  &str_schema_version, &str_return_code, &str_size};
     int i;
 
     for (i = 0; i < N_FIELDS; i++) {
@@ -588,9 +588,11 @@ set_field(const Decoding *d, PyObject *resp, int field, PyObject *name, PyObject
     return 0;
 }
 
-/* protocol.ok_response, without conn (the caller sets it). */
+/* protocol.ok_response, without conn (the caller sets it); `size`, the
+ * frame's bytes, goes to a _size slot when there are both (else unset). */
 static PyObject *
-ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
+ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
+            PyObject *size)
 {
     PyObject *resp, *rows, *data;
 
@@ -622,7 +624,9 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body)
             || set_field(d, resp, F_CODE, str_code, zero) < 0
             || set_field(d, resp, F_BODY, str_body, body) < 0
             || set_field(d, resp, F_SCHEMA_VERSION, str_schema_version, schema) < 0
-            || set_field(d, resp, F_RETURN_CODE, str_return_code, zero) < 0)
+            || set_field(d, resp, F_RETURN_CODE, str_return_code, zero) < 0
+            || (size != NULL && d->slots[F_SIZE]
+                && set_field(d, resp, F_SIZE, str_size, size) < 0))
         goto fail;
     return resp;
 fail:
@@ -807,7 +811,8 @@ static int
 take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
      const unsigned char *start, Py_ssize_t body_size)
 {
-    PyObject *code = NULL, *schema = NULL, *body = NULL, *value = NULL, *pair, *res;
+    PyObject *code = NULL, *schema = NULL, *body = NULL, *value = NULL, *size = NULL, *pair,
+        *res;
     int ok = -1;
 
     schema = PyLong_FromUnsignedLongLong(h->schema);
@@ -817,7 +822,10 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
     if (body == NULL)
         goto done;
     if (h->code == 0 && PyDict_CheckExact(body)) {
-        value = ok_response(&self->decoding, sync, schema, body);
+        size = PyLong_FromSsize_t(h->prefix + (Py_ssize_t)h->length);
+        if (size == NULL)
+            goto done;
+        value = ok_response(&self->decoding, sync, schema, body, size);
     } else {
         code = PyLong_FromUnsignedLongLong(h->code);
         if (code == NULL)
@@ -836,6 +844,7 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
     Py_DECREF(res);
     ok = 0;
 done:
+    Py_XDECREF(size);
     Py_XDECREF(code);
     Py_XDECREF(schema);
     Py_XDECREF(body);
@@ -1591,7 +1600,7 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto error;
             }
             if (PyDict_CheckExact(body)) {
-                result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body);
+                result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body, NULL);
                 if (result != NULL && PyObject_SetAttr(result, str_conn, conn) < 0)
                     Py_CLEAR(result);
                 Py_DECREF(body);
@@ -1642,6 +1651,7 @@ PyInit__speedups(void)
             || !(str_body = PyUnicode_InternFromString("_body"))
             || !(str_schema_version = PyUnicode_InternFromString("_schema_version"))
             || !(str_return_code = PyUnicode_InternFromString("_return_code"))
+            || !(str_size = PyUnicode_InternFromString("_size"))
             || !(str_data = PyUnicode_InternFromString("_data"))
             || !(str_conn = PyUnicode_InternFromString("conn"))
             || !(str_replies = PyUnicode_InternFromString("replies"))

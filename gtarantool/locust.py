@@ -23,6 +23,12 @@ stable (``DatabaseError(3)``, ``RequestTimeout``), so Locust's error table has a
 row per kind of failure.  A failed request raises :class:`RequestFailed`, which
 ends the task quietly (Locust's ``RescheduleTask``) unless the task catches it.
 
+Locust pauses between a user's tasks with ``gevent.sleep(wait_time())``; for a
+zero wait that is one pass through gevent's hub, so that other users run.  A
+task whose request got a reply has made that pass already (a reply comes only
+through the hub), and a ``TarantoolUser`` goes straight on to its next task
+(every other wait, and a task without a reply, pauses as Locust does).
+
 One connection per worker process (``connection_scope = "process"``, the
 default), opened by the first user that needs it, after Locust forks its
 workers; ``connection_scope = "user"`` gives each user its own.  A server that
@@ -56,7 +62,7 @@ logger = logging.getLogger(__name__)
 REQUEST_TYPE = "tarantool"
 STEP_TYPE = "step"
 UNREACHABLE = "gtarantool_unreachable"   # worker -> master: stop the run
-REPLY_HEADER_SIZE = 28   # length prefix and header of a reply (syncs >= 2**32: one layout)
+REPLY_HEADER_SIZE = 28   # a 2.6 reply's length prefix and header (ping's size; estimates)
 NAME_LIMIT = 60          # eval expressions and SQL in request names are cut here
 NAMES_LIMIT = 1000       # request names kept per method
 _clock = time.perf_counter
@@ -331,6 +337,7 @@ class TarantoolClient:
         is_server_error = isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError)
         if is_server_error:
             counters.server_errors += 1
+            self._user._replied = True
         expected = is_server_error and exc.code in self._expected
         if not expected:
             counters.failed += 1
@@ -350,6 +357,7 @@ class TarantoolClient:
             self._failed({None: "ping"}, "ping", None, start, exc)
         elapsed = (_clock() - start) * 1000
         _counters.reported += 1
+        self._user._replied = True
         self._fire(request_type=REQUEST_TYPE, name="ping", response_time=elapsed,
                    response_length=REPLY_HEADER_SIZE, exception=None)
         return result
@@ -392,6 +400,7 @@ def _reported(method):
             self._failed(names, method, target, start, exc)
         elapsed = (_clock() - start) * 1000
         counters.reported += 1
+        self._user._replied = True
         self._fire(request_type=REQUEST_TYPE, response_time=elapsed,
                    name=names.get(target) or _name(names, method, target),
                    response_length=_reply_size(resp), exception=None)
@@ -446,7 +455,11 @@ class _Space:
 
 
 def _reply_size(resp):
-    """A reply's bytes on the wire: the fixed header and its body re-packed."""
+    """A reply's bytes on the wire, as the reader counted them (nearly every
+    reply); else an estimate: its body re-packed after a 2.6-style header."""
+    size = getattr(resp, "_size", None)
+    if size is not None:
+        return size
     body = getattr(resp, "_body", None)
     if body is None:
         return REPLY_HEADER_SIZE if resp is not None else 0
@@ -473,6 +486,31 @@ class TarantoolUser(User):
     def __init__(self, environment):
         super().__init__(environment)
         self.client = TarantoolClient(self)
+        self._replied = False   # a reply came since the last pause between tasks
+
+    # Locust's loop pauses between tasks in its root task set's _sleep (a
+    # gevent.sleep(0) for a zero wait_time: a pass through the hub, so that
+    # other users run).  A task whose request got a reply has been through the
+    # hub already (replies come only from there); a second pass costs every
+    # request a hub round trip and splits the batch of users woken by one read
+    # from the socket (a fifth of the client's CPU per request).  So a zero
+    # wait after a reply is no pause; any other wait is Locust's.
+    @property
+    def _taskset_instance(self):
+        return self.__dict__.get("_tarantool_taskset")
+
+    @_taskset_instance.setter
+    def _taskset_instance(self, taskset):
+        if taskset is not None:
+            taskset._sleep = self._pause
+        self.__dict__["_tarantool_taskset"] = taskset
+
+    def _pause(self, seconds):
+        if self._replied and seconds <= 0:
+            self._replied = False
+            return
+        self._replied = False
+        gevent.sleep(seconds)
 
 
 # -- stopping the run when the server cannot be reached -------------------------

@@ -250,11 +250,14 @@ class BodyDecoder:
         return body
 
 
-_FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data")
+_FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data",
+           "_size")
 
 
 class Response(tarantool_response.Response):
-    """tarantool-python's ``Response``, its fields in slots: built in a third of the time."""
+    """tarantool-python's ``Response``, its fields in slots: built in a third of the time.
+    ``_size``: the reply's bytes on the wire, set when the reader's fast path
+    built it (nearly every reply; unset otherwise)."""
     __slots__ = _FIELDS
 
     # Read on nearly every reply: a getter in C instead of a Python function.

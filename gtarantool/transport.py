@@ -504,7 +504,8 @@ class Transport:
         waiter = self._pending.get(header[3])
         if waiter is None or type(waiter) is ReplySink or type(waiter) is _Pushes:
             return received, False
-        self._frame(self._rbuf, 0, received, [])
+        self._cut(self._rbuf, received, [])   # (as the cutter's loop takes it)
+        self.stats.responses -= 1   # _read_lone counts it, as for the C path
         return received, True
 
     def _readable(self):
@@ -649,6 +650,7 @@ class Transport:
                         resp._body = body
                         resp._schema_version = schema
                         resp._return_code = 0
+                        resp._size = stop - pos
                         rows = resp._data = body.get(IPROTO_DATA)
                         if rows is not None and type(rows) is not list and not isinstance(
                                 rows, (list, tuple)):

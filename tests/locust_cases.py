@@ -188,7 +188,54 @@ def pool(url):
     return out
 
 
-ONE_SERVER = ("lazy_connect", "fork", "naming", "methods")
+class Counting:
+    """Counts Locust's pauses between its tasks: skipped (no hub pass) or slept."""
+    counts = {"skipped": 0, "slept": 0}
+
+    def _pause(self, seconds):
+        Counting.counts["skipped" if self._replied and seconds <= 0 else "slept"] += 1
+        super()._pause(seconds)
+
+
+class Pauses(Counting, Pinger):
+    pass
+
+
+class Idle(Counting, glocust.TarantoolUser):
+    wait_time = constant(0)
+
+    @task
+    def nothing(self):
+        pass   # no request: every pause must still pass through the hub
+
+
+class Patient(Counting, Pinger):
+    wait_time = constant(0.1)
+
+
+def pauses(url):
+    """Locust's pause between tasks after each kind of task, and whether
+    another greenlet (a ticker) still runs meanwhile."""
+    out = {}
+    for cls in (Pauses, Idle, Patient):
+        Counting.counts = {"skipped": 0, "slept": 0}
+        ticks = [0]
+
+        def tick():
+            while True:
+                ticks[0] += 1
+                gevent.sleep(0.001)
+        ticker = gevent.spawn(tick)
+        env = run([cls], url, 5, 0.5)
+        ticker.kill()
+        out[cls.__name__] = dict(Counting.counts, ticks=ticks[0],
+                                 requests=env.stats.total.num_requests)
+        glocust._on_quitting(env)
+        glocust._forget_after_fork()
+    return out
+
+
+ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses")
 
 
 if __name__ == "__main__":

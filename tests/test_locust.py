@@ -140,6 +140,25 @@ def test_error_names_are_stable(cases):
     assert requests > 0 and failures == 0
 
 
+def test_pause_after_a_reply_is_no_second_hub_pass(cases):
+    """With wait_time 0, a task whose request got a reply (it went through the
+    hub for it) goes on without Locust's gevent.sleep(0); a task with no
+    request still sleeps (or the worker would spin), as does a non-zero
+    wait_time; other greenlets keep running throughout."""
+    got = cases["pauses"]
+    busy = got["Pauses"]
+    assert busy["requests"] > 50 and busy["slept"] <= 5 + busy["requests"] // 100, busy
+    assert busy["skipped"] >= busy["requests"] - 5, busy
+    assert busy["ticks"] > 10, busy   # the ticker ran while users pinged
+    idle = got["Idle"]
+    assert idle["requests"] == 0 and idle["skipped"] == 0 and idle["slept"] > 50, idle
+    assert idle["ticks"] > 10, idle
+    patient = got["Patient"]
+    # 5 users, 0.5 s, 0.1 s between tasks: at most 6 requests each.
+    assert 5 <= patient["requests"] <= 30 and patient["skipped"] == 0, patient
+    assert patient["slept"] >= patient["requests"] - 5, patient
+
+
 def test_methods_and_steps(cases):
     got = cases["methods"]
     assert got["entries"] == [

@@ -494,7 +494,8 @@ def test_receive_lone_takes_one_whole_reply_as_its_python_twin_does(name):
             got = (transport._cutter.receive_lone(transport._fd, transport._rbuf, 1 << 20)
                    if c_path else transport._receive_lone())
             ready = [(w is waiter, value if type(value) is tuple else
-                      (value._sync, value._code, value._schema_version, value._body, None))
+                      (value._sync, value._code, value._schema_version, value._body, None,
+                       value._size))
                      for w, value in transport._ready]
             outcomes.append((got, sorted(transport._pending), ready))
         finally:
@@ -510,8 +511,8 @@ def test_receive_lone_takes_one_whole_reply_as_its_python_twin_does(name):
     else:
         assert got[1] is taken and (got[0] == 0) is (name == "eof")
     assert (pending == []) is taken and len(ready) == taken
-    if name == "ok":
-        assert ready == [(True, (7, 0, 1, {0x30: [[7, "seven"]]}, None))]
+    if name == "ok":   # with the frame's size: all the bytes received
+        assert ready == [(True, (7, 0, 1, {0x30: [[7, "seven"]]}, None, got[0]))]
 
 
 def test_receive_lone_arguments():

@@ -805,3 +805,18 @@ def test_post_sends_a_frame_and_on_fail_hears_of_the_death():
         transport.close()
         a.close()
         b.close()
+
+
+def test_a_reply_knows_its_size_on_the_wire(conn):
+    """A response the reader builds carries its frame's bytes in ``_size`` (what
+    gtarantool.locust reports as Locust's response length): alone, and in a
+    batch of replies read together."""
+    for value in (1, "x" * 3000, {"a": [1.5, None, True]}):
+        before = conn.stats.bytes_in
+        resp = conn.call("echo", value)
+        assert resp.data == [value]
+        assert resp._size == conn.stats.bytes_in - before
+    before = conn.stats.bytes_in
+    calls = [gevent.spawn(conn.call, "echo", "y" * i) for i in range(0, 2000, 100)]
+    gevent.joinall(calls, raise_error=True)
+    assert sum(c.value._size for c in calls) == conn.stats.bytes_in - before
