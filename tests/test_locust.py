@@ -207,3 +207,11 @@ def test_unreachable_server_fails_once_and_stops(tmp_path):
     assert "Traceback" not in out.stdout
     entries = json.loads(report.read_text())["entries"]
     assert entries == [{"type": "tarantool", "name": "connect", "requests": 1, "failures": 1}]
+
+
+def test_compare_pairs_each_round_with_its_own_no_op():
+    """--compare's share: per round, the Locust run against the no-op that ran
+    right after it (not against another round's)."""
+    rates = {"locust": [50.0, 30.0, 60.0], "locust --noop": [100.0, 40.0, 100.0],
+             "make bench": [1.0, 1.0, 1.0]}
+    assert locust_run.round_shares(rates) == pytest.approx([0.5, 0.25, 0.4])
