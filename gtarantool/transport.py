@@ -492,8 +492,9 @@ class Transport:
     def _receive_lone(self):
         """One receive into the empty read buffer: ``(bytes received, taken)``,
         taken when they are exactly one whole reply for a caller's greenlet,
-        queued in ``_ready`` for it; None when there was nothing to read.
-        (The cutter's ``receive_lone`` in C, whose OK replies are responses.)"""
+        queued in ``_ready`` for it as ``_cut`` queues it (an OK reply as a
+        response with its ``_size``); None when there was nothing to read.
+        (The cutter's ``receive_lone`` in C.)"""
         try:
             received = os.readv(self._fd, (self._rview,))
         except BlockingIOError:
