@@ -78,6 +78,11 @@ typedef struct {
     PyObject *ready_append;     /* bound deque.append */
     PyObject *sink_type, *pushes_type;
     Decoding decoding;
+    /* the last reply's schema version and size as ints, which the next reply
+     * most often shares: no allocation per reply for them */
+    PyObject *schema, *size;
+    uint64_t schema_value;
+    Py_ssize_t size_value;
 } ReplyCutter;
 
 static inline uint32_t
@@ -815,16 +820,28 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
         *res;
     int ok = -1;
 
-    schema = PyLong_FromUnsignedLongLong(h->schema);
-    if (schema == NULL)
-        goto done;
+    if (self->schema == NULL || self->schema_value != h->schema) {
+        schema = PyLong_FromUnsignedLongLong(h->schema);
+        if (schema == NULL)
+            goto done;
+        Py_XSETREF(self->schema, schema);
+        self->schema_value = h->schema;
+    }
+    schema = Py_NewRef(self->schema);
     body = decode_body(&self->decoding, start, body_size, h->code >= IPROTO_TYPE_ERROR);
     if (body == NULL)
         goto done;
     if (h->code == 0 && PyDict_CheckExact(body)) {
-        size = PyLong_FromSsize_t(h->prefix + (Py_ssize_t)h->length);
-        if (size == NULL)
-            goto done;
+        Py_ssize_t n = h->prefix + (Py_ssize_t)h->length;
+
+        if (self->size == NULL || self->size_value != n) {
+            size = PyLong_FromSsize_t(n);
+            if (size == NULL)
+                goto done;
+            Py_XSETREF(self->size, size);
+            self->size_value = n;
+        }
+        size = Py_NewRef(self->size);
         value = ok_response(&self->decoding, sync, schema, body, size);
     } else {
         code = PyLong_FromUnsignedLongLong(h->code);
@@ -1078,6 +1095,8 @@ ReplyCutter_clear(ReplyCutter *self)
     Py_CLEAR(self->decoding.response_type);
     Py_CLEAR(self->sink_type);
     Py_CLEAR(self->pushes_type);
+    Py_CLEAR(self->schema);
+    Py_CLEAR(self->size);
     return 0;
 }
 
