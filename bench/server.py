@@ -7,6 +7,7 @@ with its greeting.  ``stop()`` always reaps the process.  ``kill()`` and
 same port, which the fault tests rely on.
 """
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,9 +48,33 @@ def binary_version(binary=None):
 
 
 def free_port():
-    with socket.socket() as sock:
+    """A local port nothing is bound to, below the kernel's range of ephemeral
+    ports: the local ports of outgoing connections (a test's clients, a replica
+    connecting to a peer not started yet) come from that range, and one of them
+    could take a port picked there before the server binds it."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = _ports.randrange(max(1024, low - 16384), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:   # (all taken: let the kernel pick)
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+_ports = random.Random()   # (not the global one: tests seed that)
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
 
 
 def _lua_str(value):

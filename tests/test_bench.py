@@ -300,3 +300,15 @@ def test_sweep_prints_every_level_and_target_and_exits_by_the_verdict(tmp_path, 
     assert result["medians"]["gtarantool@1"]["select"]["send_calls_per_1000"] == 1000
     assert top["peak_rss_mb"] > 0
     assert re.search(r"^200 +select +gtarantool .*$", printed, re.M)
+
+
+def test_free_ports_are_below_the_ephemeral_range():
+    """Outgoing connections take local ports from the ephemeral range: a port
+    picked there could be taken before the server binds it."""
+    import socket
+
+    from bench.server import _ephemeral_low, free_port
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(1024 <= port < _ephemeral_low() for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))
