@@ -58,9 +58,14 @@ class ReplicaSet:
         return [{"host": srv.host, "port": srv.port} for srv in self.servers]
 
     def start(self):
-        for srv in self.servers:
-            srv.start()
-        self.mesh()
+        """Start every member and mesh them; if one fails, stop those started."""
+        try:
+            for srv in self.servers:
+                srv.start()
+            self.mesh()
+        except BaseException:
+            self.cleanup()
+            raise
         return self
 
     def mesh(self, servers=None):

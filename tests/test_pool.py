@@ -591,3 +591,18 @@ def test_bench_pool_routes_and_counts_per_instance(rs):
     assert select["connection"]["requests@%s" % name(master)] == 0
     assert select["server"]["instances"] == {"SELECT@%s" % name(r1): 1000,
                                              "SELECT@%s" % name(r2): 1000}
+
+
+def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
+    """The last member cannot bind its port: start() raises, and the master and
+    the first replica, running by then, are stopped, not left behind."""
+    import socket
+    replicaset = ReplicaSet(_lua(), user=USER, password=PASSWORD)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", replicaset.servers[-1].port))
+        blocker.listen()
+        with pytest.raises(RuntimeError, match="during start-up"):
+            replicaset.start()
+    started = [srv for srv in replicaset.servers[:-1] if srv.process is not None]
+    assert len(started) == 2
+    assert all(srv.process.poll() is not None for srv in started)
