@@ -1,8 +1,9 @@
 """A throwaway Tarantool server in a temp dir, for the benchmark and the tests.
 
 ``TarantoolServer(lua)`` writes an ``init.lua`` that calls ``box.cfg`` on a
-free port (with any more options given as ``cfg={...}``) and then runs ``lua``; ``start()`` waits until the server answers
-with its greeting.  ``stop()`` always reaps the process.  ``kill()`` and
+free port (``free_port``: below the ephemeral range), with any more options
+given as ``cfg={...}``, and then runs ``lua``; ``start()`` waits until the
+server answers with its greeting.  ``stop()`` always reaps the process.  ``kill()`` and
 ``start()`` again on the same object restart the server from its WAL on the
 same port, which the fault tests rely on.
 """

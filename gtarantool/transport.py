@@ -17,11 +17,11 @@ takes only what the socket does not accept at once and what other callers queue.
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
 run (whose request would join its batch) sends its frame itself, in one
-non-blocking ``writev``; and a receive that brings exactly one reply, for
-a caller with no other reply queued, is handed on by the read watcher's
-callback in the hub, which switches straight to that caller (the reader
-greenlet is resumed only when there is more to do).  Under load the queue is never empty, and the writer still
-sends each burst in one call.
+non-blocking ``writev``; and a receive that brings exactly one reply, for a
+caller with no other reply queued, is handed on by the read watcher's callback
+in the hub, which switches straight to that caller (the reader greenlet is
+resumed only when there is more to do). Under load the queue is never empty,
+and the writer still sends each burst in one call.
 
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
