@@ -158,7 +158,7 @@ read_length(Reader *r, int width)
     return n;
 }
 
-/* An error reply's string that is not valid UTF-8, as
+/* An error reply's string with bytes past ASCII, as
  * bytes.decode("utf-8", "backslashreplace") makes it, without its cost: that
  * error handler is a Python call per bad byte (~0.2 us each; an error message
  * quoting 1.5 KB of random bytes has ~600).  backslashreplace writes "\xNN"
@@ -207,73 +207,84 @@ utf8_char(const unsigned char *p, const unsigned char *end, Py_UCS4 *c)
 #undef CONT
 }
 
-#if defined(__GNUC__) || defined(__clang__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE inline
-#endif
-
-/* (Inlined with each kind a constant: PyUnicode_WRITE is a switch on it.) */
-static ALWAYS_INLINE void
-write_escaped(int kind, void *data, const unsigned char *p, const unsigned char *end)
-{
-    static const char hex[] = "0123456789abcdef";
-    Py_ssize_t j = 0;
-    Py_UCS4 c;
-    int len;
-
-    while (p < end) {
-        len = utf8_char(p, end, &c);
-        if (len) {
-            PyUnicode_WRITE(kind, data, j, c);
-            j++;
-            p += len;
-        } else {
-            PyUnicode_WRITE(kind, data, j, '\\');
-            PyUnicode_WRITE(kind, data, j + 1, 'x');
-            PyUnicode_WRITE(kind, data, j + 2, hex[*p >> 4]);
-            PyUnicode_WRITE(kind, data, j + 3, hex[*p & 0xf]);
-            j += 4;
-            p++;
-        }
-    }
-}
-
+/* One pass, into a buffer of 4 * n code points (what n bytes escape to at
+ * most), then into a string as wide as the widest of them.  (A 2.10+
+ * duplicate-key error quotes both tuples, ~2 KB per reply with random bytes
+ * fields; a pass to size the string first cost as much again.) */
 static PyObject *
 escaped_utf8(const unsigned char *p, Py_ssize_t n)
 {
-    const unsigned char *q, *end = p + n;
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *end = p + n;
+    Py_UCS4 *buf, *o, c, maxchar = 0;
+    Py_ssize_t i, size;
     PyObject *out;
-    Py_ssize_t size = 0;
-    Py_UCS4 c, maxchar = 'x';
     int len;
 
-    for (q = p; q < end; ) {   /* the size and the widest character */
-        len = utf8_char(q, end, &c);
+    if (n > PY_SSIZE_T_MAX / (4 * (Py_ssize_t)sizeof(Py_UCS4)) - 1)
+        return PyErr_NoMemory();
+    buf = PyMem_Malloc((4 * n + 1) * sizeof(Py_UCS4));
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    o = buf;
+    while (p < end) {
+        if (*p < 0x80) {
+            *o++ = *p++;
+            continue;
+        }
+        len = utf8_char(p, end, &c);
         if (len) {
-            size++;
-            q += len;
+            *o++ = c;
             if (c > maxchar)
                 maxchar = c;
+            p += len;
         } else {
-            size += 4;
-            q++;
+            o[0] = '\\';
+            o[1] = 'x';
+            o[2] = hex[*p >> 4];
+            o[3] = hex[*p & 0xf];
+            o += 4;
+            p++;
         }
     }
-    out = PyUnicode_New(size, maxchar);
-    if (out == NULL)
-        return NULL;
-    switch (PyUnicode_KIND(out)) {
-    case PyUnicode_1BYTE_KIND:
-        write_escaped(PyUnicode_1BYTE_KIND, PyUnicode_DATA(out), p, end);
-        break;
-    case PyUnicode_2BYTE_KIND:
-        write_escaped(PyUnicode_2BYTE_KIND, PyUnicode_DATA(out), p, end);
-        break;
-    default:
-        write_escaped(PyUnicode_4BYTE_KIND, PyUnicode_DATA(out), p, end);
+    size = o - buf;
+    out = PyUnicode_New(size, maxchar);   /* (maxchar 0: ASCII) */
+    if (out != NULL) {
+        switch (PyUnicode_KIND(out)) {
+        case PyUnicode_1BYTE_KIND: {
+            Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
+            for (i = 0; i < size; i++)
+                d[i] = (Py_UCS1)buf[i];
+            break;
+        }
+        case PyUnicode_2BYTE_KIND: {
+            Py_UCS2 *d = PyUnicode_2BYTE_DATA(out);
+            for (i = 0; i < size; i++)
+                d[i] = (Py_UCS2)buf[i];
+            break;
+        }
+        default:
+            memcpy(PyUnicode_4BYTE_DATA(out), buf, size * sizeof(Py_UCS4));
+        }
     }
+    PyMem_Free(buf);
     return out;
+}
+
+/* Whether n bytes at p are all ASCII (8 at a time). */
+static int
+is_ascii(const unsigned char *p, Py_ssize_t n)
+{
+    uint64_t word, any = 0;
+    Py_ssize_t i = 0;
+
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&word, p + i, 8);
+        any |= word;
+    }
+    for (; i < n; i++)
+        any |= p[i];
+    return (any & UINT64_C(0x8080808080808080)) == 0;
 }
 
 static PyObject *
@@ -291,9 +302,10 @@ read_str(Reader *r, Py_ssize_t n)
          * the second is the first's string again. */
         s = Py_NewRef(r->escaped);
     } else {
-        s = PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
-        if (s == NULL && r->escape && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
+        if (!r->escape || is_ascii(r->p, n)) {
+            s = PyUnicode_DecodeUTF8((const char *)r->p, n, NULL);
+        } else {
+            /* (Valid UTF-8 too: escaping changes nothing in it.) */
             s = escaped_utf8(r->p, n);
             if (s != NULL) {
                 Py_XSETREF(r->escaped, Py_NewRef(s));

@@ -138,6 +138,8 @@ def test_error_names_are_stable(cases):
         ["tarantool", "call sleep_and_return", "RequestTimeout"]], expected
     requests, failures = expected["requests"]["call raise_error"]
     assert requests > 0 and failures == 0
+    # The task caught RequestFailed: expected, the server's error, a stable text.
+    assert got["caught"] == [[True, 555, "call raise_error: DatabaseError(555)"]]
 
 
 def test_pause_after_a_reply_is_no_second_hub_pass(cases):
