@@ -368,19 +368,22 @@ def make_response(cls, conn, sync, code, schema_version, body):
                                 % (sync, type(body).__name__))
     if code < REQUEST_TYPE_ERROR:
         return ok_response(conn, sync, schema_version, body, cls, code)
+    return_code = code & (REQUEST_TYPE_ERROR - 1)
+    message = body.get(IPROTO_ERROR_24, "")
+    if return_code == 109:
+        raise SchemaReloadException(message, schema_version)
+    error_map = body.get(IPROTO_ERROR)
+    error = decode_box_error(error_map) if error_map is not None else None
+    if conn.error:   # (the usual case: no response object to build)
+        raise DatabaseError(return_code, message, extra_info=error)
     resp = cls.__new__(cls)
     resp.conn = conn
     resp._sync = sync
     resp._code = code
     resp._body = body
     resp._schema_version = schema_version
-    return_code = resp._return_code = code & (REQUEST_TYPE_ERROR - 1)
-    message = resp._return_message = body.get(IPROTO_ERROR_24, "")
-    error_map = body.get(IPROTO_ERROR)
-    error = resp._return_error = decode_box_error(error_map) if error_map is not None else None
+    resp._return_code = return_code
+    resp._return_message = message
+    resp._return_error = error
     resp._data = []
-    if return_code == 109:
-        raise SchemaReloadException(message, schema_version)
-    if conn.error:
-        raise DatabaseError(return_code, message, extra_info=error)
     return resp

@@ -744,3 +744,17 @@ def test_fetch_schema_false_and_sql(server):
     finally:
         c.close()
         r.close()
+
+
+def test_error_false_returns_the_error_reply(conn):
+    """As tarantool-python's Response: with ``conn.error`` False an error reply
+    is returned (code, message, no data) instead of raised."""
+    conn.replace("tester", (3_000_100, "dup"))
+    conn.error = False
+    r = conn.insert("tester", (3_000_100, "dup"))
+    assert (r.return_code, r.data) == (3, [])
+    assert "Duplicate key" in r.return_message and r.sync > 0
+    conn.error = True
+    with pytest.raises(DatabaseError) as info:
+        conn.insert("tester", (3_000_100, "dup"))
+    assert info.value.code == 3 and info.value.message == r.return_message
