@@ -228,16 +228,25 @@ def reconcile_noop(report):
 
 
 def _rate(cmd, report):
-    """Run ``cmd``; requests per client CPU second from the JSON it writes."""
+    """Run ``cmd``; from the JSON it writes, requests per client CPU second
+    and the share of them the server answered with an error (None: not known)."""
     subprocess.run(cmd, cwd=os.path.dirname(HERE), check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     with open(report) as f:
         data = json.load(f)
     if "totals" in data:   # make bench
-        return data["totals"]["ops_per_client_cpu_second"]
+        return data["totals"]["ops_per_client_cpu_second"], None
+    return report_rate(data)
+
+
+def report_rate(data):
+    """``_rate``'s figures from a --bench-report file (the no-op's workers
+    count no server errors: None)."""
     workers = data["workers"].values()
     requests = sum(e["requests"] for e in data["entries"] if e["type"] == "tarantool")
-    return requests / sum(w["cpu_seconds"] for w in workers)
+    errors = sum(w.get("server_errors", 0) for w in workers)
+    return (requests / sum(w["cpu_seconds"] for w in workers),
+            errors / requests if errors and requests else None)
 
 
 def round_shares(rates):
@@ -275,11 +284,15 @@ def compare(args):
                           str(_host_port(args.host)[1])] if args.host else []),
     }
     rates = {kind: [] for kind in kinds}
+    errors = []   # the Locust runs' share of server errors (the mix's duplicate inserts)
     for round_ in range(args.compare):
         for kind, cmd in kinds.items():
             report = os.path.join(out, "bench.json" if kind == "make bench"
                                   else "bench-report.json")
-            rates[kind].append(_rate(cmd, report))
+            rate, error_share = _rate(cmd, report)
+            rates[kind].append(rate)
+            if kind == "locust":
+                errors.append(error_share or 0.0)
             print("round %d: %-13s %8.0f requests per client CPU second"
                   % (round_ + 1, kind, rates[kind][-1]), flush=True)
     median = {kind: statistics.median(values) for kind, values in rates.items()}
@@ -295,6 +308,9 @@ def compare(args):
                                ", ".join("%.0f%%" % (100 * x) for x in shares),
                                100 * (1 - median["locust"] / median["locust --noop"]),
                                median["make bench"] / median["locust"]))
+    print("server errors (expected ones included) in the Locust runs: %.1f%% of requests "
+          "(median); each costs the client several times a success"
+          % (100 * statistics.median(errors)))
     return 0
 
 

@@ -217,3 +217,16 @@ def test_compare_pairs_each_round_with_its_own_no_op():
     rates = {"locust": [50.0, 30.0, 60.0], "locust --noop": [100.0, 40.0, 100.0],
              "make bench": [1.0, 1.0, 1.0]}
     assert locust_run.round_shares(rates) == pytest.approx([0.5, 0.25, 0.4])
+
+
+def test_compare_reads_rate_and_server_errors_from_a_report():
+    """A --bench-report: Locust's tarantool requests per worker CPU second (steps
+    left out), and the share of them that were error replies."""
+    data = {"entries": [{"type": "tarantool", "requests": 600}, {"type": "step", "requests": 50},
+                        {"type": "tarantool", "requests": 400}],
+            "workers": {"a": {"cpu_seconds": 1.5, "server_errors": 70},
+                        "b": {"cpu_seconds": 0.5, "server_errors": 55}}}
+    assert locust_run.report_rate(data) == pytest.approx((500.0, 0.125))
+    for worker in data["workers"].values():
+        worker["server_errors"] = 0
+    assert locust_run.report_rate(data) == (500.0, None)
