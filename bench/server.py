@@ -52,22 +52,29 @@ def free_port():
     """A local port nothing is bound to, below the kernel's range of ephemeral
     ports: the local ports of outgoing connections (a test's clients, a replica
     connecting to a peer not started yet) come from that range, and one of them
-    could take a port picked there before the server binds it."""
+    could take a port picked there before the server binds it.  Never one this
+    process was given before: a replica set picks its members' ports before it
+    starts them, and two equal picks (one in 16,384 per pair) fail the second
+    start with "Address already in use"."""
     low = _ephemeral_low()
     for _ in range(100):
         port = _ports.randrange(max(1024, low - 16384), low)
+        if port in _given:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _given.add(port)
+        return port
     with socket.socket() as sock:   # (all taken: let the kernel pick)
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 _ports = random.Random()   # (not the global one: tests seed that)
+_given = set()             # every port free_port returned in this process
 
 
 def _ephemeral_low():

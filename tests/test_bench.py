@@ -312,3 +312,21 @@ def test_free_ports_are_below_the_ephemeral_range():
     assert len(ports) > 1 and all(1024 <= port < _ephemeral_low() for port in ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports.pop()))
+
+
+def test_free_port_never_gives_a_port_twice(monkeypatch):
+    """A replica set picks all its ports before starting any server: the same
+    port picked twice would fail the second server's start."""
+    from bench import server
+
+    class Repeating:   # a generator that draws the same port again and again
+        def __init__(self):
+            self.draws = iter([20000, 20000, 20000, 20001])
+
+        def randrange(self, low, high):
+            return next(self.draws)
+
+    monkeypatch.setattr(server, "_ports", Repeating())
+    monkeypatch.setattr(server, "_given", set(), raising=False)
+    monkeypatch.setattr(server, "_ephemeral_low", lambda: 32768)
+    assert [server.free_port(), server.free_port()] == [20000, 20001]
