@@ -229,7 +229,8 @@ def reconcile_noop(report):
 
 def _rate(cmd, report):
     """Run ``cmd``; from the JSON it writes, requests per client CPU second
-    and the share of them the server answered with an error (None: not known)."""
+    and the share of them the server answered with an error (None for make
+    bench, which does not say)."""
     subprocess.run(cmd, cwd=os.path.dirname(HERE), check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     with open(report) as f:
@@ -240,13 +241,12 @@ def _rate(cmd, report):
 
 
 def report_rate(data):
-    """``_rate``'s figures from a --bench-report file (the no-op's workers
-    count no server errors: None)."""
+    """``_rate``'s figures from a --bench-report file."""
     workers = data["workers"].values()
     requests = sum(e["requests"] for e in data["entries"] if e["type"] == "tarantool")
     errors = sum(w.get("server_errors", 0) for w in workers)
     return (requests / sum(w["cpu_seconds"] for w in workers),
-            errors / requests if errors and requests else None)
+            errors / requests if requests else 0.0)
 
 
 def round_shares(rates):
@@ -292,7 +292,7 @@ def compare(args):
             rate, error_share = _rate(cmd, report)
             rates[kind].append(rate)
             if kind == "locust":
-                errors.append(error_share or 0.0)
+                errors.append(error_share)
             print("round %d: %-13s %8.0f requests per client CPU second"
                   % (round_ + 1, kind, rates[kind][-1]), flush=True)
     median = {kind: statistics.median(values) for kind, values in rates.items()}

@@ -229,4 +229,4 @@ def test_compare_reads_rate_and_server_errors_from_a_report():
     assert locust_run.report_rate(data) == pytest.approx((500.0, 0.125))
     for worker in data["workers"].values():
         worker["server_errors"] = 0
-    assert locust_run.report_rate(data) == (500.0, None)
+    assert locust_run.report_rate(data) == (500.0, 0.0)
