@@ -41,7 +41,7 @@ from tarantool import request as tarantool_request
 from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
-from tarantool.types import decode_box_error
+from tarantool.types import BoxError, decode_box_error
 
 from gtarantool.errors import ProtocolError
 
@@ -348,6 +348,54 @@ def responses(conn, decoder, syncs, replies, fast=True):
     return out
 
 
+class _StackField:
+    """A ``BoxError`` field of ``LazyBoxError``: reading or setting it decodes the stack."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return getattr(obj._load(), self.name)
+
+    def __set__(self, obj, value):
+        setattr(obj._load(), self.name, value)
+
+
+class LazyBoxError(BoxError):
+    """An error reply's ``extra_info``: tarantool-python's ``BoxError``, built
+    from the reply's error stack when first used.
+
+    Most errors are told apart by their code and never looked into, and
+    building the stack was a sixth of a duplicate-key error's client cost.  On
+    first use the object becomes a plain ``BoxError`` (its class is switched),
+    equal to and printed as the one tarantool-python builds."""
+
+    def __init__(self, error_map):   # (not the dataclass's: nothing decoded yet)
+        self.__dict__["_error_map"] = error_map
+
+    def _load(self):
+        if type(self) is LazyBoxError:
+            decoded = decode_box_error(self.__dict__.pop("_error_map"))
+            self.__dict__.update(decoded.__dict__)
+            self.__class__ = BoxError
+        return self
+
+    def __eq__(self, other):
+        return self._load() == other
+
+    def __repr__(self):
+        return repr(self._load())
+
+    def __reduce_ex__(self, protocol):
+        return self._load().__reduce_ex__(protocol)
+
+
+for _field in BoxError.__dataclass_fields__:
+    setattr(LazyBoxError, _field, _StackField(_field))
+
+
 def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (one of the response classes above) from a reply's header
     fields and decoded body, raising what ``Response.__init__`` raises.  A body
@@ -373,7 +421,7 @@ def make_response(cls, conn, sync, code, schema_version, body):
     if return_code == 109:
         raise SchemaReloadException(message, schema_version)
     error_map = body.get(IPROTO_ERROR)
-    error = decode_box_error(error_map) if error_map is not None else None
+    error = LazyBoxError(error_map) if error_map is not None else None
     if conn.error:   # (the usual case: no response object to build)
         raise DatabaseError(return_code, message, extra_info=error)
     resp = cls.__new__(cls)

@@ -1,4 +1,8 @@
 """Request encoding and response building, byte for byte against tarantool-python."""
+import copy
+import dataclasses
+import pickle
+
 import msgpack
 import pytest
 from tarantool import const
@@ -11,12 +15,14 @@ from tarantool.request import (
     RequestUpsert,
 )
 from tarantool import response as tarantool_response
+from tarantool.types import BoxError, decode_box_error
 
 from gtarantool.protocol import (
     OPS_KEY,
     RESPONSE_CLASSES,
     BodyDecoder,
     Encoder,
+    LazyBoxError,
     Response,
     ResponseExecute,
     iterator_code,
@@ -149,6 +155,37 @@ def test_error_response_raises_like_tarantool_python():
     with pytest.raises(SchemaReloadException) as reload:
         make_response(Response, _Conn(), 1, 0x8000 | 109, 81, {const.IPROTO_ERROR_24: "x"})
     assert reload.value.schema_version == 81
+
+
+_STACK = {0: [{0: "ClientError", 1: "index.cc", 2: 333, 3: "Duplicate key exists", 4: 0,
+               5: 3, 6: {"space": "bench"}},
+              {0: "CustomError", 1: "init.lua", 2: 7, 3: "cause", 4: 0, 5: 32}]}
+
+
+def test_an_error_stack_is_decoded_when_first_used():
+    """``extra_info`` equals tarantool-python's ``BoxError`` and becomes one once
+    read; a stack nobody reads is never decoded, so a malformed one fails only
+    its reader."""
+    body = {const.IPROTO_ERROR_24: "Duplicate key exists", const.IPROTO_ERROR: _STACK}
+    with pytest.raises(DatabaseError) as theirs:
+        _reference(tarantool_response.Response, {const.IPROTO_REQUEST_TYPE: 0x8003,
+                                                 const.IPROTO_SYNC: 1}, body)
+    with pytest.raises(DatabaseError) as ours:
+        make_response(Response, _Conn(), 1, 0x8003, None, body)
+    lazy = ours.value.extra_info
+    assert isinstance(lazy, BoxError) and type(lazy) is LazyBoxError
+    assert lazy == theirs.value.extra_info and repr(lazy) == repr(theirs.value.extra_info)
+    assert type(lazy) is BoxError and lazy.prev.type == "CustomError"
+    for use in (lambda e: e.fields, lambda e: pickle.loads(pickle.dumps(e)), copy.copy,
+                dataclasses.asdict, repr):
+        assert use(LazyBoxError(_STACK)) == use(decode_box_error(_STACK))
+    changed = LazyBoxError(_STACK)
+    changed.line = 1
+    assert changed == dataclasses.replace(decode_box_error(_STACK), line=1)
+    with pytest.raises(DatabaseError) as malformed:
+        make_response(Response, _Conn(), 1, 0x8003, None, {const.IPROTO_ERROR: {0: [{}]}})
+    with pytest.raises(KeyError):
+        malformed.value.extra_info.type
 
 
 def test_iterator_names():
