@@ -22,6 +22,9 @@ a float, the reply's size in bytes, and for failures an exception whose text is
 stable (``DatabaseError(3)``, ``RequestTimeout``), so Locust's error table has a
 row per kind of failure.  A failed request raises :class:`RequestFailed`, which
 ends the task quietly (Locust's ``RescheduleTask``) unless the task catches it.
+An error code in ``expected_errors`` is a success: the call returns the error
+reply as tarantool-python does with ``error=False`` (``return_code``,
+``return_message``, no data) and the task goes on.
 
 Locust pauses between a user's tasks with ``gevent.sleep(wait_time())``; for a
 zero wait that is one pass through gevent's hub, so that other users run.  A
@@ -50,9 +53,11 @@ from gevent.event import AsyncResult
 from locust import User, events
 from locust.exception import RescheduleTask, StopUser
 from locust.runners import MasterRunner, WorkerRunner
+from tarantool.const import REQUEST_TYPE_ERROR
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 import gtarantool
+from gtarantool.protocol import Response, error_response
 
 __all__ = ["TarantoolUser", "TarantoolClient", "RequestFailed", "parse_host", "error_name",
            "bucket_response_time", "process_report"]
@@ -69,16 +74,13 @@ _clock = time.perf_counter
 
 
 class RequestFailed(RescheduleTask):
-    """A request failed (or got an expected error, ``expected`` True); Locust has
-    been told.  Uncaught, it ends the task quietly; ``error`` is the exception."""
+    """A request failed; Locust has been told.  Uncaught, it ends the task
+    quietly; ``error`` is the exception."""
 
-    def __init__(self, name, error, expected=False):
-        # (Its text is made only when asked for: an expected error, a tenth of
-        # a typical mix, raises one per request and nobody reads it.)
-        super().__init__(name, error, expected)
+    def __init__(self, name, error):
+        super().__init__(name, error)
         self.name = name
         self.error = error
-        self.expected = expected
 
     def __str__(self):
         return "%s: %s" % (self.name, error_name(self.error))
@@ -335,23 +337,27 @@ class TarantoolClient:
         return conn
 
     def _failed(self, names, method, target, start, exc):
-        """Report a failed request; the RequestFailed for the caller to raise
-        (from its own frame: one frame less for the exception to leave)."""
+        """Report a request that raised ``exc``.  An expected error code: a
+        success, and the error reply to return (a response, as tarantool-python
+        returns it with ``error=False``); otherwise a failure, and the
+        RequestFailed for the caller to raise (from its own frame: one frame
+        less for the exception to leave)."""
         elapsed = (_clock() - start) * 1000
         name = names.get(target) or _name(names, method, target)
         counters = _counters
         counters.reported += 1
-        is_server_error = isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError)
-        if is_server_error:
+        if isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError):
             counters.server_errors += 1
             self._user._replied = True
-        expected = is_server_error and exc.code in self._expected
-        if not expected:
-            counters.failed += 1
+            if exc.code in self._expected:
+                self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
+                           response_length=0, exception=None)
+                return error_response(Response, self._conn, None, REQUEST_TYPE_ERROR | exc.code,
+                                      None, {}, exc.message, exc.extra_info)
+        counters.failed += 1
         self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
-                   response_length=0,
-                   exception=None if expected else TarantoolError(error_name(exc), exc))
-        return RequestFailed(name, exc, expected)
+                   response_length=0, exception=TarantoolError(error_name(exc), exc))
+        return RequestFailed(name, exc)
 
     def ping(self, notime=False, **kwargs):
         """``Connection.ping`` (a pool's takes ``mode=``), reported to Locust as "ping"."""
@@ -361,7 +367,10 @@ class TarantoolClient:
         try:
             result = conn.ping(notime, **kwargs)
         except Exception as exc:
-            raise self._failed({None: "ping"}, "ping", None, start, exc) from exc
+            outcome = self._failed({None: "ping"}, "ping", None, start, exc)
+            if type(outcome) is RequestFailed:
+                raise outcome from exc
+            return outcome
         elapsed = (_clock() - start) * 1000
         _counters.reported += 1
         self._user._replied = True
@@ -407,7 +416,10 @@ def _reported(method):
             else:
                 resp = getattr(conn, method)(target, *args)
         except Exception as exc:
-            raise self._failed(names, method, target, start, exc) from exc
+            outcome = self._failed(names, method, target, start, exc)
+            if type(outcome) is RequestFailed:
+                raise outcome from exc
+            return outcome
         elapsed = (_clock() - start) * 1000
         counters.reported += 1
         self._user._replied = True

@@ -424,13 +424,20 @@ def make_response(cls, conn, sync, code, schema_version, body):
     error = LazyBoxError(error_map) if error_map is not None else None
     if conn.error:   # (the usual case: no response object to build)
         raise DatabaseError(return_code, message, extra_info=error)
+    return error_response(cls, conn, sync, code, schema_version, body, message, error)
+
+
+def error_response(cls, conn, sync, code, schema_version, body, message, error):
+    """An error reply as a response object, as tarantool-python builds one for a
+    connection with ``error=False``: ``return_code`` the error's code (``code``
+    without the error flag), ``return_message``, no data."""
     resp = cls.__new__(cls)
     resp.conn = conn
     resp._sync = sync
     resp._code = code
     resp._body = body
     resp._schema_version = schema_version
-    resp._return_code = return_code
+    resp._return_code = code & (REQUEST_TYPE_ERROR - 1)
     resp._return_message = message
     resp._return_error = error
     resp._data = []

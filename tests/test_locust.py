@@ -135,11 +135,15 @@ def test_error_names_are_stable(cases):
     assert all(row[3] >= 2 for row in slow["errors"])
     expected = got["Expected"]
     assert [row[:3] for row in expected["errors"]] == [
-        ["tarantool", "call sleep_and_return", "RequestTimeout"]], expected
+        ["tarantool", "call sleep_and_return", "RequestTimeout"],
+        ["tarantool", "eval box.error{code = 556, reason = 'no'}", "DatabaseError(556)"]], expected
     requests, failures = expected["requests"]["call raise_error"]
     assert requests > 0 and failures == 0
-    # The task caught RequestFailed: expected, the server's error, a stable text.
-    assert got["caught"] == [[True, 555, "call raise_error: DatabaseError(555)"]]
+    # An expected code returned the error reply; another raised RequestFailed
+    # with the server's error and a stable text.
+    assert got["seen"] == [
+        ["raised", 556, "eval box.error{code = 556, reason = 'no'}: DatabaseError(556)", None],
+        ["returned", 555, "no", True]]
 
 
 def test_pause_after_a_reply_is_no_second_hub_pass(cases):
