@@ -130,10 +130,10 @@ class TarantoolServer:
     def _write_init(self):
         path = os.path.join(self.workdir, "init.lua")
         with open(path, "w") as f:
-            # feedback_enabled=false: 3.x's feedback daemon collects metrics
-            # every minute with a select of its own, which box.stat() counts
-            # (a bench phase's counts would be one off), and a throwaway
-            # server has nobody to report to.
+            # feedback_enabled=false: 2.11's and 3.x's feedback daemon
+            # collects metrics every minute with a select of its own, which
+            # box.stat() counts (a bench phase's counts would be one off), and
+            # a throwaway server has nobody to report to.
             f.write("box.cfg{listen=%s, work_dir=%s, wal_mode=%s, memtx_memory=%d, "
                     "readahead=%d, log=%s, net_msg_max=%d, feedback_enabled=false%s}\n"
                     % (_lua_str(self.listen), _lua_str(self.workdir), _lua_str(self.wal_mode),

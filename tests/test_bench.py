@@ -315,9 +315,9 @@ def test_free_ports_are_below_the_ephemeral_range():
 
 
 def test_throwaway_servers_send_no_requests_of_their_own(conn):
-    """3.x's feedback daemon selects once a minute, and box.stat() counts it:
-    a bench phase spanning that moment would find the server's counts one off
-    the client's."""
+    """2.11's and 3.x's feedback daemon selects once a minute, and box.stat()
+    counts it: a bench phase spanning that moment would find the server's
+    counts one off the client's."""
     assert conn.eval("return box.cfg.feedback_enabled").data == [False]
 
 
