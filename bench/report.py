@@ -94,6 +94,9 @@ def final(results):
         elif not server["match"]:
             lines.append("         client answered %s, server errors %s vs client %s" % (
                 server["client_requests"], server["errors"], server["client_errors"]))
+            hint = feedback_hint(results["server"], server)
+            if hint:
+                lines.append("         " + hint)
 
     if results.get("gaps"):
         lines.append("")
@@ -111,6 +114,18 @@ def final(results):
                   "equal the client's" if totals["server_counts_match"]
                   else "DIFFER from the client's")]
     return "\n".join(lines)
+
+
+def feedback_hint(target, server):
+    """Why the server counted more selects than the client sent, when it may be
+    its own: with ``feedback_enabled`` (the default) 2.11 and 3.x select once a
+    minute."""
+    extra = server["requests"].get("select", 0) - server["client_requests"].get("select", 0)
+    if target.get("feedback") and 0 < extra:
+        return ("the server's feedback daemon is on (box.cfg.feedback_enabled): on 2.11 "
+                "and 3.x it selects once a minute, and box.stat counts those; %d more "
+                "select%s than sent" % (extra, "" if extra == 1 else "s"))
+    return None
 
 
 def compare_table(runs):

@@ -40,6 +40,8 @@ class Target:
             raise SetupError("cannot connect to %s:%s as %s: %s"
                              % (host, port, self.user, exc)) from exc
         self.version = self._eval("return box.info.version")[0]
+        # On 2.11 and 3.x the feedback daemon selects once a minute, counted by box.stat.
+        self.feedback = self._eval("return box.cfg.feedback_enabled == true")[0]
 
     @property
     def pid(self):
@@ -48,7 +50,8 @@ class Target:
 
     def describe(self):
         return {"host": self.host, "port": self.port, "embedded": self.server is not None,
-                "wal": self.config.wal if self.server else None, "version": self.version}
+                "wal": self.config.wal if self.server else None, "version": self.version,
+                "feedback": self.feedback}
 
     def _eval(self, lua, *args):
         try:
