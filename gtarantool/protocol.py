@@ -373,7 +373,7 @@ class LazyBoxError(BoxError):
     equal to and printed as the one tarantool-python builds."""
 
     def __init__(self, error_map):   # (not the dataclass's: nothing decoded yet)
-        self.__dict__["_error_map"] = error_map
+        self._error_map = error_map
 
     def _load(self):
         if type(self) is LazyBoxError:
@@ -394,6 +394,7 @@ class LazyBoxError(BoxError):
 
 for _field in BoxError.__dataclass_fields__:
     setattr(LazyBoxError, _field, _StackField(_field))
+del _field
 
 
 def make_response(cls, conn, sync, code, schema_version, body):
