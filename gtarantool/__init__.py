@@ -22,6 +22,7 @@ from gtarantool.errors import (
 )
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
+from gtarantool.protocol import LazyDatabaseError
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
@@ -29,7 +30,7 @@ __version__ = "2.0.0"
 __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
            "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
-           "LeastInFlightStrategy"]
+           "LeastInFlightStrategy", "LazyDatabaseError"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):

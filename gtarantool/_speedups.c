@@ -17,12 +17,12 @@
  * sink_type (transport.ReplySink).  For a greenlet it pops the
  * waiter, decodes the body as unpackb(body, use_list=, raw=,
  * strict_map_key=False, ext_hook=) does (options gives the three; it calls
- * unpackb only for what its own decoder declines, see Reader), an error
- * reply's with unicode_errors="backslashreplace" too (as
- * protocol.BodyDecoder.decode(body, error=True)), and appends
+ * unpackb only for what its own decoder declines, see Reader), and appends
  * (waiter, value) to `ready`: value is the response_type object for an OK
  * reply whose body is a map, otherwise the tuple (sync, code, schema version,
- * body or the exception decoding it raised, None).  For a sink it stores
+ * body or the exception decoding it raised, None), where an error reply's
+ * body stays bytes (protocol.make_response decodes it when it is read;
+ * decode_error() below is how).  For a sink it stores
  * (code, schema version, body bytes) in sink.replies[sync] and appends
  * (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
  * the first frame it does not take (a header read_header does not read, too
@@ -502,15 +502,14 @@ read_object(Reader *r, int depth)
     }
 }
 
-/* The decoded body (new reference), the exception decoding it raised
- * (traceback dropped), or NULL with an error set for anything that is not
- * an Exception (KeyboardInterrupt, ...), which must propagate.  `error`: an
- * error reply's body, decoded with unicode_errors="backslashreplace" (since
- * 2.10 messages quote tuples, bytes fields as they are). */
+/* The decoded body (new reference), or NULL with the error decoding it
+ * raised.  `error`: an error reply's body, decoded with
+ * unicode_errors="backslashreplace" (since 2.10 messages quote tuples, bytes
+ * fields as they are). */
 static PyObject *
-decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int error)
+unpack_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int error)
 {
-    PyObject *view, *body, *type, *value, *tb;
+    PyObject *view, *body;
     PyObject *args[6];
 
     if (size == 0)
@@ -538,6 +537,18 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int 
     body = PyObject_Vectorcall(d->unpackb, args, 1,
                                error ? unpack_escaped_kwnames : unpack_kwnames);
     Py_DECREF(view);
+    return body;
+}
+
+/* unpack_body's body, the exception decoding it raised (traceback dropped),
+ * or NULL with an error set for anything that is not an Exception
+ * (KeyboardInterrupt, ...), which must propagate. */
+static PyObject *
+decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int error)
+{
+    PyObject *body, *type, *value, *tb;
+
+    body = unpack_body(d, start, size, error);
     if (body != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
         return body;
     PyErr_Fetch(&type, &value, &tb);
@@ -840,7 +851,10 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
         self->schema_value = h->schema;
     }
     schema = Py_NewRef(self->schema);
-    body = decode_body(&self->decoding, start, body_size, h->code >= IPROTO_TYPE_ERROR);
+    if (h->code >= IPROTO_TYPE_ERROR)   /* decoded when read: most callers test only the code */
+        body = PyBytes_FromStringAndSize((const char *)start, body_size);
+    else
+        body = decode_body(&self->decoding, start, body_size, 0);
     if (body == NULL)
         goto done;
     if (h->code == 0 && PyDict_CheckExact(body)) {
@@ -1658,7 +1672,35 @@ error:
     return NULL;
 }
 
+/* decode_error(data, unpackb, (use_list, raw, ext_hook)): an error reply's
+ * body (any buffer), as protocol.BodyDecoder.decode(data, error=True) decodes
+ * it, without a Python call per byte that is not UTF-8. */
+static PyObject *
+decode_error(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Decoding d;
+    PyObject *body;
+
+    if (nargs != 3 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_error(data, unpackb, (use_list, raw, ext_hook))");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    d.unpackb = args[1];
+    d.use_list = PyTuple_GET_ITEM(args[2], 0);
+    d.raw = PyTuple_GET_ITEM(args[2], 1);
+    d.ext_hook = PyTuple_GET_ITEM(args[2], 2);
+    body = unpack_body(&d, (const unsigned char *)view.buf, view.len, 1);
+    PyBuffer_Release(&view);
+    return body;
+}
+
 static PyMethodDef speedups_functions[] = {
+    {"decode_error", (PyCFunction)(void (*)(void))decode_error, METH_FASTCALL,
+     "decode_error(data, unpackb, (use_list, raw, ext_hook)) -> an error reply's body"},
     {"responses", (PyCFunction)(void (*)(void))responses, METH_FASTCALL,
      "responses(conn, syncs, replies, unpackb, options, response_type, general) -> list"},
     {NULL, NULL, 0, NULL}

@@ -59,7 +59,7 @@ _live = weakref.WeakSet()
 # every ``self._request(...)``) would take the generic method lookup.  An
 # attribute missing here still works, in the __dict__.
 _ATTRIBUTES = (
-    "request_timeout", "max_in_flight", "max_response_size", "stats", "_transport", "_syncs",
+    "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats", "_transport", "_syncs",
     "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder", "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
@@ -86,6 +86,10 @@ class Connection(RequestMethods, tarantool.Connection):
     :param max_in_flight: most requests awaiting replies at once; further
         callers wait for a slot.
     :param max_response_size: largest reply frame accepted, in bytes.
+    :param lazy_errors: error replies raise :class:`gtarantool.LazyDatabaseError`,
+        a ``DatabaseError`` whose message and ``extra_info`` are decoded when
+        first read: for callers that tell errors apart by ``code`` (since 2.10
+        a duplicate key's message quotes both tuples, escaped byte by byte).
 
     ``connection_timeout`` (connect and greeting) defaults to 10 s rather than
     forever, so connecting to a frozen server fails instead of hanging.
@@ -99,7 +103,7 @@ class Connection(RequestMethods, tarantool.Connection):
                  port=tarantool.connection.DEFAULT_PORT, *args,
                  request_timeout=None, max_in_flight=DEFAULT_MAX_IN_FLIGHT,
                  max_response_size=DEFAULT_MAX_RESPONSE_SIZE,
-                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT, **kwargs):
+                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT, lazy_errors=False, **kwargs):
         if request_timeout is not None and not (
                 isinstance(request_timeout, (int, float)) and request_timeout > 0):
             raise ConfigurationError("request_timeout must be a positive number of "
@@ -113,6 +117,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self.request_timeout = request_timeout
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
+        self.lazy_errors = bool(lazy_errors)
         self.stats = Stats()
         self._transport = None
         # Syncs >= 2**32 make the server's reply headers one fixed layout.

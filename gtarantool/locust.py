@@ -53,11 +53,10 @@ from gevent.event import AsyncResult
 from locust import User, events
 from locust.exception import RescheduleTask, StopUser
 from locust.runners import MasterRunner, WorkerRunner
-from tarantool.const import REQUEST_TYPE_ERROR
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 import gtarantool
-from gtarantool.protocol import Response, error_response
+from gtarantool.protocol import ErrorReply
 
 __all__ = ["TarantoolUser", "TarantoolClient", "RequestFailed", "parse_host", "error_name",
            "bucket_response_time", "process_report"]
@@ -321,6 +320,7 @@ class TarantoolClient:
     def _connect(self):
         user = self._user
         url, options = user.host, dict(user.connection_options)
+        options.setdefault("lazy_errors", True)   # most errors are only counted by code
         try:
             if user.connection_scope == "user":
                 conn = _open(url, options)
@@ -352,8 +352,7 @@ class TarantoolClient:
             if exc.code in self._expected:
                 self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
                            response_length=0, exception=None)
-                return error_response(Response, self._conn, None, REQUEST_TYPE_ERROR | exc.code,
-                                      None, {}, exc.message, exc.extra_info)
+                return ErrorReply(self._conn, exc)   # (its message decoded if it is read)
         counters.failed += 1
         self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
                    response_length=0, exception=TarantoolError(error_name(exc), exc))
@@ -497,9 +496,11 @@ class TarantoolUser(User):
 
     ``connection_scope``: "process" (one connection per worker process, shared
     by its users) or "user".  ``expected_errors``: server error codes counted
-    as successes (the call still raises :class:`RequestFailed`, ``expected``
-    True).  ``connection_options``: more arguments for ``gtarantool.connect``
-    (``request_timeout``, ...).
+    as successes (the call returns the error reply, as tarantool-python does
+    with ``error=False``; other errors raise :class:`RequestFailed`).
+    ``connection_options``: more arguments for ``gtarantool.connect``
+    (``request_timeout``, ...); ``lazy_errors`` is True unless given (a
+    server error's message is decoded when read).
     """
     abstract = True
     connection_scope = "process"

@@ -290,7 +290,7 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
     :param retry_reads: re-send a read (``select``, ``ping``, ``crud`` reads)
         once to another instance when the connection failed before its reply.
         Writes, ``call``, ``eval`` and ``execute`` are never re-sent.
-    :param request_timeout, max_in_flight: per connection, as in
+    :param request_timeout, max_in_flight, lazy_errors: per connection, as in
         :class:`gtarantool.Connection`.
 
     ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
@@ -305,7 +305,7 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
                  connection_timeout=DEFAULT_CONNECTION_TIMEOUT,
                  strategy_class=RoundRobinStrategy, refresh_delay=POOL_REFRESH_DELAY,
                  fetch_schema=True, *, wait_timeout=0, retry_reads=False,
-                 request_timeout=None, max_in_flight=None):
+                 request_timeout=None, max_in_flight=None, lazy_errors=False):
         if not isinstance(addrs, list) or not addrs:
             raise ConfigurationError("addrs must be non-empty list")
         if not (isinstance(wait_timeout, (int, float)) and wait_timeout >= 0):
@@ -315,7 +315,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
                              reconnect_max_attempts=reconnect_max_attempts,
                              reconnect_delay=reconnect_delay, encoding=encoding,
                              call_16=call_16, connection_timeout=connection_timeout,
-                             fetch_schema=fetch_schema, request_timeout=request_timeout)
+                             fetch_schema=fetch_schema, request_timeout=request_timeout,
+                             lazy_errors=lazy_errors)
         if max_in_flight is not None:
             self._options["max_in_flight"] = max_in_flight
         self.refresh_delay = refresh_delay

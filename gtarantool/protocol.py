@@ -238,6 +238,8 @@ class BodyDecoder:
         if not len(data):
             return {}
         if self._factory is None:
+            if error and _speedups is not None:   # the C reader's escaping: no call per byte
+                return _speedups.decode_error(data, msgpack.unpackb, self.options)
             use_list, raw, ext_hook = self.options
             return msgpack.unpackb(data, use_list=use_list, raw=raw, strict_map_key=False,
                                    ext_hook=ext_hook,
@@ -312,7 +314,8 @@ def responses(conn, decoder, syncs, replies, fast=True):
     ``replies`` maps each sync to ``(code, schema version, body bytes)`` or to
     the exception that request failed with.  Each becomes a Response, or the
     exception it raises (an error reply, a body that does not decode).
-    Bodies are decoded here, as ``decoder.decode`` would, without a call each.
+    Bodies are decoded here, as ``decoder.decode`` would, without a call each
+    (an error's when it is read: see ``make_response``).
     (``decoder`` is None when nothing ever connected: then there is no reply.)"""
     options = decoder and decoder.options
     if fast and _speedups is not None and options is not None:   # OK replies in C, others here
@@ -327,16 +330,15 @@ def responses(conn, decoder, syncs, replies, fast=True):
         value = replies[sync]
         if type(value) is tuple:
             code, schema, body = value
-            try:
-                if code >= REQUEST_TYPE_ERROR:
-                    body = decoder.decode(body, True)
-                elif ext_hook is None or not body:   # another unpacker factory, or empty
-                    body = decoder.decode(body)
-                else:
-                    body = unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
-                                   ext_hook=ext_hook)
-            except Exception as exc:  # noqa: BLE001 - make_response judges it
-                body = exc.with_traceback(None)
+            if code < REQUEST_TYPE_ERROR:
+                try:
+                    if ext_hook is None or not body:   # another unpacker factory, or empty
+                        body = decoder.decode(body)
+                    else:
+                        body = unpackb(body, use_list=use_list, raw=raw, strict_map_key=False,
+                                       ext_hook=ext_hook)
+                except Exception as exc:  # noqa: BLE001 - make_response judges it
+                    body = exc.with_traceback(None)
             try:
                 if code or type(body) is not dict:
                     value = make_response(Response, conn, sync, code, schema, body)
@@ -399,33 +401,110 @@ del _field
 
 def make_response(cls, conn, sync, code, schema_version, body):
     """Build ``cls`` (one of the response classes above) from a reply's header
-    fields and decoded body, raising what ``Response.__init__`` raises.  A body
-    that failed to decode (an exception) is raised; one that is not a map
-    raises ProtocolError."""
+    fields and body, raising what ``Response.__init__`` raises.  ``body``: the
+    decoded body, where an exception (decoding failed) is raised and anything
+    but a map raises ProtocolError; an error reply's may be its bytes (decoded
+    here, or when first read for a connection with ``lazy_errors``)."""
+    if code >= REQUEST_TYPE_ERROR:
+        return_code = code & (REQUEST_TYPE_ERROR - 1)
+        if conn.error and return_code != 109 and conn.lazy_errors:
+            raise LazyDatabaseError(return_code, sync, body, conn._decoder)
+        body = error_body(conn._decoder, sync, body)
+        message = body.get(IPROTO_ERROR_24, "")
+        if return_code == 109:
+            raise SchemaReloadException(message, schema_version)
+        if conn.error:   # (the usual case: no response object to build)
+            raise DatabaseError(return_code, message, extra_info=_box_error(body))
+        return error_response(cls, conn, sync, code, schema_version, body, message,
+                              _box_error(body))
     if type(body) is not dict:
-        if code >= REQUEST_TYPE_ERROR and isinstance(body, UnicodeDecodeError):
-            # Since 2.10 some messages quote tuples, bytes fields as they are
-            # ("Duplicate key exists ... [1, "\xff"]"): the server's error, not
-            # an undecodable reply.  BodyDecoder.decode(..., error=True) makes
-            # them "\\xff"; another unpacker factory may fail on them, and
-            # the string that failed is the message.
-            body = {IPROTO_ERROR_24: body.object.decode("utf-8", "backslashreplace")}
-        elif isinstance(body, Exception):
+        if isinstance(body, Exception):
             raise body
-        else:
-            raise ProtocolError("the body of reply %d is a %s, not a map"
-                                % (sync, type(body).__name__))
-    if code < REQUEST_TYPE_ERROR:
-        return ok_response(conn, sync, schema_version, body, cls, code)
-    return_code = code & (REQUEST_TYPE_ERROR - 1)
-    message = body.get(IPROTO_ERROR_24, "")
-    if return_code == 109:
-        raise SchemaReloadException(message, schema_version)
+        raise ProtocolError("the body of reply %d is a %s, not a map"
+                            % (sync, type(body).__name__))
+    return ok_response(conn, sync, schema_version, body, cls, code)
+
+
+def error_body(decoder, sync, body):
+    """An error reply's body as a map: ``body`` decoded already, its bytes, or
+    the exception decoding it raised.  Raises as ``make_response`` does for a
+    body that is no map."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        try:
+            body = decoder.decode(body, True)
+        except Exception as exc:  # noqa: BLE001 - judged below
+            body = exc
+    if type(body) is dict:
+        return body
+    if isinstance(body, UnicodeDecodeError):
+        # Since 2.10 some messages quote tuples, bytes fields as they are
+        # ("Duplicate key exists ... [1, "\xff"]"): the server's error, not an
+        # undecodable reply.  BodyDecoder.decode(..., error=True) makes them
+        # "\\xff"; another unpacker factory may fail on them, and the string
+        # that failed is the message.
+        return {IPROTO_ERROR_24: body.object.decode("utf-8", "backslashreplace")}
+    if isinstance(body, Exception):
+        raise body
+    raise ProtocolError("the body of reply %d is a %s, not a map" % (sync, type(body).__name__))
+
+
+def _box_error(body):
     error_map = body.get(IPROTO_ERROR)
-    error = LazyBoxError(error_map) if error_map is not None else None
-    if conn.error:   # (the usual case: no response object to build)
-        raise DatabaseError(return_code, message, extra_info=error)
-    return error_response(cls, conn, sync, code, schema_version, body, message, error)
+    return LazyBoxError(error_map) if error_map is not None else None
+
+
+class LazyDatabaseError(DatabaseError):
+    """The ``DatabaseError`` an error reply raises, its body decoded when first
+    needed (``message``, ``extra_info``, ``args``, ``str()``, pickling).
+
+    Most callers tell errors apart by ``code`` and never read the message,
+    which since 2.10 quotes tuples (a duplicate key's reply is ~10 KB with
+    its error stack, escaped byte by byte: most of that request's cost on
+    3.x).  Raised by connections opened with ``lazy_errors=True``.  Once
+    decoded the object becomes a plain ``DatabaseError`` (its class is
+    switched).  A body that does not decode makes a message that says so,
+    never an error when the message is read."""
+
+    __slots__ = ()
+
+    def __init__(self, code, sync, body, decoder):   # (not DatabaseError's: nothing decoded yet)
+        self.code = code
+        self._reply = (sync, body, decoder)
+
+    def _load(self):
+        if type(self) is LazyDatabaseError:
+            sync, body, decoder = self.__dict__.pop("_reply")
+            try:
+                body = error_body(decoder, sync, body)
+            except Exception as exc:  # noqa: BLE001 - a hostile reply: said, not raised
+                body = {IPROTO_ERROR_24: "the error reply's body does not decode: %r" % (exc,)}
+            self.__class__ = DatabaseError
+            DatabaseError.__init__(self, self.code, body.get(IPROTO_ERROR_24, ""),
+                                   extra_info=_box_error(body))
+        return self
+
+    def __str__(self):
+        return str(self._load())
+
+    def __repr__(self):
+        return repr(self._load())
+
+    def __reduce_ex__(self, protocol):
+        return self._load().__reduce_ex__(protocol)
+
+
+def _decoded_attribute(name):
+    def get(self):
+        return getattr(self._load(), name)
+
+    def set_(self, value):
+        setattr(self._load(), name, value)
+    return property(get, set_)
+
+
+for _name in ("message", "extra_info", "args"):
+    setattr(LazyDatabaseError, _name, _decoded_attribute(_name))
+del _name
 
 
 def error_response(cls, conn, sync, code, schema_version, body, message, error):
@@ -443,3 +522,24 @@ def error_response(cls, conn, sync, code, schema_version, body, message, error):
     resp._return_error = error
     resp._data = []
     return resp
+
+
+class ErrorReply(Response):
+    """A ``DatabaseError`` as the response tarantool-python returns for its reply
+    with ``error=False`` (``return_code``, ``return_message``, no data; the
+    sync, schema version and body are not kept).  Its message is read from the
+    error when asked for: a ``LazyDatabaseError`` stays undecoded until then."""
+
+    __slots__ = ("_error",)
+
+    _return_message = property(lambda self: self._error.message)
+    _return_error = property(lambda self: self._error.extra_info)
+
+    def __init__(self, conn, error):
+        self.conn = conn
+        self._sync = self._schema_version = None
+        self._code = REQUEST_TYPE_ERROR | error.code
+        self._return_code = error.code
+        self._body = {}
+        self._data = []
+        self._error = error.with_traceback(None)   # (its frames would hold this reply: a cycle)

@@ -629,8 +629,11 @@ class Transport:
                         break
                     kind = type(waiter)
                     if kind is not ReplySink and kind is not _Pushes:   # a caller's greenlet
-                        if code:   # an error (decoded with error=True: see BodyDecoder)
-                            body = _decode(self._decoder, view[head:stop], code)
+                        if code:
+                            # An error's body stays bytes, decoded when read
+                            # (protocol.make_response): most callers test the code.
+                            body = (bytes(view[head:stop]) if code >= REQUEST_TYPE_ERROR
+                                    else _decode(self._decoder, view[head:stop]))
                             ready.append((waiter, (sync, code, schema, body, None)))
                             pos = stop
                             continue
@@ -713,8 +716,8 @@ class Transport:
             if type(waiter) is _Pushes:
                 waiter, value = waiter.final((sync, code, schema, body))
             else:
-                if type(waiter) is not ReplySink:
-                    body = _decode(self._decoder, body, code)
+                if type(waiter) is not ReplySink and code < REQUEST_TYPE_ERROR:
+                    body = _decode(self._decoder, body)
                 value = (sync, code, schema, body, None)
             self._deliver(waiter, value, wake)
         elif sync in self._abandoned:
@@ -883,10 +886,10 @@ def _parse_header(data, start, stop):
             data[start + unpacker.tell():stop])
 
 
-def _decode(decoder, data, code=0):
-    """The body in ``data`` of a reply ``code``, or the exception decoding it raised."""
+def _decode(decoder, data):
+    """The body in ``data`` of a reply that is no error, or the exception decoding it raised."""
     try:
-        return decoder.decode(data, code >= REQUEST_TYPE_ERROR)
+        return decoder.decode(data)
     except Exception as exc:  # noqa: BLE001 - that caller's error
         return exc.with_traceback(None)
 
@@ -948,7 +951,8 @@ class _Pushes:
         decoded for a greenlet (a ``ReplySink`` decodes them itself)."""
         pushes = self.pushes
         if type(self.waiter) is not ReplySink:
-            reply = reply[:3] + (_decode(self.decoder, reply[3], reply[1]),)
+            if reply[1] < REQUEST_TYPE_ERROR:   # (an error's body is decoded when read)
+                reply = reply[:3] + (_decode(self.decoder, reply[3]),)
             pushes = [(code, schema, _decode(self.decoder, body))
                       for code, schema, body in pushes]
         return self.waiter, reply + (pushes,)

@@ -489,6 +489,39 @@ def test_duplicate_of_a_tuple_with_bytes_is_the_servers_error(conn):
     assert conn.delete("tester", key).data == [list(row)]
 
 
+def test_lazy_errors_raise_the_same_error_decoded_when_read(server, conn):
+    """``lazy_errors=True``: a server error raises ``LazyDatabaseError`` with its
+    code, alone and in a pipeline, whose message and stack, once read, are those
+    an eager connection gets; a pool passes the option to its connections."""
+    key = 3_100_002
+    row = (key, "bin", b"\x00\xff\xfe" * 100)
+    conn.insert("tester", row)
+    with pytest.raises(DatabaseError) as eager:
+        conn.insert("tester", row)
+    lazy_conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                                   lazy_errors=True)
+    pool = gtarantool.ConnectionPool([{"host": server.host, "port": server.port}], user=USER,
+                                     password=PASSWORD, lazy_errors=True)
+    try:
+        with lazy_conn.pipeline() as pipe:
+            pipe.insert("tester", row)
+        errors = [pipe.results()[0]]
+        for target in (lazy_conn, pool):
+            with pytest.raises(DatabaseError) as info:
+                target.insert("tester", row)
+            errors.append(info.value)
+        for error in errors:
+            assert type(error) is gtarantool.LazyDatabaseError and error.code == 3
+            assert (error.args, repr(error.extra_info)) == (eager.value.args,
+                                                            repr(eager.value.extra_info))
+            assert type(error) is DatabaseError
+        assert lazy_conn.select("tester", key).data == [list(row)]
+    finally:
+        pool.close()
+        lazy_conn.close()
+        conn.delete("tester", key)
+
+
 @pytest.mark.parametrize("same_id", [True, False], ids=["same-id", "new-id"])
 def test_space_recreated_under_the_same_name(server, conn, same_id):
     """A space dropped and created again while the connection has its id cached.

@@ -22,7 +22,9 @@ from gtarantool.protocol import (
     RESPONSE_CLASSES,
     BodyDecoder,
     Encoder,
+    ErrorReply,
     LazyBoxError,
+    LazyDatabaseError,
     Response,
     ResponseExecute,
     iterator_code,
@@ -37,7 +39,9 @@ class _Conn:
     schema = None
     schema_version = 0
     error = True
+    lazy_errors = False
     version_id = None
+    _decoder = BodyDecoder()
 
     def _packer_factory(self):
         return msgpack.Packer()
@@ -186,6 +190,52 @@ def test_an_error_stack_is_decoded_when_first_used():
         make_response(Response, _Conn(), 1, 0x8003, None, {const.IPROTO_ERROR: {0: [{}]}})
     with pytest.raises(KeyError):
         malformed.value.extra_info.type
+
+
+class _LazyConn(_Conn):
+    lazy_errors = True
+
+
+def _raised(conn, code, body):
+    with pytest.raises(DatabaseError) as info:
+        make_response(Response, conn, 1, code, None, body)
+    return info.value
+
+
+def test_a_lazy_error_is_decoded_when_first_read():
+    """With ``lazy_errors`` an error reply's body stays bytes until the error is
+    read; then the error is the plain ``DatabaseError`` an eager connection
+    raises (args, message, extra_info, str, repr, pickle), whichever is read
+    first.  A body that does not decode says so in the message."""
+    raw = b'Duplicate key exists ... [1, "\xff\xfe"]'
+    body = msgpack.packb({const.IPROTO_ERROR_24: raw, const.IPROTO_ERROR: _STACK},
+                         use_bin_type=False)
+    eager = _raised(_Conn(), 0x8003, body)
+    assert type(eager) is DatabaseError and "\\xff\\xfe" in eager.message
+    reads = {"args": lambda e: e.args, "message": lambda e: e.message,
+             "extra_info": lambda e: e.extra_info, "str": str, "repr": repr,
+             "pickle": lambda e: pickle.loads(pickle.dumps(e)).args,
+             "copy": lambda e: copy.copy(e).message}
+    for name, read in reads.items():
+        lazy = _raised(_LazyConn(), 0x8003, body)
+        assert type(lazy) is LazyDatabaseError and lazy.code == 3, name
+        assert "_reply" in lazy.__dict__, name        # nothing decoded yet
+        assert read(lazy) == read(eager), name
+        assert type(lazy) is DatabaseError, name
+        assert (lazy.args, lazy.message, lazy.extra_info) == (
+            eager.args, eager.message, eager.extra_info), name
+        assert lazy.__dict__.keys() == eager.__dict__.keys(), name
+    # Schema reloads are never lazy: the connection retries at once.
+    with pytest.raises(SchemaReloadException):
+        make_response(Response, _LazyConn(), 1, 0x8000 | 109, 5,
+                      msgpack.packb({const.IPROTO_ERROR_24: "Wrong schema version"}))
+    for garbage in (b"\x81\x31", b"\x93\x01\x02\x03", msgpack.packb({0x31: "x"}) + b"\x00"):
+        broken = _raised(_LazyConn(), 0x8003, garbage)
+        assert "does not decode" in broken.message and broken.code == 3
+        assert broken.extra_info is None and str(broken) == str((3, broken.message))
+    reply = ErrorReply(None, _raised(_LazyConn(), 0x8003, body))
+    assert (reply.return_code, reply.data, reply.body) == (3, [], {})
+    assert reply.return_message == eager.message and reply._return_error == eager.extra_info
 
 
 def test_iterator_names():

@@ -517,6 +517,8 @@ class _FeedHarness:
 
 def _decoded(body):
     """A delivered body, or the exception decoding it raised, in comparable form."""
+    if isinstance(body, bytearray):   # (an error's body, handed over as it came)
+        body = bytes(body)
     return type(body).__name__ if isinstance(body, Exception) else repr(body)
 
 
@@ -535,13 +537,13 @@ _UNPACK_OPTIONS["ext_hook"] = lambda code, data: unpacker_ext_hook(
 
 def _decode_reference(body, code):
     """What a reply body must be delivered as: _decoded(msgpack.unpackb(body)),
-    the strings of an error reply (code 0x8000 and above) with bytes that are
-    not UTF-8 escaped (as BodyDecoder.decode(..., error=True))."""
+    or an error reply's (code 0x8000 and above) as it came (decoded when read)."""
+    if code >= 0x8000:
+        return repr(bytes(body))
     if not body:
         return repr({})
     try:
-        return repr(msgpack.unpackb(body, **_UNPACK_OPTIONS, unicode_errors=(
-            "backslashreplace" if code >= 0x8000 else None)))
+        return repr(msgpack.unpackb(body, **_UNPACK_OPTIONS))
     except Exception as exc:  # noqa: BLE001
         return type(exc).__name__
 

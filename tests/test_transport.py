@@ -388,11 +388,13 @@ def _delivered(value):
 
 
 def _expected(sync, code, schema, body):
-    """What the caller must get, worked out with msgpack directly."""
+    """What the caller must get, worked out with msgpack directly (an error's
+    body as it came: decoded when it is read, see test_protocol)."""
+    if code >= 0x8000:
+        return (sync, code, schema, body, None)
     try:
         body = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=lambda code, data:
                                tarantool_ext_hook(code, data, None),
-                               unicode_errors="backslashreplace" if code >= 0x8000 else None
                                ) if body else {}
     except Exception as exc:  # noqa: BLE001
         return (sync, code, schema, type(exc).__name__, None)
