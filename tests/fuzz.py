@@ -215,12 +215,28 @@ def reference_frames(data, limit):
 
 
 def decoded(payload, code=0):
-    """The body of a reply ``code`` as the Python twin decodes it."""
+    """The body of a reply ``code`` as the Python twin hands it to its caller:
+    decoded, or an error's bytes as they came (decoded when read)."""
+    if code >= 0x8000:
+        return bytes(payload)
     if not payload:
         return {}
     try:
-        return msgpack.unpackb(payload, **_unpackb_options,
-                               unicode_errors="backslashreplace" if code >= 0x8000 else None)
+        return msgpack.unpackb(payload, **_unpackb_options)
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return exc
+
+
+def error_decoded(payload, c=False):
+    """An error reply's body decoded as it is when read: msgpack with escapes
+    (the Python twin), or ``c``: ``_speedups.decode_error`` on a buffer of
+    exactly its size."""
+    if not payload:
+        return {}
+    try:
+        if c:
+            return _speedups.decode_error(_exact(payload), msgpack.unpackb, _OPTIONS)
+        return msgpack.unpackb(payload, **_unpackb_options, unicode_errors="backslashreplace")
     except Exception as exc:  # noqa: BLE001 - compared by type
         return exc
 
@@ -232,6 +248,8 @@ def comparable(reply):
                 reply._data)
     if isinstance(reply, BaseException):
         return type(reply).__name__
+    if isinstance(reply, bytearray):   # (an error's body: bytes from C, either from Python)
+        return repr(bytes(reply))
     if type(reply) is tuple and len(reply) == 5:
         sync, code, schema, payload, pushes = reply
         data = None
@@ -314,6 +332,9 @@ def fuzz_cutter(rng, case):
         else:
             expected = protocol.ok_response(None, sync, schema, expected)
         assert comparable(reply) == comparable(expected), (reply, expected)
+        if code >= 0x8000:
+            c, python = error_decoded(payload, c=True), error_decoded(payload)
+            assert comparable(c) == comparable(python), (payload, c, python)
     assert not got
     assert stored + len(wake) == in_sinks
 
