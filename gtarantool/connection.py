@@ -59,8 +59,9 @@ _live = weakref.WeakSet()
 # every ``self._request(...)``) would take the generic method lookup.  An
 # attribute missing here still works, in the __dict__.
 _ATTRIBUTES = (
-    "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats", "_transport", "_syncs",
-    "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder", "_decoder", "_spaces",
+    "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats",
+    "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder",
+    "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
     "reconnect_delay", "connected", "error", "encoding", "use_list", "call_16",

@@ -5,14 +5,15 @@ header framed here, the body already encoded) to the write buffer and waits.
 The writer greenlet sends everything queued since its last flush in one call;
 the reader greenlet receives large chunks into one buffer, cuts them into
 frames, decodes each reply (an OK one straight into its response object; an
-error's body is left for ``protocol.make_response``) and queues it for the greenlet with that sync id (``request``'s common case
-and ``_cut``'s loop run in C, ``gtarantool._speedups``, when the package was
-built with a compiler).  The hub wakes the first greenlet of the queue; each
-woken caller takes its reply from the queue and, when it waits for its next
-one, wakes the next caller itself: one greenlet switch per request instead of
-two through the hub.  What the callers of such a batch queue is sent by the hub
-once they all wait again (``_flush``, one write), not by the writer, which
-takes only what the socket does not accept at once and what other callers queue.
+error's body is left for ``protocol.make_response``) and queues it for the
+greenlet with that sync id (``request``'s common case and ``_cut``'s loop run
+in C, ``gtarantool._speedups``, when the package was built with a compiler).
+The hub wakes the first greenlet of the queue; each woken caller takes its
+reply from the queue and, when it waits for its next one, wakes the next caller
+itself: one greenlet switch per request instead of two through the hub.  What
+the callers of such a batch queue is sent by the hub once they all wait again
+(``_flush``, one write), not by the writer, which takes only what the socket
+does not accept at once and what other callers queue.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -98,10 +99,10 @@ class Transport:
     caller sets it); otherwise ``(sync, code, schema version, body, pushes)``,
     or the exception that failed the connection.  ``body`` is the decoded
     body, or the exception decoding it raised (that request fails, the
-    connection stays up), or an error reply's undecoded bytes; ``pushes`` is None or a list of ``(code, schema
-    version, body)``.  (Nothing in a reply refers to the connection: the
-    greenlet that switches with it holds it until it runs again, and must not
-    keep a dropped connection alive.)
+    connection stays up), or an error reply's undecoded bytes; ``pushes`` is
+    None or a list of ``(code, schema version, body)``.  (Nothing in a reply
+    refers to the connection: the greenlet that switches with it holds it until
+    it runs again, and must not keep a dropped connection alive.)
     ``send_many`` queues many requests whose replies go to one ``ReplySink``
     (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
     """
