@@ -29,6 +29,7 @@ class Config:
     keys: int = 10_000
     distribution: str = "uniform"
     seed: int = 0
+    lazy_errors: bool = False       # gtarantool.connect(lazy_errors=True)
     host: Optional[str] = None
     port: Optional[int] = None
     hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
@@ -57,6 +58,8 @@ class Config:
             (self.size >= 1, "size must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
+            (not self.lazy_errors or self.driver == "gtarantool",
+             "--lazy-errors is gtarantool's option"),
             (self.instances >= 1, "instances must be >= 1"),
             (self.instances == 1 or (self.host is None and self.hosts is None and not self.pool),
              "--instances starts local servers: not with --host, --hosts or --pool"),
@@ -135,6 +138,9 @@ def add_arguments(parser, driver=True):
                           "range (sigma KEYS/8: a hot centre) (default %(default)s)")
     run.add_argument("--seed", type=int, default=d.seed,
                      help="random seed; worker i uses SEED+i (default %(default)s)")
+    run.add_argument("--lazy-errors", action="store_true",
+                     help="gtarantool: open the connection with lazy_errors=True (a server "
+                          "error's message decoded only when read; the mix's duplicate keys)")
 
     srv = parser.add_argument_group("server (default: a throwaway local tarantool)")
     srv.add_argument("--host", help="drive this existing server instead of starting one "

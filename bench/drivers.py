@@ -238,7 +238,10 @@ class GeventDriver(Driver):
     def open(self):
         import gtarantool
         self.conn = gtarantool.connect(self.host, self.port, user=self.config.user,
-                                       password=self.config.password)
+                                       password=self.config.password,
+                                       lazy_errors=self.config.lazy_errors)
+        if self.config.lazy_errors:   # what it raises for a server error until read
+            self.server_error = gtarantool.LazyDatabaseError
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
 
     def run(self, phase, recorder, started=None):

@@ -12,7 +12,8 @@ The ``pipeline`` row is ``make perf``'s target 4: inserts of 16-byte tuples,
 gtarantool's pipeline (windows of 10,000) against asynctnt's ``G`` tasks, the same
 two loops ``make perf`` times.  The ``duplicate`` row (not run unless asked for)
 inserts keys that are there already: every reply is error 3, which since 2.10
-quotes both tuples, bytes fields raw (``make bench``'s mix makes them by design).
+quotes both tuples, bytes fields raw (``make bench``'s mix makes them by design);
+``--drivers gtarantool,lazy`` puts it beside a connection with ``lazy_errors=True``.
 """
 import argparse
 import itertools
@@ -30,6 +31,7 @@ from bench.workloads import DUPLICATE_KEY, Payloads, Phase
 PIPELINE = "pipeline"
 DUPLICATE = "duplicate"   # inserts of keys already there: ER_TUPLE_FOUND replies
 POOL = "pool"   # gtarantool.ConnectionPool over the one server (bench.pool.PoolDriver)
+LAZY = "lazy"   # gtarantool with lazy_errors=True (the duplicate row is the one it changes)
 # make perf's pipelined-insert loops, by driver: fn(host, port, space, n, size, extra, out)
 PIPELINED = {"gtarantool": (perf._pipeline_gtarantool, perf.DEFAULT_WINDOW),
              "asynctnt": (perf._tasks_asynctnt, None)}
@@ -55,8 +57,9 @@ def child(driver_name, op, n, host, port, space, size, greenlets):
         driver = drivers.make(config, "%s:%s" % (host, port), None)
         driver.select_mode = "ANY"
     else:
-        config = Config(driver=driver_name, greenlets=greenlets, size=size, space=space,
-                        quiet=True)
+        config = Config(driver="gtarantool" if driver_name == LAZY else driver_name,
+                        greenlets=greenlets, size=size, space=space, quiet=True,
+                        lazy_errors=driver_name == LAZY)
         driver = drivers.make(config, host, port)
     driver.open()
     sent = "insert" if op == DUPLICATE else op
@@ -138,7 +141,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drivers", default="gtarantool,asynctnt",
-                        help="comma-separated drivers, or 'pool' for gtarantool.ConnectionPool "
+                        help="comma-separated drivers, 'pool' for gtarantool.ConnectionPool, "
+                             "'lazy' for gtarantool with lazy_errors=True "
                              "(default %(default)s)")
     parser.add_argument("--ops", default=",".join(OPERATIONS + (PIPELINE,)),
                         help="comma-separated operations (default %(default)s; or "
@@ -159,7 +163,7 @@ def main(argv=None):
     args.drivers = args.drivers.split(",")
     args.ops = args.ops.split(",")
     for name in args.drivers:
-        if name != POOL and (name not in drivers.DRIVERS or drivers.missing(name)):
+        if name not in (POOL, LAZY) and (name not in drivers.DRIVERS or drivers.missing(name)):
             parser.error("driver %r is unknown or not installed" % name)
     for op in args.ops:
         if op not in OPERATIONS + (PIPELINE, DUPLICATE):

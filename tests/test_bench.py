@@ -120,12 +120,20 @@ def test_missing_grant_is_named(existing, user, grant):
         runner.run(config)
 
 
-def test_mix_gaussian_gtarantool_no_wal():
+def test_lazy_errors_is_gtarantools_option():
+    with pytest.raises(ValueError, match="--lazy-errors is gtarantool's option"):
+        Config(driver="sync", lazy_errors=True)
+
+
+@pytest.mark.parametrize("lazy_errors", [False, True], ids=["eager", "lazy-errors"])
+def test_mix_gaussian_gtarantool_no_wal(lazy_errors):
+    """With --lazy-errors the duplicates are counted by their code all the same."""
     results = runner.run(Config(driver="gtarantool", workload="mix", keys=200,
                                 distribution="gaussian", wal="none",
                                 mix={"insert": 40, "select": 40, "update": 10, "delete": 10},
-                                **SMALL))
+                                lazy_errors=lazy_errors, **SMALL))
     check_mix(results, 2000)
+    assert results["config"]["lazy_errors"] is lazy_errors
     ops = results["phases"][0]["operations"]
     assert ops["insert"]["ops"] > ops["update"]["ops"]
     assert ops["insert"]["errors"].get(DUPLICATE_KEY, 0) > 0
