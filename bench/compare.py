@@ -42,7 +42,9 @@ def main(argv=None):
         with open_target(config) as target:
             for name in drivers:
                 print("\n== %s" % name, flush=True)
-                runs[name] = runner.run(config.replace(driver=name), target)
+                runs[name] = runner.run(config.replace(
+                    driver=name, lazy_errors=config.lazy_errors and name == "gtarantool"),
+                    target)
                 print(report.final(runs[name]), flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted; the server and the workers are stopped", file=sys.stderr)
