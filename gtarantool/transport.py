@@ -451,9 +451,8 @@ class Transport:
 
     def _read(self, lone=False):
         """One receive into the read buffer, its replies handed on (``lone``:
-        see ``_wake``).  True when the reader should read again at once: the
-        buffer filled up, or callers are being woken (replies that come
-        meanwhile join theirs, and they send one batch)."""
+        see ``_wake``).  True when the reader should read again at once (see
+        ``_read_again``)."""
         start = self._rlen
         space = len(self._rbuf) - start
         try:
@@ -466,7 +465,7 @@ class Transport:
         stats.recv_calls += 1
         stats.bytes_in += received
         self._parse(start + received, lone)
-        return received == space or len(self._ready) != 1 or self._waking
+        return self._read_again(received == space)
 
     def _read_lone(self):
         """``_read(lone=True)`` with nothing buffered, queued or being woken (a
@@ -488,7 +487,15 @@ class Transport:
             stats.responses += 1
             return False
         self._parse(received, True)
-        return received == len(self._rbuf) or len(self._ready) != 1 or self._waking
+        return self._read_again(received == len(self._rbuf))
+
+    def _read_again(self, filled):
+        """After a receive: read again at once when it filled the buffer, or
+        when callers are being woken while other replies are due (those that
+        come meanwhile join the batch, whose requests go out in one write).
+        With nothing in flight the receive could only fail: at 10 greenlets
+        that was one system call and two reader switches per batch."""
+        return filled or bool(self._pending) and (len(self._ready) != 1 or self._waking)
 
     def _receive_lone(self):
         """One receive into the empty read buffer: ``(bytes received, taken)``,

@@ -520,7 +520,9 @@ def test_a_lone_request_is_sent_by_its_caller(code, schema):
 def test_a_lone_reply_goes_from_the_hub_to_its_caller_and_more_wake_the_reader():
     """One reply for one waiting caller: the read watcher's callback switches
     from the hub straight to the caller, and the reader greenlet never runs.
-    Two replies in one receive resume the reader (which hands them on)."""
+    Two replies in one receive with nothing else in flight are handed on from
+    the hub too, with no second receive; with a third request still due they
+    resume the reader, which reads on."""
     import greenlet
     transport, a, b = _socketpair_transport()
     reader_ran = []
@@ -543,7 +545,17 @@ def test_a_lone_reply_goes_from_the_hub_to_its_caller_and_more_wake_the_reader()
         b.sendall(reply(4, 4) + reply(5, 5))
         gevent.joinall(callers, timeout=2)
         assert [_fields(c.value)[3] for c in callers] == [{IPROTO_DATA: [4]}, {IPROTO_DATA: [5]}]
+        assert reader_ran == []
+        assert transport.stats.recv_calls == 4
+        callers = [gevent.spawn(transport.request, sync, 64, 0, b"\x80") for sync in (6, 7, 8)]
+        _receive(b, 3)
+        b.sendall(reply(6, 6) + reply(7, 7))
+        gevent.joinall(callers[:2], timeout=2)
+        assert [_fields(c.value)[3] for c in callers[:2]] == [{IPROTO_DATA: [6]},
+                                                               {IPROTO_DATA: [7]}]
         assert reader_ran
+        b.sendall(reply(8, 8))
+        assert _fields(callers[2].get(timeout=2))[3] == {IPROTO_DATA: [8]}
     finally:
         greenlet.settrace(old)
         transport.close()
