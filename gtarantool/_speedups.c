@@ -56,8 +56,8 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
-    *str_bytes_out, *str_max_in_flight, *str_flush_due, *unpack_escaped_kwnames,
-    *str_backslashreplace, *str_size;
+    *str_bytes_out, *str_max_in_flight, *str_flush_due, *str_flush_early,
+    *unpack_escaped_kwnames, *str_backslashreplace, *str_size;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, F_SIZE, N_FIELDS };
@@ -1159,13 +1159,14 @@ static PyTypeObject ReplyCutterType = {
 };
 
 /* Requester(transport, slow, pending, ready, wbuf, wakeup_set, hub, getcurrent,
- * max_in_flight).request(sync, code, schema_version, body) is
+ * max_in_flight, flush_every).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
  * transport.error).  It frames the header, queues header and body for the
  * writer (a lone request: sends them, as send_now below),
- * registers the current greenlet under its sync and switches away (to
+ * registers the current greenlet under its sync (every flush_every requests
+ * queued, calls transport._flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready`.  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
@@ -1182,6 +1183,7 @@ typedef struct {
     PyObject *wakeup_set;       /* bound Event.set: the writer's wake-up */
     PyObject *hub, *hub_switch, *getcurrent;
     Py_ssize_t max_in_flight;
+    Py_ssize_t flush_entries;   /* wbuf entries (two per request) between early flushes */
     int stopped;                /* the transport died: every call goes to slow() */
 } Requester;
 
@@ -1412,6 +1414,13 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
             PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
             goto unregister;
         }
+        if (PyList_GET_SIZE(self->wbuf) % self->flush_entries == 0) {
+            /* queued and registered: a failed send fails the transport, and so this caller */
+            res = PyObject_CallMethodNoArgs(self->transport, str_flush_early);
+            if (res == NULL)
+                goto forget;
+            Py_DECREF(res);
+        }
     }
 
     /* Wake the next caller whose reply is in (it takes its reply itself) or
@@ -1424,7 +1433,25 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     } else {
         res = PyObject_CallNoArgs(self->hub_switch);
     }
-    if (res == NULL) {   /* a timeout, a kill: forget the request, then raise */
+    if (res == NULL)
+        goto forget;
+    Py_DECREF(res);
+    if (first_ready(self) != current) {
+        res = PyObject_CallMethodObjArgs(self->transport, str_switched_early, sync, current,
+                                         NULL);
+        Py_DECREF(current);
+        return res;
+    }
+    Py_DECREF(current);
+    item = PyObject_CallNoArgs(self->ready_popleft);
+    if (item == NULL)
+        return NULL;
+    value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
+    Py_DECREF(item);
+    return value;
+
+forget:   /* a timeout, a kill (or a failed early flush): forget the request, then raise */
+    {
         PyObject *type, *exc, *tb;
         PyErr_Fetch(&type, &exc, &tb);
         res = PyObject_CallMethodObjArgs(self->transport, str_forget, sync, current, NULL);
@@ -1446,20 +1473,6 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Restore(type, exc, tb);
         return NULL;
     }
-    Py_DECREF(res);
-    if (first_ready(self) != current) {
-        res = PyObject_CallMethodObjArgs(self->transport, str_switched_early, sync, current,
-                                         NULL);
-        Py_DECREF(current);
-        return res;
-    }
-    Py_DECREF(current);
-    item = PyObject_CallNoArgs(self->ready_popleft);
-    if (item == NULL)
-        return NULL;
-    value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
-    Py_DECREF(item);
-    return value;
 
 unregister:   /* nothing sent or queued for it: no reply to wait for */
     {
@@ -1482,15 +1495,20 @@ static int
 Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 {
     PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent;
-    Py_ssize_t max_in_flight;
+    Py_ssize_t max_in_flight, flush_every;
     static char *names[] = {"transport", "slow", "pending", "ready", "wbuf", "wakeup_set",
-                            "hub", "getcurrent", "max_in_flight", NULL};
+                            "hub", "getcurrent", "max_in_flight", "flush_every", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOn:Requester", names, &transport,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOnn:Requester", names, &transport,
                                      &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
-                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight)
+                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight,
+                                     &flush_every)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
+    if (flush_every < 1 || flush_every > PY_SSIZE_T_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "flush_every must be a positive number of requests");
+        return -1;
+    }
     Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
     if (self->hub_switch == NULL)
         return -1;
@@ -1505,6 +1523,7 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->hub, Py_NewRef(hub));
     Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
     self->max_in_flight = max_in_flight;
+    self->flush_entries = 2 * flush_every;
     Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
     return 0;
 }
@@ -1750,7 +1769,8 @@ PyInit__speedups(void)
             || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
             || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight"))
-            || !(str_flush_due = PyUnicode_InternFromString("_flush_due")))
+            || !(str_flush_due = PyUnicode_InternFromString("_flush_due"))
+            || !(str_flush_early = PyUnicode_InternFromString("_flush_early")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
         return NULL;

@@ -308,10 +308,13 @@ def test_objects_are_initialised_once():
     cutter = _speedups.ReplyCutter(*args)
     with pytest.raises(RuntimeError, match="initialised already"):
         cutter.__init__(*args)
-    requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1)
+    requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1,
+                      1)
     requester = _speedups.Requester(*requester_args)
     with pytest.raises(RuntimeError, match="initialised already"):
         requester.__init__(*requester_args)
+    with pytest.raises(ValueError, match="flush_every"):
+        _speedups.Requester(*requester_args[:-1], 0)
 
 
 class _Big:

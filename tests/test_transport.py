@@ -597,6 +597,34 @@ def test_requests_of_callers_woken_together_go_out_in_one_write_without_the_writ
         b.close()
 
 
+def test_a_large_batch_of_woken_callers_sends_flush_every_requests_at_a_time():
+    """More woken callers than FLUSH_EVERY: their requests go out that many at a
+    time as they queue (the server need not wait for the whole batch), the rest
+    when they all wait; in order, each reply to its caller."""
+    from gtarantool.transport import FLUSH_EVERY
+    count = 2 * FLUSH_EVERY + 10
+    transport, a, b = _socketpair_transport(max_in_flight=2 * count)
+
+    def caller(first):
+        transport.request(first, 64, 0, b"\x80")
+        return transport.request(first + count, 64, 0, b"\x80")
+    try:
+        callers = [gevent.spawn(caller, sync) for sync in range(1, count + 1)]
+        assert [h[IPROTO_SYNC] for h, _ in _receive(b, count)] == list(range(1, count + 1))
+        sends = transport.stats.send_calls
+        b.sendall(b"".join(reply(sync, sync) for sync in range(1, count + 1)))
+        second = list(range(count + 1, 2 * count + 1))
+        assert [h[IPROTO_SYNC] for h, _ in _receive(b, count)] == second
+        assert transport.stats.send_calls == sends + 3
+        b.sendall(b"".join(reply(sync, sync) for sync in second))
+        gevent.joinall(callers, timeout=5)
+        assert [_fields(c.value)[3] for c in callers] == [{IPROTO_DATA: [s]} for s in second]
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
 @REQUEST_FORMS
 def test_callers_that_start_together_share_the_writers_sends(code, schema):
     """Only the first of many callers that start at once sends itself; the rest
