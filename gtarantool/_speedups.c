@@ -4,9 +4,10 @@
  * Python there:
  *
  * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
- * pushes_type).cut(data, pos, end, limit, wake) takes the whole frames of
- * data[pos:end], one after another, while each is a reply whose header it
- * reads (see read_header): Tarantool writes every reply in one of
+ * pushes_type, defer_after=64).cut(data, pos, end, limit, wake) takes the
+ * whole frames of data[pos:end], one after another, while each is a reply
+ * whose header it reads (see read_header): Tarantool writes every reply in
+ * one of
  *
  *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xce schema32 | body
  *     0xce len32 | 0x83 0x00 0xce code32 0x01 0xcf sync64 0x05 0xcf schema64 | body
@@ -22,9 +23,16 @@
  * reply whose body is a map, otherwise the tuple (sync, code, schema version,
  * body or the exception decoding it raised, None), where an error reply's
  * body stays bytes (protocol.make_response decodes it when it is read;
- * decode_error() below is how).  For a sink it stores
- * (code, schema version, body bytes) in sink.replies[sync] and appends
- * (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
+ * decode_error() below is how).  After the first defer_after replies of one
+ * cut(), an OK reply is queued as a RawReply (its body's bytes) instead,
+ * decoded by finish(raw) when its caller takes it (Requester does): a read
+ * brings hundreds of replies at 1,000 greenlets, and decoded at once they were
+ * alive when the cyclic GC ran (which their own allocations set off), were
+ * promoted, and set off full collections (a quarter of the client's CPU at
+ * 10,000 greenlets).  A RawReply holds ints and bytes only: the GC does not
+ * track it.  (The Python twin decodes every reply as it takes it.)  For a
+ * sink it stores (code, schema version, body bytes) in sink.replies[sync]
+ * and appends (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
  * the first frame it does not take (a header read_header does not read, too
  * long, incomplete, a push, a sync not in `pending`, a pushes_type waiter) and returns where that
  * frame starts and how many replies it stored in sinks without a wake-up:
@@ -83,7 +91,37 @@ typedef struct {
     PyObject *schema, *size;
     uint64_t schema_value;
     Py_ssize_t size_value;
+    Py_ssize_t defer_after;     /* replies of one cut() decoded as they are taken */
 } ReplyCutter;
+
+/* defer_after's default: the rest of a cut()'s OK replies are left to their callers */
+#define DEFER_AFTER 64
+
+/* An OK reply to a caller's greenlet, queued undecoded (see the top). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *sync, *schema, *size;   /* ints */
+    PyObject *body;                   /* bytes */
+} RawReply;
+
+static void
+RawReply_dealloc(RawReply *self)
+{
+    Py_XDECREF(self->sync);
+    Py_XDECREF(self->schema);
+    Py_XDECREF(self->size);
+    Py_XDECREF(self->body);
+    PyObject_Free(self);
+}
+
+static PyTypeObject RawReplyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.RawReply",
+    .tp_basicsize = sizeof(RawReply),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An OK reply's body, undecoded: ReplyCutter.finish(raw) decodes it.",
+    .tp_dealloc = (destructor)RawReply_dealloc,
+};
 
 static inline uint32_t
 be32(const unsigned char *p)
@@ -834,10 +872,39 @@ store(PyObject *sink, PyObject *sync, const Header *h, const unsigned char *body
     return last;
 }
 
-/* Queue the reply `h` (whose waiter is already popped). */
+/* The reply's size on the wire as an int (the last one's, most often). */
+static PyObject *
+reply_size(ReplyCutter *self, const Header *h)
+{
+    Py_ssize_t n = h->prefix + (Py_ssize_t)h->length;
+
+    if (self->size == NULL || self->size_value != n) {
+        PyObject *size = PyLong_FromSsize_t(n);
+
+        if (size == NULL)
+            return NULL;
+        Py_XSETREF(self->size, size);
+        self->size_value = n;
+    }
+    return Py_NewRef(self->size);
+}
+
+/* An OK reply as its caller gets it: the response object for a body that is a
+ * map, else the tuple (sync, 0, schema version, body or the exception decoding
+ * it raised, None). */
+static PyObject *
+ok_reply(ReplyCutter *self, PyObject *sync, PyObject *schema, PyObject *size, PyObject *body)
+{
+    if (PyDict_CheckExact(body))
+        return ok_response(&self->decoding, sync, schema, body, size);
+    return PyTuple_Pack(5, sync, zero, schema, body, Py_None);
+}
+
+/* Queue the reply `h` (whose waiter is already popped); `defer`: an OK reply
+ * as a RawReply. */
 static int
 take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
-     const unsigned char *start, Py_ssize_t body_size)
+     const unsigned char *start, Py_ssize_t body_size, int defer)
 {
     PyObject *code = NULL, *schema = NULL, *body = NULL, *value = NULL, *size = NULL, *pair,
         *res;
@@ -851,24 +918,30 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
         self->schema_value = h->schema;
     }
     schema = Py_NewRef(self->schema);
-    if (h->code >= IPROTO_TYPE_ERROR)   /* decoded when read: most callers test only the code */
+    if (h->code >= IPROTO_TYPE_ERROR || (defer && h->code == 0))
+        /* an error's decoded when read: most callers test only the code */
         body = PyBytes_FromStringAndSize((const char *)start, body_size);
     else
         body = decode_body(&self->decoding, start, body_size, 0);
     if (body == NULL)
         goto done;
-    if (h->code == 0 && PyDict_CheckExact(body)) {
-        Py_ssize_t n = h->prefix + (Py_ssize_t)h->length;
+    if (h->code == 0) {
+        size = reply_size(self, h);
+        if (size == NULL)
+            goto done;
+        if (defer) {
+            RawReply *raw = PyObject_New(RawReply, &RawReplyType);
 
-        if (self->size == NULL || self->size_value != n) {
-            size = PyLong_FromSsize_t(n);
-            if (size == NULL)
+            if (raw == NULL)
                 goto done;
-            Py_XSETREF(self->size, size);
-            self->size_value = n;
+            raw->sync = Py_NewRef(sync);
+            raw->schema = Py_NewRef(schema);
+            raw->size = Py_NewRef(size);
+            raw->body = Py_NewRef(body);
+            value = (PyObject *)raw;
+        } else {
+            value = ok_reply(self, sync, schema, size, body);
         }
-        size = Py_NewRef(self->size);
-        value = ok_response(&self->decoding, sync, schema, body, size);
     } else {
         code = PyLong_FromUnsignedLongLong(h->code);
         if (code == NULL)
@@ -899,7 +972,7 @@ static PyObject *
 ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer buffer;
-    Py_ssize_t pos, end, limit, stored = 0;
+    Py_ssize_t pos, end, limit, stored = 0, taken = 0;
     const unsigned char *data;
     PyObject *wake;
 
@@ -963,7 +1036,8 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
             } else {
                 stored++;
             }
-        } else if (take(self, waiter, sync, &h, p + h.head, body_size) < 0) {
+        } else if (take(self, waiter, sync, &h, p + h.head, body_size,
+                        ++taken > self->defer_after) < 0) {
             goto fail;
         }
         Py_DECREF(waiter);
@@ -1037,7 +1111,8 @@ ReplyCutter_receive_lone(ReplyCutter *self, PyObject *const *args, Py_ssize_t na
                 && (PyObject *)Py_TYPE(waiter) != self->pushes_type) {
             Py_INCREF(waiter);
             taken = PyDict_DelItem(self->pending, sync) < 0
-                || take(self, waiter, sync, &h, data + h.head, received - h.head) < 0 ? -1 : 1;
+                || take(self, waiter, sync, &h, data + h.head, received - h.head, 0) < 0
+                ? -1 : 1;
             Py_DECREF(waiter);
         }
         Py_DECREF(sync);
@@ -1051,21 +1126,56 @@ error:
     return NULL;
 }
 
+/* finish(raw): the RawReply `raw` as its caller gets it (see the top). */
+static PyObject *
+finish(ReplyCutter *self, PyObject *raw)
+{
+    RawReply *r = (RawReply *)raw;
+    PyObject *body, *value;
+
+    body = decode_body(&self->decoding, (const unsigned char *)PyBytes_AS_STRING(r->body),
+                       PyBytes_GET_SIZE(r->body), 0);
+    if (body == NULL)
+        return NULL;
+    value = ok_reply(self, r->sync, r->schema, r->size, body);
+    Py_DECREF(body);
+    return value;
+}
+
+static PyObject *
+ReplyCutter_finish(ReplyCutter *self, PyObject *raw)
+{
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
+    if (!Py_IS_TYPE(raw, &RawReplyType)) {
+        PyErr_Format(PyExc_TypeError, "finish() takes a RawReply, not %.100s",
+                     Py_TYPE(raw)->tp_name);
+        return NULL;
+    }
+    return finish(self, raw);
+}
+
 static int
 ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
 {
     PyObject *pending, *ready, *unpackb, *options, *response_type, *sink_type, *pushes_type,
         *ready_append;
     Decoding decoding = {NULL};
+    Py_ssize_t defer_after = DEFER_AFTER;
     static char *names[] = {"pending", "ready", "unpackb", "options", "response_type",
-                            "sink_type", "pushes_type", NULL};
+                            "sink_type", "pushes_type", "defer_after", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!O!:ReplyCutter", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!O!O!|n:ReplyCutter", names,
                                      &PyDict_Type, &pending, &ready, &unpackb,
                                      &PyTuple_Type, &options, &PyType_Type, &response_type,
-                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type)
+                                     &PyType_Type, &sink_type, &PyType_Type, &pushes_type,
+                                     &defer_after)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
+    if (defer_after < 0) {
+        PyErr_SetString(PyExc_ValueError, "defer_after must not be negative");
+        return -1;
+    }
     if (PyTuple_GET_SIZE(options) != 3) {
         PyErr_SetString(PyExc_TypeError, "options must be (use_list, raw, ext_hook)");
         return -1;
@@ -1090,6 +1200,7 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
     self->decoding.ext_hook = Py_NewRef(PyTuple_GET_ITEM(options, 2));
     self->sink_type = Py_NewRef(sink_type);
     self->pushes_type = Py_NewRef(pushes_type);
+    self->defer_after = defer_after;
     self->pending = Py_NewRef(pending);
     return 0;
 }
@@ -1141,6 +1252,9 @@ static PyMethodDef ReplyCutter_methods[] = {
     {"receive_lone", (PyCFunction)(void (*)(void))ReplyCutter_receive_lone, METH_FASTCALL,
      "receive_lone(fd, buffer, limit) -> (bytes received, whether they were one reply, "
      "taken), or None when there was nothing to read"},
+    {"finish", (PyCFunction)ReplyCutter_finish, METH_O,
+     "finish(raw) -> the RawReply as its caller gets it (a response, or the tuple cut() "
+     "queues for a body that is not a map)"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -1159,7 +1273,7 @@ static PyTypeObject ReplyCutterType = {
 };
 
 /* Requester(transport, slow, pending, ready, wbuf, wakeup_set, hub, getcurrent,
- * max_in_flight, flush_every).request(sync, code, schema_version, body) is
+ * max_in_flight, flush_every, cutter).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
@@ -1168,7 +1282,8 @@ static PyTypeObject ReplyCutterType = {
  * registers the current greenlet under its sync (every flush_every requests
  * queued, calls transport._flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
- * from `ready`.  Any other call goes to slow(transport, sync, code,
+ * from `ready` (a RawReply finished by `cutter`, the transport's ReplyCutter
+ * or None).  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
  * transport._forget(sync, greenlet) when the switch raises (a timeout, a
  * kill), transport._switched_early(sync, greenlet) when it returns with no
@@ -1184,6 +1299,7 @@ typedef struct {
     PyObject *hub, *hub_switch, *getcurrent;
     Py_ssize_t max_in_flight;
     Py_ssize_t flush_entries;   /* wbuf entries (two per request) between early flushes */
+    PyObject *cutter;           /* the ReplyCutter that finishes RawReplies, or None */
     int stopped;                /* the transport died: every call goes to slow() */
 } Requester;
 
@@ -1446,7 +1562,11 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     item = PyObject_CallNoArgs(self->ready_popleft);
     if (item == NULL)
         return NULL;
-    value = Py_NewRef(PyTuple_GET_ITEM(item, 1));
+    value = PyTuple_GET_ITEM(item, 1);
+    if (Py_IS_TYPE(value, &RawReplyType) && Py_IS_TYPE(self->cutter, &ReplyCutterType))
+        value = finish((ReplyCutter *)self->cutter, value);
+    else
+        Py_INCREF(value);
     Py_DECREF(item);
     return value;
 
@@ -1494,17 +1614,23 @@ slow:
 static int
 Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent;
+    PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent,
+        *cutter;
     Py_ssize_t max_in_flight, flush_every;
     static char *names[] = {"transport", "slow", "pending", "ready", "wbuf", "wakeup_set",
-                            "hub", "getcurrent", "max_in_flight", "flush_every", NULL};
+                            "hub", "getcurrent", "max_in_flight", "flush_every", "cutter",
+                            NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOnn:Requester", names, &transport,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOnnO:Requester", names, &transport,
                                      &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
                                      &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight,
-                                     &flush_every)
+                                     &flush_every, &cutter)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
+    if (cutter != Py_None && !Py_IS_TYPE(cutter, &ReplyCutterType)) {
+        PyErr_SetString(PyExc_TypeError, "cutter must be a ReplyCutter or None");
+        return -1;
+    }
     if (flush_every < 1 || flush_every > PY_SSIZE_T_MAX / 2) {
         PyErr_SetString(PyExc_ValueError, "flush_every must be a positive number of requests");
         return -1;
@@ -1522,6 +1648,7 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->wakeup_set, Py_NewRef(wakeup_set));
     Py_XSETREF(self->hub, Py_NewRef(hub));
     Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
+    Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->max_in_flight = max_in_flight;
     self->flush_entries = 2 * flush_every;
     Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
@@ -1541,6 +1668,7 @@ Requester_traverse(Requester *self, visitproc visit, void *arg)
     Py_VISIT(self->hub);
     Py_VISIT(self->hub_switch);
     Py_VISIT(self->getcurrent);
+    Py_VISIT(self->cutter);
     return 0;
 }
 
@@ -1557,6 +1685,7 @@ Requester_clear(Requester *self)
     Py_CLEAR(self->hub);
     Py_CLEAR(self->hub_switch);
     Py_CLEAR(self->getcurrent);
+    Py_CLEAR(self->cutter);
     return 0;
 }
 
@@ -1772,13 +1901,15 @@ PyInit__speedups(void)
             || !(str_flush_due = PyUnicode_InternFromString("_flush_due"))
             || !(str_flush_early = PyUnicode_InternFromString("_flush_early")))
         return NULL;
-    if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0)
+    if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
+            || PyType_Ready(&RawReplyType) < 0)
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
-            || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0) {
+            || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0
+            || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -7,7 +7,9 @@ the reader greenlet receives large chunks into one buffer, cuts them into
 frames, decodes each reply (an OK one straight into its response object; an
 error's body is left for ``protocol.make_response``) and queues it for the
 greenlet with that sync id (``request``'s common case and ``_cut``'s loop run
-in C, ``gtarantool._speedups``, when the package was built with a compiler).
+in C, ``gtarantool._speedups``, when the package was built with a compiler; the
+C loop leaves the OK replies of a read past its 64th for their callers to
+decode, so that the cyclic GC does not find hundreds of them waiting).
 The hub wakes the first greenlet of the queue; each woken caller takes its
 reply from the queue and, when it waits for its next one, wakes the next caller
 itself: one greenlet switch per request instead of two through the hub.  What
@@ -56,6 +58,7 @@ from gtarantool.errors import ConnectionClosed, ProtocolError
 from gtarantool.protocol import BodyDecoder, Response, _speedups
 
 RECV_SIZE = 256 * 1024
+_RawReply = _speedups.RawReply if _speedups is not None else None
 # Requests that a batch of woken callers sends at a time: at 1,000 greenlets one
 # write at the end of the batch left the server idle while they all ran (1.5x
 # the inserts per second with WAL on); 100 still go out in one.
@@ -153,7 +156,7 @@ class Transport:
             self._requester = _speedups.Requester(self, Transport.request, self._pending,
                                                   self._ready, self._wbuf, self._wakeup.set,
                                                   self._hub, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY)
+                                                  FLUSH_EVERY, self._cutter)
             self.request = self._requester.request   # shadows the method below
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
@@ -221,7 +224,10 @@ class Transport:
             self._forget(sync, current)
             raise
         if ready and ready[0][0] is current:
-            return ready.popleft()[1]
+            value = ready.popleft()[1]
+            if type(value) is _RawReply:   # (the C reader's: see _speedups.c)
+                return self._cutter.finish(value)
+            return value
         self._switched_early(sync, current)
 
     def _send_now(self, header, body):

@@ -307,14 +307,15 @@ def fuzz_cutter(rng, case):
     end = lead + len(data) if rng.random() < 0.8 else rng.randrange(len(buf) + 2)
     limit = LIMIT if rng.random() < 0.9 else rng.randrange(64)
     ready, wake = collections.deque(), []
+    defer_after = rng.choice((0, 1, 3, 64))   # OK replies past it queued undecoded
     cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, _OPTIONS, Response,
-                                   ReplySink, _Pushes)
+                                   ReplySink, _Pushes, defer_after)
     pos, stored = cutter.cut(buf, lead, end, limit, wake)
     taken = [f for f in frames if lead + f[1] <= pos]
     assert lead <= pos <= max(lead, min(end, len(buf))), (pos, lead, end)
     assert pos == lead or (taken and lead + taken[-1][1] == pos), "stopped off a frame boundary"
     got = list(ready)
-    in_sinks = 0
+    in_sinks = taken_by_callers = 0
     for start, stop, sync, code, schema, payload in taken:
         assert stop - start <= limit + 9 and code != IPROTO_CHUNK
         waiter = kinds[sync]
@@ -326,6 +327,11 @@ def fuzz_cutter(rng, case):
         assert type(waiter) is _Caller
         who, reply = got.pop(0)
         assert who is waiter
+        taken_by_callers += 1
+        raw = type(reply) is _speedups.RawReply
+        assert raw == (code == 0 and taken_by_callers > defer_after), (code, reply)
+        if raw:
+            reply = cutter.finish(reply)
         expected = decoded(payload, code)
         if code or type(expected) is not dict:
             expected = (sync, code, schema, expected, None)

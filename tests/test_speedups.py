@@ -309,12 +309,14 @@ def test_objects_are_initialised_once():
     with pytest.raises(RuntimeError, match="initialised already"):
         cutter.__init__(*args)
     requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1,
-                      1)
+                      1, cutter)
     requester = _speedups.Requester(*requester_args)
     with pytest.raises(RuntimeError, match="initialised already"):
         requester.__init__(*requester_args)
     with pytest.raises(ValueError, match="flush_every"):
-        _speedups.Requester(*requester_args[:-1], 0)
+        _speedups.Requester(*requester_args[:-2], 0, None)
+    with pytest.raises(TypeError, match="cutter"):
+        _speedups.Requester(*requester_args[:-1], object())
 
 
 class _Big:
@@ -334,6 +336,40 @@ def test_a_slot_descriptor_of_another_class_is_not_written_through():
     frame = _frame_for(7)
     with pytest.raises(TypeError, match="doesn't apply"):
         cutter.cut(frame, 0, len(frame), 1 << 20, [])
+
+
+def test_replies_past_defer_after_are_queued_undecoded_and_finish_as_decoded():
+    """The OK replies of one cut() past ``defer_after`` wait undecoded (a
+    RawReply, which the GC does not track); ``finish`` makes each exactly what
+    the cutter hands over decoded.  Errors and the first ones are as before."""
+    import gc
+    bodies = [b"\x81\x30\x91\x05", b"\x81\x30\x92\xa1x\xc3", b"\x80", b"\x91\x01",
+              b"\xc1", b"\x81\x30\x91\x07"]   # (a list body; a byte msgpack never uses)
+    frames = b"".join(_frame_for(sync, body) for sync, body in enumerate(bodies, 1))
+    frames += tarantool_frame(7, b"\x81\x31\xa3bad", 0x8003)
+
+    def cut(defer_after):
+        pending, ready = {sync: object() for sync in range(1, 8)}, collections.deque()
+        cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None),
+                                       Response, ReplySink, _Pushes, defer_after)
+        assert cutter.cut(frames, 0, len(frames), 1 << 20, []) == (len(frames), 0)
+        return cutter, [value for _, value in ready]
+
+    _, eager = cut(64)
+    cutter, deferred = cut(2)
+    assert [type(v) is _speedups.RawReply for v in deferred] == [False] * 2 + [True] * 4 + [False]
+    assert not any(gc.is_tracked(v) for v in deferred[2:6])
+    finished = [cutter.finish(v) if type(v) is _speedups.RawReply else v for v in deferred]
+    assert [fuzz.comparable(v) for v in finished] == [fuzz.comparable(v) for v in eager]
+    assert [v._size for v in finished if type(v) is Response] == \
+        [v._size for v in eager if type(v) is Response]
+    with pytest.raises(TypeError, match="RawReply"):
+        cutter.finish(eager[0])
+    with pytest.raises(TypeError):
+        _speedups.RawReply()
+    with pytest.raises(ValueError, match="defer_after"):
+        _speedups.ReplyCutter({}, collections.deque(), msgpack.unpackb, (True, False, None),
+                              Response, ReplySink, _Pushes, -1)
 
 
 def test_a_response_type_whose_new_returns_something_else():
