@@ -14,10 +14,17 @@ name beside the server's, each worker's gtarantool counters, and the checks:
 
 Exits non-zero when Locust does or when a check fails.  Reports: Locust's
 CSV files, HTML and JSON under ``--out``.
+
+``--compare RUNS`` times this run against the same locustfile with a no-op
+client and ``make bench``; ``--instructions N`` counts, under callgrind, the
+user-space instructions per request of one Locust process and of its no-op:
+exact, and unmoved by what else the host (or the server beside the client)
+is doing.
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -59,6 +66,11 @@ def parse_args(argv):
                         help="instead of one run: RUNS rounds of this run, the same with "
                              "--noop and make bench's mix (PROCS x USERS/PROCS greenlets), "
                              "then medians of requests per client CPU second")
+    parser.add_argument("--instructions", type=int, metavar="N",
+                        help="instead of one run: instructions per request (callgrind) of "
+                             "one Locust process with USERS/PROCS users and of its no-op, "
+                             "counted between its N-th and 2N-th request")
+    parser.add_argument("--count-child", nargs=2, metavar=("N", "URL"), help=argparse.SUPPRESS)
     parser.add_argument("locust_args", nargs="*", help="more Locust options (after --)")
     return parser.parse_args(argv)
 
@@ -185,6 +197,10 @@ def reconcile(report, before, after, cost):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.count_child:
+        return count_child(args, int(args.count_child[0]), args.count_child[1])
+    if args.instructions:
+        return instructions(args)
     if args.compare:
         return compare(args)
     os.makedirs(args.out, exist_ok=True)
@@ -311,6 +327,98 @@ def compare(args):
     print("server errors (expected ones included) in the Locust runs: %.1f%% of requests "
           "(median); each costs the client several times a success"
           % (100 * statistics.median(errors)))
+    return 0
+
+
+# -- instructions per request ---------------------------------------------------
+
+def count_child(args, n, url):
+    """The counted process: bench/locustfile.py's users (USERS/PROCS of them) in
+    this process's own Locust runner until they have made ``n`` requests;
+    prints how many they made."""
+    import gevent
+    import locust.argument_parser
+    from locust import events
+    from locust.env import Environment
+    sys.path.insert(0, os.path.dirname(HERE))
+    from bench import locustfile
+    options = locust.argument_parser.get_parser().parse_args(
+        ["-f", os.path.join(HERE, "locustfile.py"), "--host", url, "--bench-mix", args.mix,
+         "--bench-keys", str(args.keys), "--bench-size", str(args.size),
+         "--bench-distribution", args.distribution, "--bench-space", args.space]
+        + (["--bench-noop"] if args.noop else []))
+    environment = Environment(user_classes=[locustfile.BenchUser], host=url, events=events,
+                              parsed_options=options)
+    runner = environment.create_local_runner()
+    users = max(1, args.users // args.procs)
+    runner.start(users, spawn_rate=users)
+    while environment.stats.total.num_requests < n:
+        gevent.sleep(0.01)
+    runner.quit()
+    print("requests %d" % environment.stats.total.num_requests)
+    return 0
+
+
+def fill_half(target, space, keys, size):
+    """Empty ``space`` and put every other key of ``0..keys-1`` in it (with the
+    locustfile's payloads): the share of keys that the mix's equal inserts and
+    deletes keep there, so that duplicate inserts come at their usual rate."""
+    from bench.workloads import Payloads
+    target.prepare(space)
+    payloads = Payloads(size, Config.seed)
+    for key in range(0, keys, 2):
+        target.admin.replace(space, (key, 0, payloads(key)))
+
+
+def count(args, n, url, noop):
+    """(instructions, requests) of one counted process under callgrind."""
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               sys.executable, "-m", "bench.locust_run", "--count-child", str(n), url,
+               "-u", str(args.users), "-p", str(args.procs), "--space", args.space,
+               "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
+               "--distribution", args.distribution] + (["--noop"] if noop else [])
+    run = subprocess.run(command, capture_output=True, text=True, cwd=os.path.dirname(HERE))
+    collected = re.search(r"Collected : (\d+)", run.stderr)
+    requests = re.search(r"^requests (\d+)$", run.stdout, re.M)
+    if run.returncode or not collected or not requests:
+        raise SystemExit("callgrind run failed: %s\n%s" % (" ".join(command),
+                                                            run.stderr[-2000:]))
+    return int(collected.group(1)), int(requests.group(1))
+
+
+def per_request(first, second):
+    """Instructions per request between two counted runs: ``(instructions,
+    requests)`` each; start-up and connecting cancel out."""
+    return (second[0] - first[0]) / (second[1] - first[1])
+
+
+def instructions(args):
+    """Instructions per request of the Locust run and of its no-op, and
+    gtarantool's share of them."""
+    host, port = _host_port(args.host)
+    config = Config(host=host, port=port, user=args.user, password=args.password,
+                    space=args.space)
+    counts = {}
+    try:
+        with open_target(config) as target:
+            url = locust_url(target, args.user, args.password)
+            for kind, noop in (("locust", False), ("locust --noop", True)):
+                runs = []
+                for n in (args.instructions, 2 * args.instructions):
+                    fill_half(target, args.space, args.keys, args.size)
+                    runs.append(count(args, n, url, noop))
+                counts[kind] = per_request(*runs)
+    except SetupError as exc:
+        print("locust_run: %s" % exc, file=sys.stderr)
+        return 1
+    print("instructions per request (callgrind, user space; one Locust process, %d users, "
+          "between its %s-th and %s-th request):" % (
+              max(1, args.users // args.procs), "{:,}".format(args.instructions),
+              "{:,}".format(2 * args.instructions)))
+    for kind, value in counts.items():
+        print("  %-13s %10s" % (kind, "{:,.0f}".format(value)))
+    print("gtarantool's share of Locust's instructions per request: %.0f%%"
+          % (100 * (1 - counts["locust --noop"] / counts["locust"])))
     return 0
 
 

@@ -234,3 +234,37 @@ def test_compare_reads_rate_and_server_errors_from_a_report():
     for worker in data["workers"].values():
         worker["server_errors"] = 0
     assert locust_run.report_rate(data) == (500.0, 0.0)
+
+
+def test_instructions_child_runs_the_users_until_n_requests(bench_server):
+    """--instructions' counted process (here without callgrind): the
+    locustfile's USERS/PROCS users make at least N requests, all of them to the
+    server; its no-op makes them without one."""
+    target = Target(bench_server.host, bench_server.port, locust_run.Config())
+    try:
+        locust_run.fill_half(target, "bench", 10, 16)
+        assert sorted(t[0] for t in target.admin.select("bench")) == [0, 2, 4, 6, 8]
+        url = locust_run.locust_url(target, None, None)
+        made = {}
+        for noop in (False, True):
+            before = target.stat()
+            out = subprocess.run([PY, "-m", "bench.locust_run", "--count-child", "300", url,
+                                  "-u", "20", "-p", "2", "--keys", "10", "--size", "16"]
+                                 + (["--noop"] if noop else []), cwd=ROOT, timeout=120,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            after = target.stat()
+            assert out.returncode == 0, out.stderr[-3000:]
+            made[noop] = int(out.stdout.split()[-1])
+            served = sum(after[k] - before.get(k, 0) for k in ("SELECT", "INSERT", "UPDATE",
+                                                                "DELETE"))
+            assert made[noop] >= 300
+            # (more: the schema's selects, and up to one request a user in flight at the end)
+            assert (served == 0) if noop else (made[noop] <= served <= made[noop] + 30), (
+                made[noop], served)
+    finally:
+        target.close()
+
+
+def test_instructions_per_request_between_two_runs():
+    """Start-up and connecting cancel out: only the requests between the runs count."""
+    assert locust_run.per_request((5_000_000, 1_000), (7_000_000, 1_040)) == 50_000
