@@ -377,7 +377,10 @@ def count(args, n, url, noop):
                "-u", str(args.users), "-p", str(args.procs), "--space", args.space,
                "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
                "--distribution", args.distribution] + (["--noop"] if noop else [])
-    run = subprocess.run(command, capture_output=True, text=True, cwd=os.path.dirname(HERE))
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, cwd=os.path.dirname(HERE))
+    except FileNotFoundError:
+        raise SystemExit("--instructions needs valgrind (make install puts it in)") from None
     collected = re.search(r"Collected : (\d+)", run.stderr)
     requests = re.search(r"^requests (\d+)$", run.stdout, re.M)
     if run.returncode or not collected or not requests:
