@@ -69,7 +69,7 @@ def parse_args(argv):
     parser.add_argument("--instructions", type=int, metavar="N",
                         help="instead of one run: instructions per request (callgrind) of "
                              "one Locust process with USERS/PROCS users and of its no-op, "
-                             "counted between its N-th and 2N-th request")
+                             "counted over its requests N to 2N")
     parser.add_argument("--count-child", nargs=2, metavar=("N", "URL"), help=argparse.SUPPRESS)
     parser.add_argument("locust_args", nargs="*", help="more Locust options (after --)")
     return parser.parse_args(argv)
@@ -340,7 +340,7 @@ def count_child(args, n, url):
     import locust.argument_parser
     from locust import events
     from locust.env import Environment
-    sys.path.insert(0, os.path.dirname(HERE))
+
     from bench import locustfile
     options = locust.argument_parser.get_parser().parse_args(
         ["-f", os.path.join(HERE, "locustfile.py"), "--host", url, "--bench-mix", args.mix,
@@ -359,13 +359,18 @@ def count_child(args, n, url):
     return 0
 
 
+FILL_LIMIT = 1_000_000   # keys: above it the mix finds almost none (nothing to fill)
+
+
 def fill_half(target, space, keys, size):
     """Empty ``space`` and put every other key of ``0..keys-1`` in it (with the
     locustfile's payloads): the share of keys that the mix's equal inserts and
     deletes keep there, so that duplicate inserts come at their usual rate."""
     from bench.workloads import Payloads
     target.prepare(space)
-    payloads = Payloads(size, Config.seed)
+    if keys > FILL_LIMIT:
+        return
+    payloads = Payloads(size)   # (as bench/locustfile.py makes them)
     for key in range(0, keys, 2):
         target.admin.replace(space, (key, 0, payloads(key)))
 
@@ -415,7 +420,7 @@ def instructions(args):
         print("locust_run: %s" % exc, file=sys.stderr)
         return 1
     print("instructions per request (callgrind, user space; one Locust process, %d users, "
-          "between its %s-th and %s-th request):" % (
+          "its requests %s to %s):" % (
               max(1, args.users // args.procs), "{:,}".format(args.instructions),
               "{:,}".format(2 * args.instructions)))
     for kind, value in counts.items():

@@ -242,6 +242,9 @@ def test_instructions_child_runs_the_users_until_n_requests(bench_server):
     server; its no-op makes them without one."""
     target = Target(bench_server.host, bench_server.port, locust_run.Config())
     try:
+        target.admin.replace("bench", (3, 0, b"x"))
+        locust_run.fill_half(target, "bench", locust_run.FILL_LIMIT + 1, 16)
+        assert len(target.admin.select("bench")) == 0   # (a key range the mix never fills)
         locust_run.fill_half(target, "bench", 10, 16)
         assert sorted(t[0] for t in target.admin.select("bench")) == [0, 2, 4, 6, 8]
         url = locust_run.locust_url(target, None, None)
