@@ -38,7 +38,8 @@
  * frame starts and how many replies it stored in sinks without a wake-up:
  * the Python code decides about the rest.  receive_lone(fd, buffer, limit)
  * is a lone request's receive: one read, and the reply taken when the read
- * brought exactly one that cut() would hand to a greenlet.
+ * brought exactly one that cut() would hand to a greenlet; LoneReader (below),
+ * the read watcher's callback, makes that receive and switches to the caller.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -65,7 +66,10 @@ static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_retur
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
     *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
     *str_bytes_out, *str_max_in_flight, *str_flush_due, *str_flush_early,
-    *unpack_escaped_kwnames, *str_backslashreplace, *str_size;
+    *unpack_escaped_kwnames, *str_backslashreplace, *str_size, *str_ready_attr, *str_queue,
+    *str_wbuf, *str_reader, *str_hub, *str_rlen, *str_waking, *str_rbuf,
+    *str_max_response_size, *str_received_lone, *str_hand_on, *str_handle_error, *str_flush,
+    *str_recv_calls, *str_bytes_in, *str_responses;
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, F_SIZE, N_FIELDS };
@@ -605,6 +609,30 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int 
  * its size): any object could be put on the class under a field's name,
  * another class's slot descriptor too.  -1 with an error set when
  * response_type cannot make objects. */
+/* Where a `type` object keeps its attribute `name` when that is one of its
+ * __slots__ (a writable object member): the offset, else 0. */
+static Py_ssize_t
+member_offset(PyTypeObject *type, PyObject *name)
+{
+    /* on the class, a slot's attribute is its member descriptor */
+    PyObject *descr = PyObject_GetAttr((PyObject *)type, name);
+    Py_ssize_t offset = 0;
+
+    if (descr == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && PyType_IsSubtype(type, PyDescr_TYPE(descr))) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)
+                && member->offset >= (Py_ssize_t)sizeof(PyObject)
+                && member->offset <= type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *))
+            offset = member->offset;
+    }
+    Py_DECREF(descr);
+    return offset;
+}
+
 static int
 find_slots(Decoding *d)
 {
@@ -612,27 +640,8 @@ find_slots(Decoding *d)
                                   &str_schema_version, &str_return_code, &str_size};
     int i;
 
-    for (i = 0; i < N_FIELDS; i++) {
-        /* on the class, a slot's attribute is its member descriptor */
-        PyObject *descr = PyObject_GetAttr((PyObject *)d->response_type, *names[i]);
-        PyMemberDef *member;
-
-        d->slots[i] = 0;
-        if (descr == NULL) {
-            PyErr_Clear();
-            continue;
-        }
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)
-                && PyType_IsSubtype(d->response_type, PyDescr_TYPE(descr))) {
-            member = ((PyMemberDescrObject *)descr)->d_member;
-            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)
-                    && member->offset >= (Py_ssize_t)sizeof(PyObject)
-                    && member->offset <= d->response_type->tp_basicsize
-                                          - (Py_ssize_t)sizeof(PyObject *))
-                d->slots[i] = member->offset;
-        }
-        Py_DECREF(descr);
-    }
+    for (i = 0; i < N_FIELDS; i++)
+        d->slots[i] = member_offset(d->response_type, *names[i]);
     if (d->response_type->tp_new == NULL) {
         PyErr_Format(PyExc_TypeError, "cannot create '%.100s' objects",
                      d->response_type->tp_name);
@@ -1061,42 +1070,36 @@ error:
  * bytes are exactly one whole reply that cut() would hand to a caller's
  * greenlet, it is taken as cut() takes it.  Returns (bytes received, taken),
  * None when there was nothing to read; raises OSError when the read fails. */
-static PyObject *
-ReplyCutter_receive_lone(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
+/* One receive into `buffer` for a lone request (see the top): 1 with
+ * *received and *taken set, 0 when there was nothing to read, -1 with an
+ * exception set. */
+static int
+receive_lone(ReplyCutter *self, long fd, PyObject *buffer_obj, Py_ssize_t limit,
+             Py_ssize_t *received_out, int *taken_out)
 {
     Py_buffer buffer;
-    Py_ssize_t received, limit;
+    Py_ssize_t received;
     const unsigned char *data;
-    long fd;
     int taken = 0;
     Header h;
 
-    if (!initialised((PyObject *)self, self->pending, 1))
-        return NULL;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "receive_lone(fd, buffer, limit)");
-        return NULL;
-    }
-    fd = PyLong_AsLong(args[0]);
-    limit = PyLong_AsSsize_t(args[2]);
-    if ((fd == -1 || limit == -1) && PyErr_Occurred())
-        return NULL;
     if (fd < 0 || fd > INT_MAX) {
         PyErr_SetString(PyExc_ValueError, "bad file descriptor");
-        return NULL;
+        return -1;
     }
-    if (PyObject_GetBuffer(args[1], &buffer, PyBUF_WRITABLE) < 0)
-        return NULL;
+    if (PyObject_GetBuffer(buffer_obj, &buffer, PyBUF_WRITABLE) < 0)
+        return -1;
     do {
         received = read((int)fd, buffer.buf, (size_t)buffer.len);
     } while (received < 0 && errno == EINTR && !PyErr_CheckSignals());
     if (received < 0) {
         PyBuffer_Release(&buffer);
         if (PyErr_Occurred())   /* a signal handler raised */
-            return NULL;
+            return -1;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            Py_RETURN_NONE;
-        return PyErr_SetFromErrno(PyExc_OSError);
+            return 0;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
     }
     data = buffer.buf;
     if (read_header(data, data + received, &h) && h.length <= (uint64_t)limit
@@ -1120,10 +1123,37 @@ ReplyCutter_receive_lone(ReplyCutter *self, PyObject *const *args, Py_ssize_t na
             goto error;
     }
     PyBuffer_Release(&buffer);
-    return Py_BuildValue("(nO)", received, taken ? Py_True : Py_False);
+    *received_out = received;
+    *taken_out = taken;
+    return 1;
 error:
     PyBuffer_Release(&buffer);
-    return NULL;
+    return -1;
+}
+
+static PyObject *
+ReplyCutter_receive_lone(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t received, limit;
+    long fd;
+    int taken, got;
+
+    if (!initialised((PyObject *)self, self->pending, 1))
+        return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "receive_lone(fd, buffer, limit)");
+        return NULL;
+    }
+    fd = PyLong_AsLong(args[0]);
+    limit = PyLong_AsSsize_t(args[2]);
+    if ((fd == -1 || limit == -1) && PyErr_Occurred())
+        return NULL;
+    got = receive_lone(self, fd, args[1], limit, &received, &taken);
+    if (got < 0)
+        return NULL;
+    if (got == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(nO)", received, taken ? Py_True : Py_False);
 }
 
 /* finish(raw): the RawReply `raw` as its caller gets it (see the top). */
@@ -1272,6 +1302,21 @@ static PyTypeObject ReplyCutterType = {
     .tp_methods = ReplyCutter_methods,
 };
 
+/* A Stats object's counters (transport.Stats) that the C paths add to, and
+ * where its type keeps them: their __slots__ are written in place, anything
+ * else goes through update(). */
+enum { C_REQUESTS, C_RESPONSES, C_SEND_CALLS, C_RECV_CALLS, C_BYTES_OUT, C_BYTES_IN,
+       C_MAX_IN_FLIGHT, N_COUNTERS };
+
+typedef struct {
+    PyObject *type;             /* the type the offsets are for, or NULL */
+    Py_ssize_t offset[N_COUNTERS];
+} Counters;
+
+static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &str_send_calls,
+                                               &str_recv_calls, &str_bytes_out, &str_bytes_in,
+                                               &str_max_in_flight};
+
 /* Requester(transport, slow, pending, ready, wbuf, wakeup_set, hub, getcurrent,
  * max_in_flight, flush_every, cutter).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
@@ -1300,6 +1345,7 @@ typedef struct {
     Py_ssize_t max_in_flight;
     Py_ssize_t flush_entries;   /* wbuf entries (two per request) between early flushes */
     PyObject *cutter;           /* the ReplyCutter that finishes RawReplies, or None */
+    Counters counters;          /* transport.stats's */
     int stopped;                /* the transport died: every call goes to slow() */
 } Requester;
 
@@ -1381,6 +1427,34 @@ update(PyObject *obj, PyObject *name, Py_ssize_t n, int highest)
     return res;
 }
 
+/* update(stats, <counter `which`>, n, highest). */
+static int
+count(Counters *c, PyObject *stats, int which, Py_ssize_t n, int highest)
+{
+    PyObject **slot, *new;
+    Py_ssize_t value;
+
+    if ((PyObject *)Py_TYPE(stats) != c->type) {
+        int i;
+        Py_XSETREF(c->type, Py_NewRef((PyObject *)Py_TYPE(stats)));
+        for (i = 0; i < N_COUNTERS; i++)
+            c->offset[i] = member_offset(Py_TYPE(stats), *counter_names[i]);
+    }
+    slot = c->offset[which] ? (PyObject **)((char *)stats + c->offset[which]) : NULL;
+    if (slot == NULL || *slot == NULL || !PyLong_CheckExact(*slot))
+        return update(stats, *counter_names[which], n, highest);
+    value = PyLong_AsSsize_t(*slot);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (highest && value >= n)
+        return 0;
+    new = PyLong_FromSsize_t(highest ? n : value + n);
+    if (new == NULL)
+        return -1;
+    Py_SETREF(*slot, new);
+    return 0;
+}
+
 /* Transport._send_now: one non-blocking writev of header and body from the
  * caller's greenlet.  The common end (all sent) is counted here; the others
  * (part sent, none, an error) go to transport._sent(header, body, sent).
@@ -1415,9 +1489,11 @@ send_now(Requester *self, PyObject *header, PyObject *body)
         stats = PyObject_GetAttr(self->transport, str_stats);
         if (stats == NULL)
             return -1;
-        ok = update(stats, str_send_calls, 1, 0) < 0 || update(stats, str_bytes_out, sent, 0) < 0
-            || update(stats, str_requests, 1, 0) < 0
-            || update(stats, str_max_in_flight, PyDict_GET_SIZE(self->pending), 1) < 0;
+        ok = count(&self->counters, stats, C_SEND_CALLS, 1, 0) < 0
+            || count(&self->counters, stats, C_BYTES_OUT, sent, 0) < 0
+            || count(&self->counters, stats, C_REQUESTS, 1, 0) < 0
+            || count(&self->counters, stats, C_MAX_IN_FLIGHT, PyDict_GET_SIZE(self->pending),
+                     1) < 0;
         Py_DECREF(stats);
         return ok ? -1 : 0;
     }
@@ -1669,6 +1745,7 @@ Requester_traverse(Requester *self, visitproc visit, void *arg)
     Py_VISIT(self->hub_switch);
     Py_VISIT(self->getcurrent);
     Py_VISIT(self->cutter);
+    Py_VISIT(self->counters.type);
     return 0;
 }
 
@@ -1686,6 +1763,7 @@ Requester_clear(Requester *self)
     Py_CLEAR(self->hub_switch);
     Py_CLEAR(self->getcurrent);
     Py_CLEAR(self->cutter);
+    Py_CLEAR(self->counters.type);
     return 0;
 }
 
@@ -1724,6 +1802,273 @@ static PyTypeObject RequesterType = {
     .tp_clear = (inquiry)Requester_clear,
     .tp_dealloc = (destructor)Requester_dealloc,
     .tp_methods = Requester_methods,
+};
+
+/* LoneReader(transport, slow, cutter)() is transport.Transport._readable, the
+ * read watcher's callback in the hub, for what it nearly always does with one
+ * greenlet's requests in sequence: one receive (cutter's receive_lone) that
+ * brings exactly the reply of the one request in flight, counted in
+ * transport.stats, and a switch straight to its caller (Transport._hand_on).
+ * With anything buffered, queued or being woken it calls slow(transport),
+ * the Python method, instead; a receive that is not one whole reply goes on
+ * in Python (transport._received_lone, then _hand_on), and an error goes to
+ * the reader greenlet as there.  The transport's _ready, _queue, _wbuf, stats,
+ * _reader, _hub and _fd are read once, by __init__ (they stay for its life);
+ * _rlen, _waking, _rbuf and max_response_size at each call. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *transport, *slow, *cutter;
+    PyObject *ready, *queue;    /* deques: callers to wake, callers in line */
+    PyObject *wbuf, *stats, *reader, *hub;
+    Counters counters;
+    long fd;
+} LoneReader;
+
+static int
+LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"transport", "slow", "cutter", NULL};
+    PyObject *transport, *slow, *cutter, *fd;
+
+    if (!initialised((PyObject *)self, self->transport, 0))
+        return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!:LoneReader", names, &transport, &slow,
+                                     &ReplyCutterType, &cutter))
+        return -1;
+    self->ready = PyObject_GetAttr(transport, str_ready_attr);
+    self->queue = PyObject_GetAttr(transport, str_queue);
+    self->wbuf = PyObject_GetAttr(transport, str_wbuf);
+    self->stats = PyObject_GetAttr(transport, str_stats);
+    self->reader = PyObject_GetAttr(transport, str_reader);
+    self->hub = PyObject_GetAttr(transport, str_hub);
+    fd = PyObject_GetAttr(transport, str_fd);
+    if (self->ready == NULL || self->queue == NULL || self->wbuf == NULL || self->stats == NULL
+            || self->reader == NULL || self->hub == NULL || fd == NULL) {
+        Py_XDECREF(fd);
+        return -1;
+    }
+    self->fd = PyLong_AsLong(fd);
+    Py_DECREF(fd);
+    if (self->fd == -1 && PyErr_Occurred())
+        return -1;
+    if (!PyList_CheckExact(self->wbuf)) {
+        PyErr_SetString(PyExc_TypeError, "LoneReader: transport._wbuf must be a list");
+        return -1;
+    }
+    self->slow = Py_NewRef(slow);
+    self->cutter = Py_NewRef(cutter);
+    self->transport = Py_NewRef(transport);   /* last: initialised() looks at it */
+    return 0;
+}
+
+/* A true attribute of the transport: 1, 0, or -1 with an exception set. */
+static int
+transport_flag(LoneReader *self, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(self->transport, name);
+    int res;
+
+    if (value == NULL)
+        return -1;
+    res = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return res;
+}
+
+/* The exception raised: to the reader greenlet, which fails the transport
+ * (Transport._readable's except clause). */
+static PyObject *
+to_reader(LoneReader *self)
+{
+    PyObject *type, *exc, *tb, *res;
+
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(exc, tb);
+    res = PyObject_CallMethodOneArg(self->reader, str_switch, exc);
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+    return res;
+}
+
+/* Transport._hand_on(False) with the one reply in `ready`: switch to its caller. */
+static PyObject *
+hand_on_lone(LoneReader *self)
+{
+    PyObject *first, *waiting, *res;
+
+    first = PySequence_GetItem(self->ready, 0);
+    if (first == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(first) || PyTuple_GET_SIZE(first) != 2) {
+        Py_DECREF(first);
+        PyErr_SetString(PyExc_TypeError, "LoneReader: ready holds (greenlet, reply) pairs");
+        return NULL;
+    }
+    waiting = Py_NewRef(PyTuple_GET_ITEM(first, 0));
+    Py_DECREF(first);
+    if (PyObject_SetAttr(self->transport, str_flush_due, Py_True) < 0)
+        goto error;
+    res = PyObject_CallMethodNoArgs(waiting, str_switch);
+    if (res == NULL) {   /* as gevent's Waiter: a greenlet that died raising */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        res = PyObject_CallMethodObjArgs(self->hub, str_handle_error, waiting,
+                                         type ? type : Py_None, exc ? exc : Py_None,
+                                         tb ? tb : Py_None, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        if (res == NULL)
+            goto error;
+    }
+    Py_DECREF(res);
+    if (PyObject_SetAttr(self->transport, str_flush_due, Py_False) < 0)
+        goto error;
+    if (PyObject_Size(self->ready) > 0) {
+        PyObject *glet;
+        first = PySequence_GetItem(self->ready, 0);
+        if (first == NULL)
+            goto error;
+        glet = PyTuple_CheckExact(first) && PyTuple_GET_SIZE(first) == 2
+            ? PyTuple_GET_ITEM(first, 0) : NULL;
+        Py_DECREF(first);
+        if (glet == waiting) {   /* it did not take its reply (it was dead) */
+            res = PyObject_CallMethodNoArgs(self->ready, str_popleft);
+            if (res == NULL)
+                goto error;
+            Py_DECREF(res);
+        }
+    }
+    Py_DECREF(waiting);
+    if (PyList_GET_SIZE(self->wbuf) > 0)
+        return PyObject_CallMethodNoArgs(self->transport, str_flush);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(waiting);
+    return NULL;
+}
+
+static PyObject *
+LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *rlen, *rbuf, *limit_obj, *more, *res;
+    Py_ssize_t received, limit;
+    int busy, taken, got;
+
+    if (!initialised((PyObject *)self, self->transport, 1))
+        return NULL;
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "LoneReader() takes no arguments");
+        return NULL;
+    }
+    rlen = PyObject_GetAttr(self->transport, str_rlen);
+    if (rlen == NULL)
+        return NULL;
+    busy = PyObject_IsTrue(rlen);
+    Py_DECREF(rlen);
+    if (busy == 0)
+        busy = PyObject_Size(self->ready) != 0 || PyObject_Size(self->queue) != 0;
+    if (busy == 0)
+        busy = transport_flag(self, str_waking);
+    if (busy < 0)
+        return NULL;
+    if (busy)
+        return PyObject_CallOneArg(self->slow, self->transport);
+
+    rbuf = PyObject_GetAttr(self->transport, str_rbuf);
+    if (rbuf == NULL)
+        return to_reader(self);
+    limit_obj = PyObject_GetAttr(self->transport, str_max_response_size);
+    limit = limit_obj == NULL ? -1 : PyLong_AsSsize_t(limit_obj);
+    Py_XDECREF(limit_obj);
+    if (limit == -1 && PyErr_Occurred()) {
+        Py_DECREF(rbuf);
+        return to_reader(self);
+    }
+    got = receive_lone((ReplyCutter *)self->cutter, self->fd, rbuf, limit, &received, &taken);
+    Py_DECREF(rbuf);
+    if (got < 0)
+        return to_reader(self);
+    if (got == 0)
+        Py_RETURN_NONE;
+    if (received == 0 || !taken) {   /* the rest of _read_lone, then _readable's */
+        PyObject *received_obj = PyLong_FromSsize_t(received);
+        if (received_obj == NULL)
+            return to_reader(self);
+        more = PyObject_CallMethodObjArgs(self->transport, str_received_lone, received_obj,
+                                          taken ? Py_True : Py_False, NULL);
+        Py_DECREF(received_obj);
+        if (more == NULL)
+            return to_reader(self);
+        res = PyObject_CallMethodOneArg(self->transport, str_hand_on, more);
+        Py_DECREF(more);
+        return res;
+    }
+    if (count(&self->counters, self->stats, C_RECV_CALLS, 1, 0) < 0
+            || count(&self->counters, self->stats, C_BYTES_IN, received, 0) < 0
+            || count(&self->counters, self->stats, C_RESPONSES, 1, 0) < 0)
+        return to_reader(self);
+    if (PyObject_Size(self->ready) != 1)   /* (decoding ran Python: an ext_hook) */
+        return PyObject_CallMethodOneArg(self->transport, str_hand_on, Py_False);
+    return hand_on_lone(self);
+}
+
+static int
+LoneReader_traverse(LoneReader *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->transport);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->cutter);
+    Py_VISIT(self->ready);
+    Py_VISIT(self->queue);
+    Py_VISIT(self->wbuf);
+    Py_VISIT(self->stats);
+    Py_VISIT(self->reader);
+    Py_VISIT(self->hub);
+    Py_VISIT(self->counters.type);
+    return 0;
+}
+
+static int
+LoneReader_clear(LoneReader *self)
+{
+    Py_CLEAR(self->transport);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->cutter);
+    Py_CLEAR(self->ready);
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->wbuf);
+    Py_CLEAR(self->stats);
+    Py_CLEAR(self->reader);
+    Py_CLEAR(self->hub);
+    Py_CLEAR(self->counters.type);
+    return 0;
+}
+
+static void
+LoneReader_dealloc(LoneReader *self)
+{
+    PyObject_GC_UnTrack(self);
+    LoneReader_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject LoneReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.LoneReader",
+    .tp_basicsize = sizeof(LoneReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The read watcher's callback, Transport._readable (see LoneReader in _speedups.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)LoneReader_init,
+    .tp_call = (ternaryfunc)LoneReader_call,
+    .tp_traverse = (traverseproc)LoneReader_traverse,
+    .tp_clear = (inquiry)LoneReader_clear,
+    .tp_dealloc = (destructor)LoneReader_dealloc,
 };
 
 static int
@@ -1899,17 +2244,35 @@ PyInit__speedups(void)
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
             || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight"))
             || !(str_flush_due = PyUnicode_InternFromString("_flush_due"))
-            || !(str_flush_early = PyUnicode_InternFromString("_flush_early")))
+            || !(str_flush_early = PyUnicode_InternFromString("_flush_early"))
+            || !(str_ready_attr = PyUnicode_InternFromString("_ready"))
+            || !(str_queue = PyUnicode_InternFromString("_queue"))
+            || !(str_wbuf = PyUnicode_InternFromString("_wbuf"))
+            || !(str_reader = PyUnicode_InternFromString("_reader"))
+            || !(str_hub = PyUnicode_InternFromString("_hub"))
+            || !(str_rlen = PyUnicode_InternFromString("_rlen"))
+            || !(str_waking = PyUnicode_InternFromString("_waking"))
+            || !(str_rbuf = PyUnicode_InternFromString("_rbuf"))
+            || !(str_max_response_size = PyUnicode_InternFromString("max_response_size"))
+            || !(str_received_lone = PyUnicode_InternFromString("_received_lone"))
+            || !(str_hand_on = PyUnicode_InternFromString("_hand_on"))
+            || !(str_handle_error = PyUnicode_InternFromString("handle_error"))
+            || !(str_flush = PyUnicode_InternFromString("_flush"))
+            || !(str_recv_calls = PyUnicode_InternFromString("recv_calls"))
+            || !(str_bytes_in = PyUnicode_InternFromString("bytes_in"))
+            || !(str_responses = PyUnicode_InternFromString("responses")))
         return NULL;
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
-            || PyType_Ready(&RawReplyType) < 0)
+            || PyType_Ready(&RawReplyType) < 0
+            || PyType_Ready(&LoneReaderType) < 0)
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
             || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0
-            || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0) {
+            || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0
+            || PyModule_AddObjectRef(module, "LoneReader", (PyObject *)&LoneReaderType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -462,7 +462,10 @@ class Transport:
         # _readable, runs in the hub and resumes this greenlet only when there
         # is more to do than hand one reply to its caller.
         watcher = self._read_watcher = self._hub.loop.io(self._fd, 1)
-        watcher.start(self._readable)
+        if self._cutter is not None:
+            watcher.start(_speedups.LoneReader(self, Transport._readable, self._cutter))
+        else:
+            watcher.start(self._readable)
         switch = self._hub.switch
         try:
             while True:
@@ -504,7 +507,10 @@ class Transport:
             got = self._receive_lone()
         if got is None:
             return False
-        received, taken = got
+        return self._received_lone(*got)
+
+    def _received_lone(self, received, taken):
+        """The rest of ``_read_lone`` after its receive of ``received`` bytes."""
         if not received:
             raise _lost("the server closed the connection")
         stats = self.stats
@@ -550,7 +556,8 @@ class Transport:
         switches from here straight to that caller, which sends its next
         request and waits in the hub again: the reader greenlet is not woken.
         Anything else (more replies, part of a frame, an error) resumes the
-        reader, which reads on or fails the transport."""
+        reader, which reads on or fails the transport.  (``_speedups.LoneReader``
+        in C, when built, for a lone request's reply.)"""
         try:
             if self._rlen or self._ready or self._waking or self._queue:
                 more = self._read(lone=True)
@@ -559,6 +566,11 @@ class Transport:
         except BaseException as exc:   # raised in the reader, which owns failures
             self._reader.switch(exc)
             return
+        self._hand_on(more)
+
+    def _hand_on(self, more):
+        """After the read watcher's receive: resume the reader when it should
+        read ``more``, or switch to the one caller whose reply is in."""
         if more:
             self._reader.switch(None)
             return

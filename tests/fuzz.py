@@ -1,6 +1,6 @@
 """Seeded fuzzers of the C paths against reference parsers (``make fuzz``, ``make sanitize``).
 
-    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder feed]
+    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder feed read]
 
 runs each target for its share of ``--seconds`` (random cases from one
 ``random.Random(seed)`` per target: the same seed gives the same cases in the
@@ -19,6 +19,9 @@ ASan and UBSan, so a memory error ends the run with a report instead.
   streams in random pieces, waited for by callers and pipelines' sinks: what
   each gets, and whether the stream fails the connection, must be the
   reference parser's (an ``Unpacker`` per frame, as ``_frame`` does).
+- ``read``: the same, written to the transport's socket: the read watcher's
+  callback (``_speedups.LoneReader`` and ``Transport._readable``) and the
+  reader receive it.
 """
 import argparse
 import array
@@ -426,9 +429,11 @@ class _Conn:
     error = True   # error replies raise, as on a connection
 
 
-def _run_feed(data, waiters, pieces, c_paths, abandoned):
+def _run_feed(data, waiters, pieces, c_paths, abandoned, through_socket=False):
     """Feed ``data`` in ``pieces`` to a transport whose callers and sink wait for
-    ``waiters``: ({sync: what it got}, {sync: sink's reply}, whether it failed)."""
+    ``waiters``: ({sync: what it got}, {sync: sink's reply}, whether it failed).
+    ``through_socket``: written to its socket instead, for the read watcher's
+    callback (the lone reply's path) and the reader to receive."""
     saved = transport._speedups, protocol._speedups
     if not c_paths:
         transport._speedups = protocol._speedups = None
@@ -437,6 +442,7 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned):
         t = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 1000, LIMIT)
     finally:
         transport._speedups, protocol._speedups = saved
+    sender = gsocket.socket(fileno=os.dup(b.fileno()))
     try:
         callers = {}
         sink = ReplySink()
@@ -453,6 +459,11 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned):
         failed = False
         at = 0
         for size in pieces:
+            if through_socket:   # (a gevent socket: the reader runs while it waits for room)
+                sender.sendall(data[at:at + size])
+                at += size
+                gevent.idle()   # the reader receives what is there
+                continue
             try:
                 t.feed(data[at:at + size])
             except ProtocolError as exc:
@@ -461,6 +472,11 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned):
                 break
             at += size
             gevent.sleep(0)
+        if through_socket:
+            with gevent.Timeout(5):   # until the reader took it all, or failed
+                while t.alive and t.stats.bytes_in < len(data):
+                    gevent.sleep(0.001)
+            failed = not t.alive
         gevent.sleep(0)
         got = {sync: [comparable(r) for r in w.got] for sync, w in callers.items()}
         # (bytes from the C reader, a bytearray's slices from the Python one)
@@ -474,6 +490,7 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned):
         return got, stored, failed
     finally:
         t.close()
+        sender.close()
         a.close()
         b.close()
 
@@ -510,17 +527,21 @@ def reference_feed(data, waiters, abandoned):
     return got, stored, failed
 
 
-def fuzz_feed(rng, case):
+def fuzz_feed(rng, case, through_socket=False):
     data, waiters = stream(rng)
     abandoned = []
     if waiters and rng.random() < 0.2:   # a caller gave up: its reply is discarded
         abandoned.append(waiters.pop(rng.randrange(len(waiters)))[0])
     pieces, left = [], len(data)
+    if through_socket and rng.random() < 0.5:   # a frame at a time: lone replies
+        ends = [stop for _, stop, *_ in reference_frames(data, LIMIT)[0]]
+        pieces = [stop - start for start, stop in zip([0] + ends, ends)]
+        left -= sum(pieces)
     while left > 0:
         pieces.append(min(left, rng.choice((1, 3, 17, 64, 500, 1 << 20))))
         left -= pieces[-1]
-    c = _run_feed(data, waiters, pieces, True, abandoned)
-    python = _run_feed(data, waiters, pieces, False, abandoned)
+    c = _run_feed(data, waiters, pieces, True, abandoned, through_socket)
+    python = _run_feed(data, waiters, pieces, False, abandoned, through_socket)
     assert c == python, (data, waiters, c, python)
     got, stored, failed = reference_feed(data, waiters, abandoned)
     assert c[2] == failed, ("failed" if failed else "did not fail", data)
@@ -529,7 +550,11 @@ def fuzz_feed(rng, case):
         assert c[0][sync] == replies, (sync, c[0][sync], replies)
 
 
-TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "feed": fuzz_feed}
+def fuzz_read(rng, case):
+    fuzz_feed(rng, case, through_socket=True)
+
+
+TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "feed": fuzz_feed, "read": fuzz_read}
 
 
 def run(target, seconds, seed):

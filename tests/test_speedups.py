@@ -294,7 +294,8 @@ def test_responses_goes_through_the_syncs_it_was_given_while_an_ext_hook_clears_
     lambda: _speedups.Requester.__new__(_speedups.Requester).request(1, 64, 0, b""),
     lambda: _speedups.ReplyCutter.__new__(_speedups.ReplyCutter).cut(
         _frame_for(7), 0, len(_frame_for(7)), 1 << 20, []),
-], ids=["requester", "cutter"])
+    lambda: _speedups.LoneReader.__new__(_speedups.LoneReader)(),
+], ids=["requester", "cutter", "lone-reader"])
 def test_objects_never_initialised_raise(make):
     with pytest.raises(TypeError, match="not initialised"):
         make()
@@ -317,6 +318,21 @@ def test_objects_are_initialised_once():
         _speedups.Requester(*requester_args[:-2], 0, None)
     with pytest.raises(TypeError, match="cutter"):
         _speedups.Requester(*requester_args[:-1], object())
+    transport = types.SimpleNamespace(_ready=ready, _queue=collections.deque(), _wbuf=[],
+                                      stats=None, _reader=None, _hub=None, _fd=0)
+    reader = _speedups.LoneReader(transport, None, cutter)
+    with pytest.raises(RuntimeError, match="initialised already"):
+        reader.__init__(transport, None, cutter)
+    with pytest.raises(TypeError, match="no arguments"):
+        reader(1)
+    with pytest.raises(TypeError, match="ReplyCutter"):
+        _speedups.LoneReader(transport, None, object())
+    with pytest.raises(TypeError, match="list"):
+        _speedups.LoneReader(types.SimpleNamespace(**dict(vars(transport), _wbuf=())), None,
+                             cutter)
+    with pytest.raises(AttributeError, match="_fd"):
+        del transport._fd
+        _speedups.LoneReader(transport, None, cutter)
 
 
 class _Big:

@@ -353,6 +353,7 @@ def test_the_c_paths_in_use(conn, reader):
     """The C loop and request run unless a test (or a missing compiler) takes them away."""
     assert (conn._transport._cutter is not None) == (reader == "c")
     assert (conn._transport._requester is not None) == (reader == "c")
+    assert (type(conn._transport._read_watcher.callback) is not types.MethodType) == (reader == "c")
     assert (type(conn._encoder.join) is not types.FunctionType) == (reader == "c")
     assert conn.select("tester", 1).data is not None
 
@@ -709,6 +710,74 @@ def test_a_failing_lone_send_fails_the_transport_and_its_caller(code, schema):
     finally:
         transport.close()
         a.close()
+
+
+def test_a_lone_caller_that_ends_raising_goes_to_the_hubs_error_handler(monkeypatch):
+    """A caller whose greenlet ends by raising once its lone reply reached it (a
+    bare greenlet whose parent is the hub): the read watcher's callback hands
+    that to the hub's handle_error, as gevent's Waiter does, and serves on."""
+    import greenlet
+    from gevent.event import AsyncResult
+    transport, a, b = _socketpair_transport()
+    hub = gevent.get_hub()
+    handled = AsyncResult()
+    monkeypatch.setattr(hub, "handle_error",
+                        lambda context, kind, value, tb: handled.set((context, kind)))
+
+    def run():
+        assert _fields(transport.request(1, 64, 0, b"\x80"))[3] == {IPROTO_DATA: [1]}
+        raise Interrupted("after its reply")
+    try:
+        gevent.sleep(0)   # the reader starts and parks
+        caller = greenlet.greenlet(run, parent=hub)
+        hub.loop.run_callback(caller.switch)
+        gevent.sleep(0)   # the hub starts it: it sends its request and waits
+        b.settimeout(2)
+        assert [h[IPROTO_SYNC] for h, _ in _frames(b.recv(65536))] == [1]
+        b.sendall(reply(1, 1))
+        assert handled.get(timeout=2) == (caller, Interrupted)
+        assert caller.dead and not transport._flush_due and not transport._ready
+        assert transport.alive and transport.in_flight == 0
+        again = gevent.spawn(transport.request, 2, 64, 0, b"\x80")
+        gevent.sleep(0)
+        assert [h[IPROTO_SYNC] for h, _ in _frames(b.recv(65536))] == [2]
+        b.sendall(reply(2, 2))
+        assert _fields(again.get(timeout=2))[3] == {IPROTO_DATA: [2]}
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+def test_lone_requests_count_alike_in_any_stats_object():
+    """The C paths add to a Stats object's slots in place; a stats object of
+    another kind (no slots) gets the same counts through its attributes."""
+    import socket
+
+    import gevent.socket as gsocket
+
+    from gtarantool.transport import Stats, Transport
+    counts = []
+    for stats in (Stats(), types.SimpleNamespace(**Stats().as_dict())):
+        a, b = socket.socketpair()
+        transport = Transport(gsocket.socket(fileno=os.dup(a.fileno())), stats, 10, 1 << 20)
+        try:
+            for sync in (1, 2, 3):
+                caller = gevent.spawn(transport.request, sync, 64, 0, b"\x80")
+                gevent.sleep(0)
+                b.recv(65536)
+                b.sendall(reply(sync, "x" * sync))
+                assert _fields(caller.get(timeout=2))[3] == {IPROTO_DATA: ["x" * sync]}
+        finally:
+            transport.close()
+            a.close()
+            b.close()
+        counts.append({name: getattr(stats, name) for name in Stats.__slots__})
+    assert counts[0] == counts[1]
+    assert counts[0]["requests"] == counts[0]["responses"] == 3
+    assert counts[0]["send_calls"] == counts[0]["recv_calls"] == 3
+    assert counts[0]["bytes_in"] == sum(len(reply(sync, "x" * sync)) for sync in (1, 2, 3))
+    assert counts[0]["max_in_flight"] == 1
 
 
 def test_a_lone_caller_is_switched_to_by_the_reader(conn):
