@@ -749,6 +749,29 @@ def test_a_lone_caller_that_ends_raising_goes_to_the_hubs_error_handler(monkeypa
         b.close()
 
 
+def test_a_closed_transport_can_be_collected():
+    """Nothing the transport made (its greenlets, its read watcher's callback,
+    C or Python) keeps it alive once closed."""
+    import gc
+    import weakref
+    transport, a, b = _socketpair_transport()
+    try:
+        caller = gevent.spawn(transport.request, 1, 64, 0, b"\x80")
+        gevent.sleep(0)
+        b.recv(65536)
+        b.sendall(reply(1, 1))
+        assert _fields(caller.get(timeout=2))[3] == {IPROTO_DATA: [1]}
+        transport.close()
+        ref = weakref.ref(transport)
+        del transport, caller
+        gevent.sleep(0.01)
+        gc.collect()
+        assert ref() is None
+    finally:
+        a.close()
+        b.close()
+
+
 def test_lone_requests_count_alike_in_any_stats_object():
     """The C paths add to a Stats object's slots in place; a stats object of
     another kind (no slots) gets the same counts through its attributes."""
