@@ -1828,25 +1828,27 @@ static int
 LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"transport", "slow", "cutter", NULL};
+    PyObject **fields[] = {&self->ready, &self->queue, &self->wbuf, &self->stats, &self->reader,
+                           &self->hub};
+    PyObject **attributes[] = {&str_ready_attr, &str_queue, &str_wbuf, &str_stats, &str_reader,
+                               &str_hub};
     PyObject *transport, *slow, *cutter, *fd;
+    size_t i;
 
     if (!initialised((PyObject *)self, self->transport, 0))
         return -1;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!:LoneReader", names, &transport, &slow,
                                      &ReplyCutterType, &cutter))
         return -1;
-    self->ready = PyObject_GetAttr(transport, str_ready_attr);
-    self->queue = PyObject_GetAttr(transport, str_queue);
-    self->wbuf = PyObject_GetAttr(transport, str_wbuf);
-    self->stats = PyObject_GetAttr(transport, str_stats);
-    self->reader = PyObject_GetAttr(transport, str_reader);
-    self->hub = PyObject_GetAttr(transport, str_hub);
-    fd = PyObject_GetAttr(transport, str_fd);
-    if (self->ready == NULL || self->queue == NULL || self->wbuf == NULL || self->stats == NULL
-            || self->reader == NULL || self->hub == NULL || fd == NULL) {
-        Py_XDECREF(fd);
-        return -1;
+    for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        PyObject *value = PyObject_GetAttr(transport, *attributes[i]);
+        if (value == NULL)
+            return -1;
+        Py_XSETREF(*fields[i], value);
     }
+    fd = PyObject_GetAttr(transport, str_fd);
+    if (fd == NULL)
+        return -1;
     self->fd = PyLong_AsLong(fd);
     Py_DECREF(fd);
     if (self->fd == -1 && PyErr_Occurred())
@@ -1855,8 +1857,8 @@ LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "LoneReader: transport._wbuf must be a list");
         return -1;
     }
-    self->slow = Py_NewRef(slow);
-    self->cutter = Py_NewRef(cutter);
+    Py_XSETREF(self->slow, Py_NewRef(slow));
+    Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->transport = Py_NewRef(transport);   /* last: initialised() looks at it */
     return 0;
 }

@@ -333,6 +333,11 @@ def test_objects_are_initialised_once():
     with pytest.raises(AttributeError, match="_fd"):
         del transport._fd
         _speedups.LoneReader(transport, None, cutter)
+    reader = _speedups.LoneReader.__new__(_speedups.LoneReader)
+    with pytest.raises(AttributeError, match="_fd"):   # a failed __init__ may be retried
+        reader.__init__(transport, None, cutter)
+    transport._fd = 0
+    reader.__init__(transport, None, cutter)
 
 
 class _Big:
