@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -37,6 +38,7 @@ from bench.target import SetupError, open_target
 REQUESTS = ("SELECT", "INSERT", "REPLACE", "UPDATE", "UPSERT", "DELETE", "CALL", "EXECUTE",
             "PREPARE", "AUTH", "ERROR")
 HERE = os.path.dirname(os.path.abspath(__file__))
+IDLE_BELOW = 0.9   # a worker busy less than this share of the run waited on the server
 
 
 def parse_args(argv):
@@ -130,19 +132,21 @@ def reconcile(report, before, after, cost):
     locust_failures = sum(e["failures"] for e in entries)
 
     lines.append("gtarantool counters per worker process:")
-    head = "  %-12s %5s %9s %9s %9s %7s %9s %9s %9s %9s %8s %8s" % (
+    head = "  %-12s %5s %9s %9s %9s %7s %9s %9s %9s %9s %8s %8s %5s" % (
         "worker", "conns", "started", "reported", "in flight", "failed", "srv errs",
-        "sent", "answered", "sends", "recvs", "cpu s")
+        "sent", "answered", "sends", "recvs", "cpu s", "busy")
     lines.append(head)
     totals = dict.fromkeys(("connections", "started", "reported", "in_flight_at_stop",
                             "failed", "server_errors", "requests", "responses",
                             "reconnects", "cpu_seconds"), 0)
     for name, w in sorted(workers.items()):
         c = w["connection"]
-        lines.append("  %-12s %5d %9d %9d %9d %7d %9d %9d %9d %9d %8d %8.2f" % (
+        busy = busy_share(w)
+        lines.append("  %-12s %5d %9d %9d %9d %7d %9d %9d %9d %9d %8d %8.2f %5s" % (
             name[-12:], w["connections"], w["started"], w["reported"], w["in_flight_at_stop"],
             w["failed"], w["server_errors"], c.get("requests", 0), c.get("responses", 0),
-            c.get("send_calls", 0), c.get("recv_calls", 0), w["cpu_seconds"] or 0))
+            c.get("send_calls", 0), c.get("recv_calls", 0), w["cpu_seconds"] or 0,
+            "-" if busy is None else "%.0f%%" % (100 * busy)))
         for key in totals:
             source = c if key in ("requests", "responses", "reconnects") else w
             totals[key] += source.get(key) or 0
@@ -192,7 +196,32 @@ def reconcile(report, before, after, cost):
         lines.append("client: %d requests in %.2f worker CPU seconds: %.0f requests per CPU "
                      "second" % (locust_requests, totals["cpu_seconds"],
                                  locust_requests / totals["cpu_seconds"]))
+    lines.extend(busy_lines(workers.values()))
     return lines, ok
+
+
+def busy_share(worker):
+    """The share of the seconds since its test started that a worker ran or
+    was ready to run (waited for a CPU): the rest it waited for replies.  None
+    when it did not say."""
+    if not worker.get("cpu_seconds") or not worker.get("wall_seconds"):
+        return None
+    return min(1.0, (worker["cpu_seconds"] + (worker.get("queued_seconds") or 0))
+               / worker["wall_seconds"])
+
+
+def busy_lines(workers):
+    """The median worker's busy share and, when workers were far from busy,
+    what limited the run."""
+    shares = [x for x in map(busy_share, workers) if x is not None]
+    if not shares:
+        return []
+    busy = statistics.median(shares)
+    lines = ["workers busy %.0f%% of the run (median worker)" % (100 * busy)]
+    if busy < IDLE_BELOW:
+        lines.append("  they waited for replies %.0f%% of the time: the server (or the "
+                     "network) set this run's pace, not the load generator" % (100 * (1 - busy)))
+    return lines
 
 
 def main(argv=None):
@@ -244,15 +273,15 @@ def reconcile_noop(report):
 
 
 def _rate(cmd, report):
-    """Run ``cmd``; from the JSON it writes, requests per client CPU second
-    and the share of them the server answered with an error (None for make
-    bench, which does not say)."""
+    """Run ``cmd``; from the JSON it writes, requests per client CPU second,
+    the share of them the server answered with an error and the median
+    worker's busy share (both None for make bench, which does not say)."""
     subprocess.run(cmd, cwd=os.path.dirname(HERE), check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     with open(report) as f:
         data = json.load(f)
     if "totals" in data:   # make bench
-        return data["totals"]["ops_per_client_cpu_second"], None
+        return data["totals"]["ops_per_client_cpu_second"], None, None
     return report_rate(data)
 
 
@@ -261,8 +290,10 @@ def report_rate(data):
     workers = data["workers"].values()
     requests = sum(e["requests"] for e in data["entries"] if e["type"] == "tarantool")
     errors = sum(w.get("server_errors", 0) for w in workers)
+    busy = [x for x in map(busy_share, workers) if x is not None]
     return (requests / sum(w["cpu_seconds"] for w in workers),
-            errors / requests if requests else 0.0)
+            errors / requests if requests else 0.0,
+            statistics.median(busy) if busy else None)
 
 
 def round_shares(rates):
@@ -277,7 +308,6 @@ def compare(args):
     mix at the same processes and concurrency; medians, and gtarantool's share
     of the client CPU per request (1 - noop cost / cost) per round and its
     median."""
-    import statistics
     out = os.path.join(args.out, "compare")
     os.makedirs(out, exist_ok=True)
     seconds = float(args.duration.rstrip("s"))
@@ -300,17 +330,22 @@ def compare(args):
                           str(_host_port(args.host)[1])] if args.host else []),
     }
     rates = {kind: [] for kind in kinds}
+    busy = {kind: [] for kind in kinds}
     errors = []   # the Locust runs' share of server errors (the mix's duplicate inserts)
     for round_ in range(args.compare):
         for kind, cmd in kinds.items():
             report = os.path.join(out, "bench.json" if kind == "make bench"
                                   else "bench-report.json")
-            rate, error_share = _rate(cmd, report)
+            rate, error_share, busy_now = _rate(cmd, report)
             rates[kind].append(rate)
             if kind == "locust":
                 errors.append(error_share)
-            print("round %d: %-13s %8.0f requests per client CPU second"
-                  % (round_ + 1, kind, rates[kind][-1]), flush=True)
+            if busy_now is not None:
+                busy[kind].append(busy_now)
+            print("round %d: %-13s %8.0f requests per client CPU second%s"
+                  % (round_ + 1, kind, rates[kind][-1],
+                     "" if busy_now is None else ", workers busy %.0f%%" % (100 * busy_now)),
+                  flush=True)
     median = {kind: statistics.median(values) for kind, values in rates.items()}
     print("medians of %d rounds (%d users, %d processes, %s each):" % (
         args.compare, args.users, args.procs, args.duration))
@@ -327,6 +362,12 @@ def compare(args):
     print("server errors (expected ones included) in the Locust runs: %.1f%% of requests "
           "(median); each costs the client several times a success"
           % (100 * statistics.median(errors)))
+    if busy["locust"] and statistics.median(busy["locust"]) < IDLE_BELOW:
+        print("the Locust workers were busy %.0f%% of the time (median; the no-op's %.0f%%): "
+              "the server set the pace, and the share counts what waiting for it costs the "
+              "workers, which the no-op never pays" % (
+                  100 * statistics.median(busy["locust"]),
+                  100 * statistics.median(busy["locust --noop"] or [0])))
     return 0
 
 

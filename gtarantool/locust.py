@@ -222,12 +222,24 @@ class _Counters:
     """This process's requests: ``started``, ``reported`` (request events
     fired), ``failed`` (of those, failures), ``server_errors`` (error replies,
     expected ones included); ``started - reported`` were in flight when their
-    users were stopped.  ``cpu_start``: process CPU seconds at test start."""
-    __slots__ = ("started", "reported", "failed", "server_errors", "cpu_start")
+    users were stopped.  ``cpu_start``, ``wall_start``, ``queued_start``: process
+    CPU seconds, the monotonic clock and :func:`_queued_seconds` at test start."""
+    COUNTS = ("started", "reported", "failed", "server_errors")
+    __slots__ = COUNTS + ("cpu_start", "wall_start", "queued_start")
 
     def __init__(self):
         self.started = self.reported = self.failed = self.server_errors = 0
-        self.cpu_start = None
+        self.cpu_start = self.wall_start = self.queued_start = None
+
+
+def _queued_seconds():
+    """Seconds this thread was ready to run but waited for a CPU (Linux's
+    schedstat; None elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _counters = _Counters()
@@ -278,13 +290,19 @@ def _process_connection(url, options):
 
 
 def process_report():
-    """This process's figures: request counters, CPU seconds since the test
-    started, its connections' summed ``Stats`` (``requests``/``responses``
-    counted from when each opened, so the connect's own requests are left out)
-    and ``connections`` opened."""
-    report = {name: getattr(_counters, name) for name in _Counters.__slots__[:-1]}
-    report["cpu_seconds"] = (None if _counters.cpu_start is None
-                             else time.process_time() - _counters.cpu_start)
+    """This process's figures: request counters; since the test started, CPU
+    seconds, wall-clock seconds and seconds it waited for a CPU (None where the
+    system does not say); its connections' summed ``Stats``
+    (``requests``/``responses`` counted from when each opened, so the connect's
+    own requests are left out) and ``connections`` opened."""
+    report = {name: getattr(_counters, name) for name in _Counters.COUNTS}
+    started = _counters.cpu_start is not None
+    report["cpu_seconds"] = time.process_time() - _counters.cpu_start if started else None
+    report["wall_seconds"] = time.monotonic() - _counters.wall_start if started else None
+    queued = _queued_seconds()
+    report["queued_seconds"] = (queued - _counters.queued_start
+                                if started and queued is not None
+                                and _counters.queued_start is not None else None)
     report["in_flight_at_stop"] = _counters.started - _counters.reported
     report["connections"] = len(_opened)
     summed = {}
@@ -614,6 +632,8 @@ def worker_reports(environment):
 def _mark_cpu(**_kwargs):
     if _counters.cpu_start is None:
         _counters.cpu_start = time.process_time()
+        _counters.wall_start = time.monotonic()
+        _counters.queued_start = _queued_seconds()
 
 
 @events.test_stop.add_listener
