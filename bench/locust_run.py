@@ -38,7 +38,6 @@ from bench.target import SetupError, open_target
 REQUESTS = ("SELECT", "INSERT", "REPLACE", "UPDATE", "UPSERT", "DELETE", "CALL", "EXECUTE",
             "PREPARE", "AUTH", "ERROR")
 HERE = os.path.dirname(os.path.abspath(__file__))
-IDLE_BELOW = 0.9   # a worker busy less than this share of the run waited on the server
 
 
 def parse_args(argv):
@@ -141,7 +140,7 @@ def reconcile(report, before, after, cost):
                             "reconnects", "cpu_seconds"), 0)
     for name, w in sorted(workers.items()):
         c = w["connection"]
-        busy = busy_share(w)
+        busy = w.get("busy")
         lines.append("  %-12s %5d %9d %9d %9d %7d %9d %9d %9d %9d %8d %8.2f %5s" % (
             name[-12:], w["connections"], w["started"], w["reported"], w["in_flight_at_stop"],
             w["failed"], w["server_errors"], c.get("requests", 0), c.get("responses", 0),
@@ -196,32 +195,7 @@ def reconcile(report, before, after, cost):
         lines.append("client: %d requests in %.2f worker CPU seconds: %.0f requests per CPU "
                      "second" % (locust_requests, totals["cpu_seconds"],
                                  locust_requests / totals["cpu_seconds"]))
-    lines.extend(busy_lines(workers.values()))
     return lines, ok
-
-
-def busy_share(worker):
-    """The share of the seconds since its test started that a worker ran or
-    was ready to run (waited for a CPU): the rest it waited for replies.  None
-    when it did not say."""
-    if not worker.get("cpu_seconds") or not worker.get("wall_seconds"):
-        return None
-    return min(1.0, (worker["cpu_seconds"] + (worker.get("queued_seconds") or 0))
-               / worker["wall_seconds"])
-
-
-def busy_lines(workers):
-    """The median worker's busy share and, when workers were far from busy,
-    what limited the run."""
-    shares = [x for x in map(busy_share, workers) if x is not None]
-    if not shares:
-        return []
-    busy = statistics.median(shares)
-    lines = ["workers busy %.0f%% of the run (median worker)" % (100 * busy)]
-    if busy < IDLE_BELOW:
-        lines.append("  they waited for replies %.0f%% of the time: the server (or the "
-                     "network) set this run's pace, not the load generator" % (100 * (1 - busy)))
-    return lines
 
 
 def main(argv=None):
@@ -290,7 +264,7 @@ def report_rate(data):
     workers = data["workers"].values()
     requests = sum(e["requests"] for e in data["entries"] if e["type"] == "tarantool")
     errors = sum(w.get("server_errors", 0) for w in workers)
-    busy = [x for x in map(busy_share, workers) if x is not None]
+    busy = [w["busy"] for w in workers if w.get("busy") is not None]
     return (requests / sum(w["cpu_seconds"] for w in workers),
             errors / requests if requests else 0.0,
             statistics.median(busy) if busy else None)
@@ -362,12 +336,12 @@ def compare(args):
     print("server errors (expected ones included) in the Locust runs: %.1f%% of requests "
           "(median); each costs the client several times a success"
           % (100 * statistics.median(errors)))
-    if busy["locust"] and statistics.median(busy["locust"]) < IDLE_BELOW:
-        print("the Locust workers were busy %.0f%% of the time (median; the no-op's %.0f%%): "
-              "the server set the pace, and the share counts what waiting for it costs the "
-              "workers, which the no-op never pays" % (
+    if busy["locust"] and busy["locust --noop"]:
+        print("workers busy: %.0f%% in the Locust runs, %.0f%% in the no-op's (medians); where "
+              "the first is well below the second the server set the Locust runs' pace, and "
+              "the share includes what waiting on it costs the workers" % (
                   100 * statistics.median(busy["locust"]),
-                  100 * statistics.median(busy["locust --noop"] or [0])))
+                  100 * statistics.median(busy["locust --noop"])))
     return 0
 
 

@@ -43,6 +43,7 @@ Importing this module makes Locust keep response times to 0.01 ms below 10 ms
 import contextlib
 import logging
 import os
+import statistics
 import time
 import urllib.parse
 
@@ -291,8 +292,10 @@ def _process_connection(url, options):
 
 def process_report():
     """This process's figures: request counters; since the test started, CPU
-    seconds, wall-clock seconds and seconds it waited for a CPU (None where the
-    system does not say); its connections' summed ``Stats``
+    seconds, wall-clock seconds, seconds it waited for a CPU (None where the
+    system does not say) and ``busy``, the share of the wall-clock seconds it ran
+    or waited for a CPU (the rest it waited, mostly for replies); its
+    connections' summed ``Stats``
     (``requests``/``responses`` counted from when each opened, so the connect's
     own requests are left out) and ``connections`` opened."""
     report = {name: getattr(_counters, name) for name in _Counters.COUNTS}
@@ -303,6 +306,9 @@ def process_report():
     report["queued_seconds"] = (queued - _counters.queued_start
                                 if started and queued is not None
                                 and _counters.queued_start is not None else None)
+    report["busy"] = (min(1.0, (report["cpu_seconds"] + (report["queued_seconds"] or 0))
+                          / report["wall_seconds"]) if started and report["wall_seconds"]
+                      else None)
     report["in_flight_at_stop"] = _counters.started - _counters.reported
     report["connections"] = len(_opened)
     summed = {}
@@ -628,6 +634,23 @@ def worker_reports(environment):
     return reports
 
 
+def pace_lines(reports, busy_below=0.9):
+    """Lines on what set a run's pace, from :func:`worker_reports`: the median
+    worker's ``busy`` share and, below ``busy_below``, that the workers spent
+    the rest waiting for replies (the server or the network limited the run,
+    not the load generator)."""
+    shares = [r["busy"] for r in reports.values() if r.get("busy") is not None]
+    if not shares:
+        return []
+    busy = statistics.median(shares)
+    lines = ["gtarantool: %d worker process%s busy %.0f%% of the run (median; running or "
+             "waiting for a CPU)" % (len(shares), "es" if len(shares) > 1 else "", 100 * busy)]
+    if busy < busy_below:
+        lines.append("  and %.0f%% waiting for replies: the server (or the network) set the "
+                     "pace, not the load generator" % (100 * (1 - busy)))
+    return lines
+
+
 @events.test_start.add_listener
 def _mark_cpu(**_kwargs):
     if _counters.cpu_start is None:
@@ -645,6 +668,7 @@ def _close_user_connections(**_kwargs):
 @events.quitting.add_listener
 def _on_quitting(environment, **_kwargs):
     if not isinstance(environment.runner, WorkerRunner) and environment.stats.total.num_requests:
-        print("\n".join(percentile_table(environment.stats)), flush=True)
+        print("\n".join(percentile_table(environment.stats)
+                        + pace_lines(worker_reports(environment))), flush=True)
     for conn, _, _ in _opened:
         conn.close()

@@ -242,7 +242,23 @@ def pauses(url):
     return out
 
 
-ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses")
+def pace(url):
+    """A local run's own report (its busy share), and the pace lines for given
+    busy shares."""
+    glocust._forget_after_fork()
+    env = run([Pinger], url, 5, 0.5)
+    report = glocust.worker_reports(env)["local"]
+    glocust._forget_after_fork()
+    return {"report": {key: report[key] for key in ("cpu_seconds", "wall_seconds",
+                                                     "queued_seconds", "busy")},
+            "lines": {name: glocust.pace_lines({str(i): {"busy": share}
+                                                for i, share in enumerate(shares)})
+                      for name, shares in (("waiting", (0.4, 0.3, 0.9)),
+                                           ("busy", (0.96, 0.97, 0.95)),
+                                           ("unknown", (None,)))}}
+
+
+ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace")
 
 
 if __name__ == "__main__":

@@ -68,9 +68,8 @@ def test_headless_processes_counts_match_box_stat(tmp_path):
     assert len(workers) == 2
     assert all(w["connections"] == 1 and w["started"] > 0 for w in workers)
     assert all(w["failed"] == 0 and w["server_errors"] == 0 for w in workers)
-    assert all(0 < w["cpu_seconds"] + w["queued_seconds"] <= w["wall_seconds"] * 1.05
-               for w in workers)
-    assert "workers busy" in out.stdout
+    assert all(0 < w["busy"] <= 1 for w in workers)
+    assert "gtarantool: 2 worker processes busy" in out.stdout
     for suffix in ("_stats.csv", ".html", ".json"):
         assert (tmp_path / ("locust" + suffix)).stat().st_size > 0
 
@@ -231,29 +230,29 @@ def test_compare_reads_rate_and_server_errors_from_a_report():
     left out), and the share of them that were error replies."""
     data = {"entries": [{"type": "tarantool", "requests": 600}, {"type": "step", "requests": 50},
                         {"type": "tarantool", "requests": 400}],
-            "workers": {"a": {"cpu_seconds": 1.5, "wall_seconds": 2.0, "server_errors": 70},
-                        "b": {"cpu_seconds": 0.5, "wall_seconds": 2.0, "server_errors": 55}}}
+            "workers": {"a": {"cpu_seconds": 1.5, "busy": 0.75, "server_errors": 70},
+                        "b": {"cpu_seconds": 0.5, "busy": 0.25, "server_errors": 55}}}
     assert locust_run.report_rate(data) == pytest.approx((500.0, 0.125, 0.5))
     for worker in data["workers"].values():
         worker["server_errors"] = 0
-        del worker["wall_seconds"]
+        worker["busy"] = None
     assert locust_run.report_rate(data) == (500.0, 0.0, None)
 
 
-def test_busy_lines_say_when_the_server_set_the_pace():
-    """The median worker's CPU seconds (and seconds queued for a CPU) over its
-    wall seconds; below 90% the output says the workers waited on the server."""
-    def workers(*pairs, queued=None):
-        return [{"cpu_seconds": cpu, "wall_seconds": wall, "queued_seconds": queued}
-                for cpu, wall in pairs]
-    lines = locust_run.busy_lines(workers((4.0, 10.0), (3.0, 10.0), (9.0, 10.0)))
-    assert lines[0] == "workers busy 40% of the run (median worker)"
-    assert "waited for replies" in lines[1] and "60%" in lines[1]
-    assert locust_run.busy_lines(workers((9.6, 10.0), (9.7, 10.0), (9.5, 10.0))) == [
-        "workers busy 96% of the run (median worker)"]
-    assert locust_run.busy_lines(workers((4.0, 10.0), queued=5.5)) == [   # ready, no CPU free
-        "workers busy 95% of the run (median worker)"]
-    assert locust_run.busy_lines([{"cpu_seconds": None, "wall_seconds": None}]) == []
+def test_pace_lines_say_when_the_server_set_the_pace(cases):
+    """A process's busy share: its CPU seconds and seconds waiting for a CPU over
+    the run's; the median worker's below 90% says the workers waited for
+    replies."""
+    report, lines = cases["pace"]["report"], cases["pace"]["lines"]
+    assert 0 < report["busy"] <= 1 and report["queued_seconds"] >= 0
+    assert report["busy"] == pytest.approx(
+        min(1, (report["cpu_seconds"] + report["queued_seconds"]) / report["wall_seconds"]))
+    assert lines["waiting"][0] == ("gtarantool: 3 worker processes busy 40% of the run "
+                                   "(median; running or waiting for a CPU)")
+    assert "60% waiting for replies" in lines["waiting"][1] and len(lines["waiting"]) == 2
+    assert lines["busy"] == ["gtarantool: 3 worker processes busy 96% of the run (median; "
+                             "running or waiting for a CPU)"]
+    assert lines["unknown"] == []
 
 
 def test_instructions_child_runs_the_users_until_n_requests(bench_server):
