@@ -295,9 +295,9 @@ def process_report():
     seconds, wall-clock seconds, seconds it waited for a CPU (None where the
     system does not say) and ``busy``, the share of the wall-clock seconds it ran
     or waited for a CPU (the rest it waited, mostly for replies); its
-    connections' summed ``Stats``
-    (``requests``/``responses`` counted from when each opened, so the connect's
-    own requests are left out) and ``connections`` opened."""
+    connections' summed ``Stats`` (``requests``/``responses`` counted from when
+    each opened, so the connect's own requests are left out) and
+    ``connections`` opened."""
     report = {name: getattr(_counters, name) for name in _Counters.COUNTS}
     started = _counters.cpu_start is not None
     report["cpu_seconds"] = time.process_time() - _counters.cpu_start if started else None
