@@ -11,7 +11,7 @@ workers that drove that instance.
 import contextlib
 
 from bench.pool import PoolTarget, addresses, parse_hosts
-from bench.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer
 from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
 
 

@@ -23,7 +23,7 @@ import sys
 
 from bench import drivers, perf
 from bench.config import OPERATIONS, Config
-from bench.server import binary_version, find_binary
+from gtarantool.testing.server import binary_version, find_binary
 from bench.target import open_target
 from bench.workloads import DUPLICATE_KEY, Payloads, Phase
 

@@ -24,7 +24,7 @@ import time
 
 from bench import runner
 from bench.config import OPERATIONS, Config
-from bench.server import binary_version
+from gtarantool.testing.server import binary_version
 from bench.target import open_target
 
 DEFAULT_WINDOW = 10_000   # requests per pipeline in target 4

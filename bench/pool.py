@@ -6,7 +6,7 @@ instances (``mode=RO``), writes to the read-write one.  The target reads
 selects with the sum over the instances and its writes with the read-write
 instance (replicas count the rows they apply as requests too), and the report
 shows each instance's counts.  Without ``HOSTS`` a throwaway replica set
-(a master and two replicas, ``bench.replicaset``) is started.
+(a master and two replicas, ``gtarantool.testing.replicaset``) is started.
 """
 import contextlib
 import time
@@ -132,7 +132,7 @@ def open_pool_target(config):
         finally:
             target.close()
         return
-    from bench.replicaset import ReplicaSet
+    from gtarantool.testing.replicaset import ReplicaSet
     user, password = REPLICATION_USER
     # The space is made on the master; replicas receive it.
     lua = (USER_LUA % (user, password, user) + "if not box.info.ro then\n"

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from bench.replicaset import ReplicaSet
+from gtarantool.testing.replicaset import ReplicaSet
 
 USER, PASSWORD = "bench", "bench"
 LUA = """
@@ -168,7 +168,7 @@ def main(argv=None):
             result = child_failover(client, addrs, float(rest[0]), float(rest[1]))
         print(json.dumps(result), flush=True)
         return 0
-    from bench.server import binary_version
+    from gtarantool.testing.server import binary_version
     version = ".".join(map(str, binary_version()))
     figures = {client: {"ops": [], "cpu": [], "failover": [], "errors": []} for client in CLIENTS}
     with ReplicaSet(LUA, user=USER, password=PASSWORD) as rs:

@@ -3,7 +3,7 @@
     python -m bench.soak --duration 300        # or: make soak DURATION=300
 
 A throwaway Tarantool (WAL on) serves two connections, one direct and one
-through ``bench.faults.FaultProxy``.  Greenlets run a mix of inserts (each id
+through ``gtarantool.testing.faults.FaultProxy``.  Greenlets run a mix of inserts (each id
 once, remembered when acknowledged), selects, updates, replaces, calls and
 evals while an injector cycles through ``kill -9`` + restart from the WAL,
 SIGSTOP/SIGCONT, proxy resets and resets in the middle of a frame.  At the end
@@ -27,8 +27,8 @@ import psutil
 from gevent.event import Event
 
 import gtarantool
-from bench.faults import FaultProxy
-from bench.server import TarantoolServer
+from gtarantool.testing.faults import FaultProxy
+from gtarantool.testing.server import TarantoolServer
 
 LUA = """
 box.once('soak', function()

@@ -282,7 +282,7 @@ def main(argv=None):
 
 
 def _server_version():
-    from bench.server import binary_version
+    from gtarantool.testing.server import binary_version
     return ".".join(map(str, binary_version()))
 
 

@@ -10,7 +10,7 @@ import os
 
 import tarantool
 
-from bench.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PREPARE_LUA = os.path.join(HERE, "prepare.lua")

@@ -26,7 +26,7 @@ import gevent
 from gevent.event import Event
 
 import gtarantool
-from bench.server import TarantoolServer, binary_version
+from gtarantool.testing.server import TarantoolServer, binary_version
 
 LUA = """
 box.schema.user.grant('guest', 'super', nil, nil, {if_not_exists = true})

@@ -6,7 +6,7 @@ import pytest
 import gtarantool
 from gtarantool import protocol, transport
 
-from bench.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USER, PASSWORD = "test", "secret"

@@ -49,7 +49,7 @@ build sanitize-build "-fsanitize=address,undefined -fno-sanitize-recover=undefin
 nm -D gtarantool/_speedups.*.so | grep -q __asan_init || { echo "not a sanitized build"; exit 1; }
 
 # The server must not run with the sanitizer runtime preloaded: a wrapper drops it.
-REAL=$("$PY" -c "from bench.server import find_binary; print(find_binary())") || exit 1
+REAL=$("$PY" -c "from gtarantool.testing.server import find_binary; print(find_binary())") || exit 1
 cat >"$OUT/tarantool" <<EOF
 #!/bin/sh
 unset LD_PRELOAD

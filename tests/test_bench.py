@@ -9,7 +9,7 @@ import pytest
 from bench import runner
 from bench.__main__ import main as bench_main
 from bench.config import OPERATIONS, Config
-from bench.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer
 from bench.target import SetupError
 from bench.workloads import DUPLICATE_KEY, NOT_FOUND
 
@@ -329,7 +329,7 @@ def test_free_ports_are_below_the_ephemeral_range():
     picked there could be taken before the server binds it."""
     import socket
 
-    from bench.server import _ephemeral_low, free_port
+    from gtarantool.testing.server import _ephemeral_low, free_port
     ports = {free_port() for _ in range(20)}
     assert len(ports) > 1 and all(1024 <= port < _ephemeral_low() for port in ports)
     with socket.socket() as sock:
@@ -357,7 +357,7 @@ def test_a_select_the_server_made_itself_is_explained():
 def test_free_port_never_gives_a_port_twice(monkeypatch):
     """A replica set picks all its ports before starting any server: the same
     port picked twice would fail the second server's start."""
-    from bench import server
+    from gtarantool.testing import server
 
     class Repeating:   # a generator that draws the same port again and again
         def __init__(self):

@@ -5,7 +5,7 @@ import pytest
 
 from bench import runner
 from bench.config import OPERATIONS, Config
-from bench.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer
 from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError
 
 from .test_bench import check_phases

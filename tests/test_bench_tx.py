@@ -1,6 +1,6 @@
 """python -m bench.tx on a tiny load: every line printed, or the version it needs."""
 from bench import tx
-from bench.server import binary_version
+from gtarantool.testing.server import binary_version
 
 
 def test_bench_tx_prints_every_kind_and_the_watcher_latency(capsys):

@@ -17,7 +17,7 @@ from tarantool.response import Response
 import gtarantool
 from gtarantool import ConnectionClosed, RequestTimeout
 from gtarantool.protocol import Encoder
-from bench.server import binary_version
+from gtarantool.testing.server import binary_version
 
 from .conftest import PASSWORD, USER
 
@@ -313,7 +313,7 @@ def test_guest_without_user(server):
 
 
 def test_unix_socket():
-    from bench.server import TarantoolServer
+    from gtarantool.testing.server import TarantoolServer
     with TarantoolServer("box.schema.user.grant('guest', 'execute', 'universe')",
                          unix_socket=True) as srv:
         c = gtarantool.connect(None, srv.port)
@@ -324,7 +324,7 @@ def test_unix_socket():
 
 
 def test_connect_refused_is_network_error():
-    from bench.server import free_port
+    from gtarantool.testing.server import free_port
     with pytest.raises(NetworkError):
         gtarantool.connect("127.0.0.1", free_port())
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench import locust_run
-from bench.server import TarantoolServer, free_port
+from gtarantool.testing.server import TarantoolServer, free_port
 from bench.target import EMBEDDED_LUA, PREPARE_LUA, Target
 
 from .conftest import PASSWORD, USER, _lua

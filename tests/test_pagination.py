@@ -2,7 +2,7 @@
 import pytest
 
 import gtarantool
-from bench.server import binary_version
+from gtarantool.testing.server import binary_version
 
 VERSION = binary_version()
 needs_pagination = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""gtarantool.ConnectionPool on real replica sets (bench.replicaset): a master
+"""gtarantool.ConnectionPool on real replica sets (gtarantool.testing.replicaset): a master
 and two replicas on localhost, started fresh for each test.
 
 Servers are started, stopped and promoted from the test greenlet while the
@@ -19,8 +19,8 @@ import tarantool.connection_pool
 from tarantool.error import DatabaseError, NetworkError, PoolTopologyError
 
 import gtarantool
-from bench.replicaset import ReplicaSet
-from bench.server import binary_version
+from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import binary_version
 from gtarantool import ConnectionClosed, Mode
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, RoundRobinStrategy
 

@@ -6,7 +6,7 @@ no acknowledged write is lost, no reply reaches the wrong caller, memory stays
 bounded, and the same Connection object serves requests again afterwards.
 
 A real Tarantool is used everywhere except for replies no real server sends
-(``fakepeer.FakePeer``); network faults go through ``bench.faults.FaultProxy``.
+(``fakepeer.FakePeer``); network faults go through ``gtarantool.testing.faults.FaultProxy``.
 """
 import itertools
 import os
@@ -26,7 +26,7 @@ from tarantool.error import DatabaseError, NetworkError, SchemaError
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
 import gtarantool
-from bench.faults import FaultProxy
+from gtarantool.testing.faults import FaultProxy
 from gtarantool import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.protocol import Response
 from gtarantool.transport import Stats, Transport

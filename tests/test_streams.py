@@ -5,7 +5,7 @@ from gevent.event import Event
 from tarantool.error import DatabaseError, InterfaceError, NetworkError
 
 import gtarantool
-from bench.server import TarantoolServer, binary_version
+from gtarantool.testing.server import TarantoolServer, binary_version
 from gtarantool import streams
 from tests.conftest import PASSWORD, USER, _lua
 

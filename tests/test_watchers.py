@@ -10,7 +10,7 @@ from gevent.event import Event
 from tarantool.error import NotSupportedError
 
 import gtarantool
-from bench.server import binary_version
+from gtarantool.testing.server import binary_version
 from tests.conftest import PASSWORD, USER
 
 VERSION = binary_version()

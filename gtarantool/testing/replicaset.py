@@ -9,7 +9,7 @@ import time
 
 import tarantool
 
-from bench.server import TarantoolServer, binary_version, free_port
+from gtarantool.testing.server import TarantoolServer, binary_version, free_port
 
 # Small timeouts: a dead peer is noticed, and a restart without the master
 # goes on, within about a second instead of Tarantool's default 30.
