@@ -28,8 +28,8 @@ setup(
         "locust": ["locust>=2.43.4"],
         "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
                   "matplotlib>=3.5"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.50", "psutil>=5.9",
-                 "locust>=2.43.4"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-rerunfailures>=12",
+                 "hypothesis>=6.50", "psutil>=5.9", "locust>=2.43.4"],
     },
     classifiers=[
         "Framework :: gevent",

@@ -1,6 +1,7 @@
 """Greenlet-aware profiles: valid callgrind files that callgrind_annotate reads with a total
 above 0, inclusive costs within 100%, the connection's greenlets by name, and the compare
 table of two bench profiles."""
+import importlib.util
 import os
 import re
 import shutil
@@ -15,9 +16,12 @@ from bench.profile import Profile
 from bench.profile import main as profile_main
 from gtarantool import profiling
 
-pytest.importorskip("yappi")
-needs_annotate = pytest.mark.skipif(shutil.which("callgrind_annotate") is None,
-                                    reason="callgrind_annotate (Debian package valgrind) missing")
+from .conftest import needs_tool
+
+pytestmark = needs_tool(importlib.util.find_spec("yappi") is not None,
+                        "yappi (the profile extra: pip install -e .[profile])")
+needs_annotate = needs_tool(shutil.which("callgrind_annotate") is not None,
+                            "callgrind_annotate (Debian package valgrind)")
 
 USER, PASSWORD = "test", "secret"
 
