@@ -52,6 +52,9 @@ def pytest_addoption(parser):
     parser.addoption("--reader", choices=("c", "python"),
                      help="run only this half of the tests that use the reader fixture "
                           "(make sanitize: the C half)")
+    parser.addoption("--update-golden", action="store_true",
+                     help="tests/test_golden.py writes tests/golden/ from the frames sent "
+                          "instead of comparing (after a wire change that is meant)")
 
 
 def in_ci():
