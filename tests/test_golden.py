@@ -27,6 +27,8 @@ from tarantool import const
 
 import gtarantool
 
+from .timing import slack
+
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 SYNC = (1 << 32) + 7        # the first sync of every request below (a real one's range)
 STREAM_ID = 3
@@ -175,7 +177,7 @@ def _answer(header, body, watched):
 # -- the requests ----------------------------------------------------------------------
 
 def _wait_for(peer, count):
-    with gevent.Timeout(5):
+    with gevent.Timeout(slack(5)):
         while len(peer.frames) < count:
             gevent.sleep(0.001)
 
@@ -226,7 +228,7 @@ def _call_16(conn):
 
 def _requests(peer):
     conn = gtarantool.connect("127.0.0.1", peer.port, user=USER, password=PASSWORD,
-                              request_timeout=5)
+                              request_timeout=slack(5))
     run = _Run(peer, conn)
     # The connect (ID, AUTH, a ping for the schema version, _vspace, _vindex),
     # with the syncs a new connection starts from.
