@@ -54,6 +54,7 @@ DEFAULT_CONNECTION_TIMEOUT = 10.0
 SCHEMA_RETRIES = 3
 
 _live = weakref.WeakSet()
+_hub_reinit = None   # the process_token() of the process whose hub _adopt reinitialised
 
 # A connection's attributes, gtarantool's and then tarantool.Connection's (1.x).
 # They live in slots: in a __dict__ with more than 30 keys, Python 3.11 cannot
@@ -296,9 +297,17 @@ class Connection(RequestMethods, tarantool.Connection):
         """In a forked child: this process's connection from now on.  The parent's
         socket is given up unread and unwritten (requests the parent had in
         flight fail here, they go on there); the next request connects."""
+        global _hub_reinit
         self._owner = _get_ident()
         self._pid = os.getpid()
         self._process = process_token()
+        if _hub_reinit != self._process:
+            # Neither os.fork (unpatched), multiprocessing nor a fork from C
+            # reinitialises gevent's hub: the resolver's threads are gone, and
+            # a connect would wait for them forever.  (Idempotent: gevent.fork's
+            # own call, if any, is not undone.)
+            gevent.reinit()
+            _hub_reinit = self._process
         # A greenlet copied from the parent may hold them, and will not release them here.
         self._lock = gevent.lock.RLock()
         self._schema_lock = gevent.lock.RLock()

@@ -12,6 +12,7 @@ the test.
 """
 import ctypes
 import json
+import multiprocessing
 import os
 import threading
 import traceback
@@ -237,6 +238,33 @@ def test_forked_child_never_reads_the_parents_replies(server, fork):
         os.waitpid(pid, 0)
         assert got == b"\x00", "child outcome flags %r" % (got,)
         assert conn.call("echo", "parent").data == ["parent"]
+        assert conn.stats.reconnects == 0
+    finally:
+        conn.close()
+
+
+def _in_process(conn, results):
+    key = "mp-%d" % os.getpid()
+    try:
+        results.put((key, conn.replace("kv", (key, 1)).data, conn.select("kv", key).data))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        results.put((key, repr(exc), None))
+
+
+def test_multiprocessing_child_uses_the_inherited_connection(server):
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    try:
+        conn.ping()
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.SimpleQueue()
+        process = ctx.Process(target=_in_process, args=(conn, results))
+        process.start()
+        process.join(30)
+        assert process.exitcode == 0
+        key, replaced, selected = results.get()
+        assert replaced == [[key, 1]] and selected == [[key, 1]], (replaced, selected)
+        assert conn.select("kv", key).data == [[key, 1]]
         assert conn.stats.reconnects == 0
     finally:
         conn.close()
