@@ -77,7 +77,7 @@ class State:
     def connected(self, conn, reconnected):
         """From ``connect()``, the new transport up: watch ``box.shutdown``."""
         self.restarting = False
-        self.recovering = reconnected
+        self.recovering = self.recovering or reconnected
         self.status = None
         if features.WATCHERS not in (conn._server_features or ()):
             return
@@ -99,6 +99,8 @@ class State:
                 or registry._transport is not transport):
             return   # (an event of a socket replaced since)
         self.restarting = True
+        # (Set now: a caller may write on the next socket before connect() is through.)
+        self.recovering = True
         conn._transport = None
         conn.connected = False
         registry._spawn(_drain, transport)
