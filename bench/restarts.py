@@ -115,12 +115,19 @@ def restart(srv, read_only=None):
     srv.start()
 
 
-def keys_on(srv):
+def keys_on(srv, acked=(), wait=5.0):
+    """The keys in ``srv``'s space, once it has every key of ``acked`` or
+    after ``wait`` seconds (the last writes may still be replicating)."""
     conn = tarantool.Connection(srv.host, srv.port, user=USER, password=PASSWORD,
                                 fetch_schema=False)
+    deadline = time.monotonic() + wait
     try:
-        return conn.eval("local r = {} for _, t in box.space.t:pairs() do r[#r + 1] = t[1] "
-                         "end return r").data[0]
+        while True:
+            keys = conn.eval("local r = {} for _, t in box.space.t:pairs() do "
+                             "r[#r + 1] = t[1] end return r").data[0]
+            if set(acked) <= set(keys) or time.monotonic() > deadline:
+                return keys
+            gevent.sleep(0.1)
     finally:
         conn.close()
 
@@ -149,9 +156,11 @@ def run_restart(driver, writers, readers):
         down = time.monotonic() - started
         gevent.sleep(2 * SETTLE)
         load.stop()
-        keys = keys_on(srv)
+        keys = keys_on(srv, load.acked)
         target.close()
-        del target   # (tarantool-python's pool must not be finalized at exit, in no greenlet)
+        # (tarantool-python's pool must not be left to be finalized at exit)
+        del target
+        load.target = None
         return load, keys, {"restart took (s)": "%.2f" % down}
     finally:
         srv.cleanup()
@@ -174,12 +183,13 @@ def run_rolling(driver, writers, readers):
         restart(master, read_only=True)
         gevent.sleep(SETTLE)
         load.stop()
-        keys = keys_on(first)
+        keys = keys_on(first, load.acked)
         extra = {}
         if driver == "gtarantool":
             extra["writes re-routed after a refusal"] = getattr(target, "rerouted_writes", "n/a")
         target.close()
         del target
+        load.target = None
         return load, keys, extra
     finally:
         rs.cleanup()

@@ -254,8 +254,10 @@ class Watchers:
                     conn._ensure_connected()   # connect() calls attach()
                     return
                 except Exception as exc:  # noqa: BLE001 - retried until close()
-                    log.warning("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
-                                conn.host, conn.port, delay, exc)
+                    # (Expected while a server that announced its shutdown restarts.)
+                    level = logging.INFO if conn._graceful.restarting else logging.WARNING
+                    log.log(level, "watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
+                            conn.host, conn.port, delay, exc)
                     conn = None   # (not held while sleeping: it may be dropped meanwhile)
                     gevent.sleep(delay)
                     conn = self._conn

@@ -307,3 +307,33 @@ def test_rolling_restart_with_switchover_through_the_pool(rs):
     finally:
         load.stop()
         pool.close()
+
+
+@needs_shutdown
+def test_an_instance_announcing_shutdown_leaves_the_rotation_at_once(rs):
+    """A replica told to stop (its on_shutdown trigger keeps it up a second
+    after the announcement): the pool stops routing reads to it at once, while
+    the process still runs, and takes it back once restarted."""
+    master, r1, r2 = rs.servers
+    with connect(r2, fetch_schema=False) as admin:
+        admin.eval("box.ctl.on_shutdown(function() require('fiber').sleep(1) end)")
+    pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD, wait_timeout=8,
+                                     request_timeout=8, refresh_delay=0.1,
+                                     connection_timeout=2)
+    try:
+        wait_until(lambda: _role(pool, r2) == "replica")
+        r2.signal(signal.SIGTERM)
+        wait_until(lambda: not pool.info()["%s:%s" % (r2.host, r2.port)]["healthy"],
+                   timeout=0.5 * 3)
+        assert r2.process.poll() is None     # still running: the pool did not wait for it
+        routed = pool.info()["%s:%s" % (r2.host, r2.port)]["requests"]
+        for i in range(50):
+            pool.select("t", i, mode=Mode.PREFER_RO)
+            pool.select("t", i, mode=Mode.RO)
+            pool.select("t", i, mode=Mode.ANY)
+        assert pool.info()["%s:%s" % (r2.host, r2.port)]["requests"] == routed
+        wait_until(lambda: r2.process.poll() is not None)
+        in_thread(r2.start)
+        wait_until(lambda: _role(pool, r2) == "replica")
+    finally:
+        pool.close()
