@@ -3,7 +3,8 @@
 ``--scenario restart``: one server, ``--writers`` greenlets inserting keys of
 their own and ``--readers`` selecting, all on one connection (gtarantool) or
 on tarantool-python's ``ConnectionPool`` of that one server; the server gets
-SIGTERM and is started again at once, on the same data.
+SIGTERM and is started again at once, on the same data (``--rows`` rows to
+recover besides the writes: it answers, read-only, while it loads them).
 
 ``--scenario rolling``: a master and two replicas; writers in RW, readers in
 PREFER_RO, through ``gtarantool.ConnectionPool`` or tarantool-python's
@@ -43,6 +44,14 @@ box.once('restarts', function()
     box.schema.user.create('bench', {password = 'secret'})
     box.schema.user.grant('bench', 'read,write,execute', 'universe')
     box.schema.space.create('t'):create_index('pk')
+    -- Data to recover: a restarted server stays read-only while it loads.
+    local fill = box.schema.space.create('fill')
+    fill:create_index('pk')
+    for i = 1, %d, 10000 do
+        box.begin()
+        for k = i, i + 9999 do fill:insert{k, string.rep('x', 100)} end
+        box.commit()
+    end
 end)
 """
 REQUEST_TIMEOUT = 8.0   # longer than any restart here: callers may wait it out
@@ -144,8 +153,8 @@ def open_target(driver, servers):
     return tarantool.ConnectionPool(addrs, user=USER, password=PASSWORD)
 
 
-def run_restart(driver, writers, readers):
-    srv = TarantoolServer(LUA).start()
+def run_restart(driver, writers, readers, rows):
+    srv = TarantoolServer(LUA % rows).start(timeout=120)
     try:
         target = open_target(driver, [srv])
         kw = {} if driver == "gtarantool" else {"mode": Mode.ANY}
@@ -157,17 +166,21 @@ def run_restart(driver, writers, readers):
         gevent.sleep(2 * SETTLE)
         load.stop()
         keys = keys_on(srv, load.acked)
+        extra = {"restart took (s)": "%.2f" % down}
+        if driver == "gtarantool":
+            extra["writes sent again once the server was writable"] = getattr(
+                getattr(target, "_graceful", None), "resent", "n/a")
         target.close()
         # (tarantool-python's pool must not be left to be finalized at exit)
         del target
         load.target = None
-        return load, keys, {"restart took (s)": "%.2f" % down}
+        return load, keys, extra
     finally:
         srv.cleanup()
 
 
-def run_rolling(driver, writers, readers):
-    rs = ReplicaSet(LUA, user=USER, password=PASSWORD).start()
+def run_rolling(driver, writers, readers, rows):
+    rs = ReplicaSet(LUA % rows, user=USER, password=PASSWORD).start()
     try:
         master, first, second = rs.servers
         target = open_target(driver, rs.servers)
@@ -206,8 +219,8 @@ def report(args, load, keys, extra):
     version = ".".join(map(str, binary_version()))
     print("scenario %s, driver %s, server Tarantool %s (%s)"
           % (args.scenario, args.driver, version, find_binary()))
-    print("  callers: %d writers, %d readers; acknowledged writes %d, reads %d"
-          % (args.writers, args.readers, len(load.acked), load.reads))
+    print("  callers: %d writers, %d readers; %d rows to recover; acknowledged writes %d, "
+          "reads %d" % (args.writers, args.readers, args.rows, len(load.acked), load.reads))
     print("  errors seen by callers: %d, by %d of the %d callers"
           % (sum(load.errors.values()), len(load.callers_failed), args.writers + args.readers))
     for kind, count in load.errors.most_common():
@@ -233,12 +246,15 @@ def main(argv=None):
                         help="writing greenlets (default 100; rolling 60)")
     parser.add_argument("--readers", type=int, default=None,
                         help="reading greenlets (default 100; rolling 60)")
+    parser.add_argument("--rows", type=int, default=200_000,
+                        help="rows of 100 bytes the servers recover on each start, "
+                             "a multiple of 10,000 (default 200,000)")
     args = parser.parse_args(argv)
     default = 100 if args.scenario == "restart" else 60
     args.writers = default if args.writers is None else args.writers
     args.readers = default if args.readers is None else args.readers
     run = run_restart if args.scenario == "restart" else run_rolling
-    report(args, *run(args.driver, args.writers, args.readers))
+    report(args, *run(args.driver, args.writers, args.readers, args.rows))
 
 
 if __name__ == "__main__":

@@ -62,14 +62,15 @@ class State:
     and has not yet seen the server writable or configured read-only.
     """
 
-    __slots__ = ("_ref", "restarting", "recovering", "status", "_changed", "_shutdown",
-                 "_status", "__weakref__")
+    __slots__ = ("_ref", "restarting", "recovering", "status", "resent", "_changed",
+                 "_shutdown", "_status", "__weakref__")
 
     def __init__(self, conn):
         self._ref = weakref.ref(conn)
         self.restarting = False
         self.recovering = False
         self.status = None        # the last box.status value since the connect
+        self.resent = 0           # writes sent again once the server became writable
         self._changed = Event()   # set (and replaced) by each box.status event
         self._shutdown = None     # the box.shutdown Watcher
         self._status = None       # the box.status Watcher, once a write needed it
@@ -129,6 +130,7 @@ class State:
             status = self.status
             if status is not None:
                 if not status.get("is_ro"):
+                    self.resent += 1
                     return True
                 if status.get("is_ro_cfg") or status.get("status") not in ("loading", "running"):
                     self.recovering = False   # read-only by design: refused at once from now on
