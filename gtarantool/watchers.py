@@ -80,9 +80,10 @@ class _Key:
 
 class Watchers:
     """A connection's watchers (``conn._watchers``, made by the first ``watch``).
-    While a key is watched, the transport's hooks refer to it and so keep the
-    connection alive (its callbacks may still run) until ``close()`` or the
-    last ``unregister()``.
+    While a user's watcher is registered, the transport's hooks refer to it
+    and so keep the connection alive (its callbacks may still run) until
+    ``close()`` or the last ``unregister()``; the connection's own watchers
+    (``internal``) refer to it weakly.
 
     It owns the runner greenlets and, while the connection is lost and some
     key is watched, a greenlet that reconnects it (nobody else might send a
