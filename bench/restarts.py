@@ -63,7 +63,7 @@ class Load:
 
     def __init__(self, target, writers, readers, write_kw=None, read_kw=None):
         self.target = target
-        self.acked, self.waits = [], []
+        self.acked, self.waits, self.read_waits = [], [], []
         self.errors = collections.Counter()
         self.examples = {}
         self.reads = 0
@@ -98,9 +98,11 @@ class Load:
 
     def _read(self, i):
         while not self._stop:
+            started = time.monotonic()
             try:
                 self.target.select("t", i, **self._read_kw)
                 self.reads += 1
+                self.read_waits.append(time.monotonic() - started)
             except Exception as exc:  # noqa: BLE001 - as above
                 self._failed(exc)
                 gevent.sleep(0.01)
@@ -232,6 +234,9 @@ def report(args, load, keys, extra):
     print("  write wait (s): p50 %.4f  p99 %.4f  max %.4f"
           % (percentile(load.waits, 0.5), percentile(load.waits, 0.99),
              max(load.waits, default=float("nan"))))
+    print("  read wait (s):  p50 %.4f  p99 %.4f  max %.4f"
+          % (percentile(load.read_waits, 0.5), percentile(load.read_waits, 0.99),
+             max(load.read_waits, default=float("nan"))))
     for name, value in extra.items():
         print("  %s: %s" % (name, value))
 

@@ -255,7 +255,7 @@ class RoleWatch(RolePoll):
         self._shutting_down = value is True
         if self._shutting_down:
             self._status = {}   # (the restarted server's box.status comes after)
-        if self._status:
+        if self._shutting_down or self._status:
             self._apply()
 
     def _apply(self):
