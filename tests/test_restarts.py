@@ -240,6 +240,31 @@ def test_watchers_come_back_by_themselves_after_the_server_drops_the_socket(srv)
     conn.close()
 
 
+@needs_shutdown
+def test_a_connection_closed_by_the_servers_idle_timeout_comes_back_by_itself(srv):
+    """3.x closes connections of a user idle longer than its idle timeout
+    (``session.users.<name>.idle_timeout`` in its config): a connection holding
+    a watcher reconnects, and the callback sees the values set after."""
+    with connect(srv, fetch_schema=False) as admin:
+        if not admin.eval("return box.internal.session ~= nil "
+                          "and box.internal.session.idle_timeout_set ~= nil").data[0]:
+            pytest.skip("no session idle timeout in this server (Tarantool 3.x config)")
+        admin.eval("box.internal.session.idle_timeout_set('test', 0.3)")
+    try:
+        conn = connect(srv)
+        seen = []
+        conn.watch("idle", lambda key, value: seen.append(value))
+        wait_until(lambda: seen == [None])
+        wait_until(lambda: conn.stats.reconnects >= 1, timeout=5)
+        with connect(srv, fetch_schema=False) as admin:
+            admin.eval("box.broadcast('idle', 'later')")
+        wait_until(lambda: seen[-1] == "later")
+        conn.close()
+    finally:
+        with connect(srv, fetch_schema=False) as admin:
+            admin.eval("box.internal.session.idle_timeout_reset()")
+
+
 def test_an_idle_connection_the_server_dropped_serves_the_next_request(srv):
     conn = connect(srv)
     sid = conn.eval("return box.session.id()").data[0]
