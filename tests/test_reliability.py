@@ -336,9 +336,13 @@ def test_callers_queued_behind_a_slow_reconnect_time_out_on_time(proxy):
     outcomes = [c.value for c in calls]
     reconnector = [o for o in outcomes if not isinstance(o[1], RequestTimeout)]
     queued = [o for o in outcomes if isinstance(o[1], RequestTimeout)]
-    assert len(reconnector) == 1 and isinstance(reconnector[0][1], NetworkError), outcomes
-    assert reconnector[0][0] < 2.0 + slack(0.5)
-    assert len(queued) == 19 and max(e for e, _ in queued) < 0.5 + slack(0.3), queued
+    # (On 2.10+ the connection's own box.shutdown watcher reconnects it at
+    # once, and every caller may be queued behind that instead.)
+    assert len(reconnector) <= 1, outcomes
+    assert all(isinstance(e, NetworkError) and took < 2.0 + slack(0.5)
+               for took, e in reconnector)
+    assert len(queued) == 20 - len(reconnector), outcomes
+    assert max(e for e, _ in queued) < 0.5 + slack(0.3), queued
     proxy.resume()
     assert conn.call("echo", 3).data == [3]
     conn.close()
