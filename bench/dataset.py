@@ -1,0 +1,152 @@
+"""Workloads over loaded records (``--records N``): a load phase, then a run phase whose
+reads, updates and deletes address records that exist and whose inserts create new ones.
+
+Worker ``w`` of ``P`` owns the keys ``w, w+P, w+2P, ...``: the load phase inserts its share
+of keys ``0..N-1``, and in the run phase it keeps a window of live records, its sequence
+numbers ``[lo, hi)`` (key = ``w + P * seq``): inserts append at ``hi``, deletes drop the
+oldest record at ``lo`` (so a delete never hits a missing key while a later read still
+aims at it), every other operation picks a record in the window with the key distribution
+(``bench.keys``).  No two workers touch one record, so an error that remains is a real
+one, counted as it is.  With P processes each one's distribution covers its own share,
+so a zipfian run has P hottest keys, one per process.
+
+``PRESETS`` maps YCSB's core workloads A-F to Tarantool operations (``--workload ycsb-a``).
+"""
+import itertools
+import random
+
+from bench import keys as distributions
+
+# What each operation of a run phase sends; "requests" per operation for box.stat.
+RUN_OPERATIONS = ("insert", "select", "update", "delete", "call", "eval", "execute", "tx",
+                  "scan")
+# Tarantool features by operation: (server version, driver support).
+NEEDS = {"tx": ((2, 10), ("gtarantool", "asynctnt")),
+         "scan": ((2, 11), ("gtarantool",))}
+
+# YCSB core workloads as mixes of this bench's operations, with their key distribution.
+# F's read-modify-write maps to Tarantool's update, which reads, modifies and writes the
+# record on the server in one request; E's scans are paginated selects.
+PRESETS = {
+    "ycsb-a": ({"select": 50, "update": 50}, "zipfian"),       # update heavy
+    "ycsb-b": ({"select": 95, "update": 5}, "zipfian"),        # read mostly
+    "ycsb-c": ({"select": 100}, "zipfian"),                    # read only
+    "ycsb-d": ({"select": 95, "insert": 5}, "latest"),         # read latest
+    "ycsb-e": ({"scan": 95, "insert": 5}, "zipfian"),          # short ranges
+    "ycsb-f": ({"select": 50, "update": 50}, "zipfian"),       # read-modify-write
+}
+PRESET_TEXT = {
+    "ycsb-a": "update heavy: 50% select, 50% update, zipfian",
+    "ycsb-b": "read mostly: 95% select, 5% update, zipfian",
+    "ycsb-c": "read only: 100% select, zipfian",
+    "ycsb-d": "read latest: 95% select, 5% insert, latest",
+    "ycsb-e": "short ranges: 95% scan (paginated select), 5% insert, zipfian",
+    "ycsb-f": "read-modify-write: 50% select, 50% update (the server's own "
+              "read-modify-write), zipfian",
+}
+
+
+def share(total, index, procs):
+    """Worker ``index``'s part of ``total`` split as evenly as possible over ``procs``."""
+    return total // procs + (1 if index < total % procs else 0)
+
+
+def load_keys(records, index, procs):
+    """The keys worker ``index`` inserts in the load phase: its share of 0..records-1."""
+    return range(index, records, procs)
+
+
+class Window:
+    """One worker's live records in the run phase, and what each operation addresses.
+
+    Reads, updates and deletes address only acknowledged records: an insert handed out
+    becomes readable once :meth:`ack` says its answer came (YCSB's acknowledged counter),
+    since a read that overtook it would find nothing.
+
+    :param records: records loaded over all workers
+    :param index: this worker
+    :param procs: all workers
+    :param pick: ``pick(lo, hi)`` from :func:`bench.keys.chooser`
+    :param tx_size: records a ``tx`` writes (consecutive in the window)
+    """
+
+    def __init__(self, records, index, procs, pick, tx_size=1):
+        self.index, self.procs = index, procs
+        self.lo = 0
+        self.hi = self.acked = share(records, index, procs)
+        self._early = set()      # acknowledged above ``acked``, out of order
+        self.pick = pick
+        self.tx_size = tx_size
+
+    def key(self, seq):
+        return self.index + self.procs * seq
+
+    def ack(self, key):
+        """The insert of ``key`` was answered: records up to the first unanswered one
+        become readable."""
+        seq = (key - self.index) // self.procs
+        if seq != self.acked:
+            self._early.add(seq)
+            return
+        self.acked += 1
+        early = self._early
+        while self.acked in early:
+            early.discard(self.acked)
+            self.acked += 1
+
+    def next(self, op):
+        """The key (or, for ``tx``, the keys) ``op`` addresses, updating the window;
+        None when the window cannot serve it (no acknowledged live record)."""
+        if op == "insert":
+            seq = self.hi
+            self.hi += 1
+            return self.key(seq)
+        if self.acked <= self.lo:
+            return None
+        if op == "delete":
+            seq = self.lo
+            self.lo += 1
+            return self.key(seq)
+        lo, hi = self.lo, self.acked
+        seq = self.pick(lo, hi)
+        if op == "tx":
+            n = min(self.tx_size, hi - lo)
+            return tuple(self.key(lo + (seq - lo + i) % (hi - lo)) for i in range(n))
+        return self.key(seq)
+
+
+def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
+              **params):
+    """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
+    without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
+    with no live record left) is drawn again.
+
+    :raises ValueError: an unknown operation or distribution
+    """
+    unknown = set(mix) - set(RUN_OPERATIONS)
+    if unknown:
+        raise ValueError("unknown operations %s; known: %s"
+                         % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
+    rng = random.Random(seed)
+    window = Window(records, index, procs,
+                    distributions.chooser(distribution, rng, **params), tx_size)
+    total = sum(mix.values())
+    table = []
+    for op in RUN_OPERATIONS:
+        table += [op] * round(1000 * mix.get(op, 0) / total)
+    slots = len(table)
+    random_ = rng.random
+
+    def items():
+        draws = itertools.count() if count is None else range(count)
+        for _ in draws:
+            for _attempt in range(100):
+                op = table[int(random_() * slots)]
+                key = window.next(op)
+                if key is not None:
+                    break
+            else:
+                raise ValueError("the mix cannot go on: no live record left to %s "
+                                 "(load more --records or insert more)" % op)
+            yield op, key
+    return items(), window
