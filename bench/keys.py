@@ -13,10 +13,11 @@ drop records at ``lo``).  The shapes follow YCSB's core workload generators:
 - ``hotspot``: ``hot_ops`` of the requests go to the first ``hot_set`` of the window.
 - ``latest``: zipfian from the newest record down (YCSB's ``SkewedLatestGenerator``).
 - ``sequential``: the window in order, round and round.
+- ``gaussian``: around the middle of the window, sigma a eighth of it (a hot centre).
 """
 import math
 
-DISTRIBUTIONS = ("uniform", "zipfian", "hotspot", "latest", "sequential")
+DISTRIBUTIONS = ("uniform", "zipfian", "hotspot", "latest", "sequential", "gaussian")
 
 ZIPFIAN_CONSTANT = 0.99
 ITEM_COUNT = 10 ** 16          # YCSB's item space for the scrambled zipfian
@@ -128,6 +129,13 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
                 position = lo
             state["next"] = position + 1
             return position
+        return pick
+    if name == "gaussian":
+        gauss = rng.gauss
+
+        def pick(lo, hi):
+            n = hi - lo
+            return lo + min(n - 1, max(0, int(gauss((n - 1) / 2, n / 8) + 0.5)))
         return pick
     raise ValueError("distribution must be one of %s" % ", ".join(DISTRIBUTIONS))
 

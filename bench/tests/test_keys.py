@@ -145,3 +145,9 @@ def test_batched_hash_matches_the_scalar_one():
     top = collections.Counter(hashes).most_common(1)[0][0]
     assert top == keys.fnv64(0)
     assert keys.fnv64(1) in hashes and keys.fnv64(12345678901) == keys.fnv64(12345678901)
+
+
+def test_gaussian_hot_centre():
+    c = counts("gaussian")
+    centre = sum(n for k, n in c.items() if 3 * N // 8 <= k < 5 * N // 8)
+    assert 0.6 < centre / DRAWS < 0.75    # +-1 sigma: 68%
