@@ -280,3 +280,55 @@ def percentile(buckets, p):
         if seen >= rank:
             return us / 1000
     return max(buckets) / 1000
+
+
+# -- the parent's side: merging the workers' open-loop figures ---------------------------
+
+def merge_second(into, extra):
+    """Add a tick's open-loop part (``OpenRecorder.flush``) to ``into``, a dict made by
+    ``new_second()``."""
+    into["latency"].update(extra["latency"])
+    into["service"].update(extra["service"])
+    into["lag"] = max(into["lag"], extra["lag"])
+
+
+def new_second():
+    return {"latency": collections.Counter(), "service": collections.Counter(), "lag": 0.0}
+
+
+def second_text(merged):
+    """The open-loop part of a progress line."""
+    latency, service = percentile(merged["latency"], 99), percentile(merged["service"], 99)
+    if latency is None:
+        return ""
+    return "  p99 %.2f ms (service %.2f), send lag max %.1f ms" % (
+        latency, service, merged["lag"] * 1000)
+
+
+def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
+    """The phase's ``open_loop`` object and service times (``service_time_ms`` of the
+    phase, and ``{op: service_time_ms}``) from the workers' results.
+
+    :param latency_ms: ``latency_ms(histogram)``, the runner's percentiles of a histogram
+    """
+    from bench.recorder import decode_histogram
+    hists = collections.defaultdict(new_histogram)
+    for part in parts:
+        for op, encoded in (part.get("service_histograms") or {}).items():
+            hists[op].add(decode_histogram(encoded))
+    everything = new_histogram()
+    for hist in hists.values():
+        everything.add(hist)
+    figures = [p["open_loop"] for p in parts]
+    achieved = ops / seconds if seconds > 0 else None
+    backlog = sum(f["late_at_end"] for f in figures)
+    lag = max(p.get("max_lag", 0.0) for p in parts)
+    open_loop = {
+        "target_rate": rate, "arrivals": arrivals, "achieved_rate": achieved,
+        "scheduled": sum(f["scheduled"] for f in figures), "backlog_at_end": backlog,
+        "max_send_lag_ms": lag * 1000,
+        # Kept up: (nearly) every request left on time and the rate was reached.
+        "kept_up": backlog <= max(1, 0.001 * ops) and achieved is not None
+        and achieved >= 0.95 * rate,
+    }
+    return open_loop, latency_ms(everything), {op: latency_ms(h) for op, h in hists.items()}
