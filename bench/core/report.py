@@ -1,5 +1,5 @@
 """Text for people: the banner, one line per second, the final report and the compare table."""
-from bench.core.config import OPERATIONS
+from bench.core.config import MIX_OPERATIONS
 
 PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
 
@@ -20,20 +20,23 @@ def banner(config, server):
         amount = "%gs%s" % (config.duration, " per phase" if config.workload == "phases" else "")
     else:
         amount = "%s ops%s" % (_n(config.ops), " per phase" if config.workload == "phases" else "")
-    if config.workload == "mix":
-        workload = "mix %s over %s keys (%s)" % (
-            "/".join("%s %d%%" % (op, config.mix[op]) for op in OPERATIONS if config.mix[op]),
-            _n(config.keys), config.distribution)
+    if config.workload != "phases":
+        workload = "%s: load %s records, then %s (%s keys)" % (
+            config.workload, _n(config.keys),
+            "/".join("%s %d%%" % (op, n) for op, n in config.mix.items() if n),
+            config.distribution)
     else:
         workload = "phases insert, select, update, delete"
-    return ("bench: driver %s, %d procs x %d concurrent, %s, %s, %d-byte payloads\n"
+    if config.rate is not None:
+        amount += ", open loop at %s ops/s (%s arrivals)" % (_n(config.rate), config.arrivals)
+    return ("bench: driver %s, %d procs x %d concurrent, %s, %s, %s-byte payloads\n"
             "server: %s" % (config.driver, config.procs, config.concurrency, workload, amount,
                             config.size, where))
 
 
 def second_line(t, phase, ops, errors, seconds, server_rps):
     """One progress line: counts in second ``t`` as rates over the ``seconds`` that ran."""
-    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in OPERATIONS if ops.get(op)]
+    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in MIX_OPERATIONS if ops.get(op)]
     line = "[%4ds] %-6s %8s ops/s  (%s)" % (t, phase, _n(sum(ops.values()) / seconds),
                                            ", ".join(parts))
     if errors:
@@ -47,25 +50,28 @@ def second_line(t, phase, ops, errors, seconds, server_rps):
 def _rows(results):
     """(label, figures) per reported row: one per phase, plus one per operation of a mix."""
     for phase in results["phases"]:
-        if phase["name"] != "mix":
-            yield phase["name"], phase
-            continue
-        yield "mix", phase
-        for op, figures in phase["operations"].items():
-            yield "  " + op, dict(figures, seconds=phase["seconds"])
+        yield phase["name"], phase
+        if len(phase["operations"]) > 1 or phase["name"] not in phase["operations"] \
+                and phase["name"] != "load":
+            for op, figures in phase["operations"].items():
+                yield "  " + op, dict(figures, seconds=phase["seconds"])
 
 
 def final(results):
     """The end-of-run report."""
+    is_open = any("open_loop" in p for p in results["phases"])
     lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s"
              % (("op", "ops", "secs", "ops/s") + PERCENTILES + ("errors",)),
-             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency, ms")]
+             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency from the intended start, ms"
+                                          if is_open else "latency, ms")]
     for label, f in _rows(results):
         latency = f["latency_ms"]
         errors = ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(f["errors"].items()))
         lines.append("%-8s %10s %8.2f %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
             (label, _n(f["ops"]), f["seconds"], _n(f["ops_per_sec"]))
             + tuple(latency[p] for p in PERCENTILES) + (errors or "-",)))
+    if is_open:
+        lines += open_loop_lines(results)
 
     lines += ["", "%-8s %9s %10s %10s %10s %12s %28s" % (
         "op", "client", "ops per", "send/1k", "recv/1k", "server", "box.stat requests"),
@@ -114,6 +120,28 @@ def final(results):
                   "equal the client's" if totals["server_counts_match"]
                   else "DIFFER from the client's")]
     return "\n".join(lines)
+
+
+def open_loop_lines(results):
+    """Service times and whether each open-loop phase kept its rate."""
+    lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s" % (
+        ("op", "target", "", "achieved") + PERCENTILES + ("schedule",)),
+        "%-8s %10s %8s %10s %44s" % ("", "ops/s", "", "ops/s", "service time (from the send), ms")]
+    for label, f in _rows(results):
+        service = f.get("service_time_ms")
+        if not service:
+            continue
+        loop = f.get("open_loop") or {}
+        if loop:
+            note = ("kept up" if loop["kept_up"] else
+                    "could not keep up: backlog %s at the end, sends up to %.1f ms late"
+                    % (_n(loop["backlog_at_end"]), loop["max_send_lag_ms"]))
+            target, achieved = _n(loop["target_rate"]), _n(loop["achieved_rate"])
+        else:
+            note, target, achieved = "", "", _n(f["ops_per_sec"])
+        lines.append("%-8s %10s %8s %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
+            (label, target, "", achieved) + tuple(service[p] for p in PERCENTILES) + (note,)))
+    return lines
 
 
 def feedback_hint(target, server):

@@ -1,8 +1,8 @@
 """The capacity search on a modelled server: the staircase, the bisection, the SLO."""
 import pytest
 
-from bench import capacity
-from bench.capacity import Step, parse_slo, search
+from bench.suites import capacity
+from bench.suites.capacity import Step, parse_slo, search
 
 
 def model(limit, base_ms=0.5):

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from bench import dataset, keys
-from bench.values import parse_sizes
+from bench.core import dataset, keys
+from bench.core.values import parse_sizes
 
 DRAWS = 200_000
 N = 1000
@@ -151,3 +151,11 @@ def test_gaussian_hot_centre():
     c = counts("gaussian")
     centre = sum(n for k, n in c.items() if 3 * N // 8 <= k < 5 * N // 8)
     assert 0.6 < centre / DRAWS < 0.75    # +-1 sigma: 68%
+
+
+def test_window_guard_keeps_reads_off_both_ends():
+    window = dataset.Window(100, 0, 1, keys.chooser("uniform", random.Random(0)), guard=10)
+    picked = {window.next("select") for _ in range(3000)}
+    assert min(picked) == 10 and max(picked) == 89
+    small = dataset.Window(15, 0, 1, keys.chooser("uniform", random.Random(0)), guard=10)
+    assert {small.next("select") for _ in range(500)} == set(range(15))

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from bench.openloop import Schedule, percentile
+from bench.core.openloop import Schedule, percentile
 
 
 def test_uniform_count_and_spacing():

@@ -13,6 +13,7 @@ The event loops' timers count whole milliseconds and wake up to a millisecond la
 request leaves up to ``EARLY`` seconds before its intended time rather than after it; its
 latency then counts from its send.
 """
+import asyncio
 import collections
 import itertools
 import math
@@ -20,10 +21,9 @@ import random
 import threading
 import time
 
-from bench.recorder import LOWEST_US, Recorder, new_histogram
-from bench.workloads import check
-
-ARRIVALS = ("uniform", "poisson")
+from bench.core.config import ARRIVALS
+from bench.core.recorder import LOWEST_US, Recorder, decode_histogram, new_histogram
+from bench.core.workloads import check
 EARLY = 0.001   # seconds: the timers' granularity (libev, libuv)
 
 
@@ -244,7 +244,6 @@ def serve_open(take, recorder, calls, payloads, error_kind, sleep, go=None):
 
 async def serve_open_async(take, recorder, calls, payloads, error_kind, go=None):
     """``serve_open`` for asyncio tasks."""
-    import asyncio
     clock = time.monotonic
     record = recorder.record_open
     expected, spread = payloads.table, payloads.SPREAD
@@ -311,7 +310,6 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
 
     :param latency_ms: ``latency_ms(histogram)``, the runner's percentiles of a histogram
     """
-    from bench.recorder import decode_histogram
     hists = collections.defaultdict(new_histogram)
     for part in parts:
         for op, encoded in (part.get("service_histograms") or {}).items():

@@ -15,11 +15,12 @@ so a zipfian run has P hottest keys, one per process.
 import itertools
 import random
 
-from bench import keys as distributions
+from bench.core import keys as distributions
 
 # What each operation of a run phase sends; "requests" per operation for box.stat.
 RUN_OPERATIONS = ("insert", "select", "update", "delete", "call", "eval", "execute", "tx",
                   "scan")
+CALL_FUNCTION = "bench_get"   # what the call operation calls by default (prepare.lua)
 # Tarantool features by operation: (server version, driver support).
 NEEDS = {"tx": ((2, 10), ("gtarantool", "asynctnt")),
          "scan": ((2, 11), ("gtarantool",))}
@@ -46,6 +47,21 @@ PRESET_TEXT = {
 }
 
 
+class Unsupported(ValueError):
+    """An operation this client cannot send; the message says which clients can."""
+
+
+def check_supported(ops, driver, pool=False):
+    """Raise :class:`Unsupported` when ``driver`` cannot send one of ``ops``."""
+    name = "pool" if pool else driver
+    for op in ops:
+        if op in NEEDS and name not in NEEDS[op][1]:
+            raise Unsupported("operation %s needs the %s driver%s, not %s" % (
+                op, " or ".join(NEEDS[op][1]), "s" if len(NEEDS[op][1]) > 1 else "",
+                "--pool" if pool else driver))
+
+
+
 def share(total, index, procs):
     """Worker ``index``'s part of ``total`` split as evenly as possible over ``procs``."""
     return total // procs + (1 if index < total % procs else 0)
@@ -68,15 +84,21 @@ class Window:
     :param procs: all workers
     :param pick: ``pick(lo, hi)`` from :func:`bench.keys.chooser`
     :param tx_size: records a ``tx`` writes (consecutive in the window)
+    :param guard: records kept out of reach of reads at either end of the window while it
+        is larger than twice that: for clients whose requests may overtake each other
+        (the threads driver's connections; a pool's reads on replicas, which apply an
+        insert after the master answered it), so a read does not meet a record being
+        deleted or not there yet
     """
 
-    def __init__(self, records, index, procs, pick, tx_size=1):
+    def __init__(self, records, index, procs, pick, tx_size=1, guard=0):
         self.index, self.procs = index, procs
         self.lo = 0
         self.hi = self.acked = share(records, index, procs)
         self._early = set()      # acknowledged above ``acked``, out of order
         self.pick = pick
         self.tx_size = tx_size
+        self.guard = guard
 
     def key(self, seq):
         return self.index + self.procs * seq
@@ -95,7 +117,7 @@ class Window:
             self.acked += 1
 
     def next(self, op):
-        """The key (or, for ``tx``, the keys) ``op`` addresses, updating the window;
+        """The key ``op`` addresses (for ``tx``, its first), updating the window;
         None when the window cannot serve it (no acknowledged live record)."""
         if op == "insert":
             seq = self.hi
@@ -108,15 +130,17 @@ class Window:
             self.lo += 1
             return self.key(seq)
         lo, hi = self.lo, self.acked
-        seq = self.pick(lo, hi)
+        if hi - lo > 2 * self.guard:
+            lo, hi = lo + self.guard, hi - self.guard
         if op == "tx":
-            n = min(self.tx_size, hi - lo)
-            return tuple(self.key(lo + (seq - lo + i) % (hi - lo)) for i in range(n))
-        return self.key(seq)
+            # The transaction's first record; it updates the next ones too
+            # (bench.operations.tx_keys), so it starts low enough for them all.
+            return self.key(self.pick(lo, max(lo + 1, hi - self.tx_size + 1)))
+        return self.key(self.pick(lo, hi))
 
 
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
-              **params):
+              guard=0, **params):
     """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
     without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
     with no live record left) is drawn again.
@@ -129,7 +153,7 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
                          % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
     rng = random.Random(seed)
     window = Window(records, index, procs,
-                    distributions.chooser(distribution, rng, **params), tx_size)
+                    distributions.chooser(distribution, rng, **params), tx_size, guard)
     total = sum(mix.values())
     table = []
     for op in RUN_OPERATIONS:

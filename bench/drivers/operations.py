@@ -10,26 +10,11 @@ more than one request count them in ``requests`` (a ``collections.Counter`` of
 ``kind`` is "tarantool" (tarantool-python and gtarantool: ``.data`` on a response),
 "gtarantool" (also streams and pagination) or "asynctnt" (coroutines).
 """
-from bench.dataset import NEEDS
+from bench.core.dataset import CALL_FUNCTION
 
-CALL_FUNCTION = "bench_get"
 EVAL_LUA = "local space, key = ... return box.space[space]:get(key)"
 SELECT_SQL = 'SELECT * FROM "%s" WHERE "id" = ?'
 UPDATE_OPS = [("+", 1, 1)]
-
-
-class Unsupported(ValueError):
-    """An operation this client cannot send; the message says which clients can."""
-
-
-def check_supported(ops, driver, pool=False):
-    """Raise :class:`Unsupported` when ``driver`` cannot send one of ``ops``."""
-    name = "gtarantool" if pool else driver
-    for op in ops:
-        if op in NEEDS and name not in NEEDS[op][1]:
-            raise Unsupported("operation %s needs the %s driver%s, not %s" % (
-                op, " or ".join(NEEDS[op][1]), "s" if len(NEEDS[op][1]) > 1 else "",
-                "--pool" if pool else driver))
 
 
 def tx_keys(window, key):
@@ -58,33 +43,33 @@ def extra_calls(kind, conn, config, window, requests, ops):
     if "tx" in ops:
         def tx(key):
             stream = conn.stream()
+            requests["BEGIN"] += 1      # counted as sent: the server counts one it refuses
             stream.begin()
-            requests["BEGIN"] += 1
             rows = None
             try:
                 for k in tx_keys(window, key):
-                    data = stream.update(space, k, UPDATE_OPS).data
                     requests["UPDATE"] += 1
+                    data = stream.update(space, k, UPDATE_OPS).data
                     if rows is None:
                         rows = data
             except BaseException:
                 if stream.in_transaction:
-                    stream.rollback()
                     requests["ROLLBACK"] += 1
+                    stream.rollback()
                 raise
-            stream.commit()
             requests["COMMIT"] += 1
+            stream.commit()
             return rows
         calls["tx"] = tx
     if "scan" in ops:
         def scan_(key):
-            resp = conn.select(space, key, iterator="GE", limit=page, fetch_pos=True)
             requests["SELECT"] += 1
+            resp = conn.select(space, key, iterator="GE", limit=page, fetch_pos=True)
             rows, got, position = resp.data, len(resp.data), resp.position
             while got < scan and position is not None:
+                requests["SELECT"] += 1
                 resp = conn.select(space, key, iterator="GE", limit=min(page, scan - got),
                                    after=position, fetch_pos=True)
-                requests["SELECT"] += 1
                 got += len(resp.data)
                 position = resp.position
             return rows
@@ -103,21 +88,21 @@ def _asynctnt_calls(conn, space, function, sql, window, requests, ops):
     if "tx" in ops:
         async def tx(key):
             stream = conn.stream()
+            requests["BEGIN"] += 1      # counted as sent: the server counts one it refuses
             await stream.begin()
-            requests["BEGIN"] += 1
             rows = None
             try:
                 for k in tx_keys(window, key):
-                    data = await stream.update(space, [k], UPDATE_OPS)
                     requests["UPDATE"] += 1
+                    data = await stream.update(space, [k], UPDATE_OPS)
                     if rows is None:
                         rows = data
             except BaseException:
-                await stream.rollback()
                 requests["ROLLBACK"] += 1
+                await stream.rollback()
                 raise
-            await stream.commit()
             requests["COMMIT"] += 1
+            await stream.commit()
             return rows
         calls["tx"] = tx
     return calls
