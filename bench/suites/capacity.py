@@ -159,12 +159,16 @@ def table(steps):
     return "\n".join(lines)
 
 
-def verdict(best, slo):
-    """The last line."""
+def verdict(best, slo, steps=()):
+    """The last line; a capacity that no broken step bounds from above (the budget or
+    the highest rate ran out first) is marked as a lower bound."""
     if best is None:
         return "capacity: none found: the lowest rate tried broke the SLO (%s)" % slo
-    return "capacity: {:,.0f} ops/s at {} {:.3f} ms (SLO {})".format(
+    line = "capacity: {:,.0f} ops/s at {} {:.3f} ms (SLO {})".format(
         best.rate, slo.percentile, best.latency_ms[slo.percentile], slo)
+    if steps and not any(not s.ok and s.rate > best.rate for s in steps):
+        line += ", at least: no step broke it"
+    return line
 
 
 def step_from_results(rate, results):
@@ -186,21 +190,47 @@ def step_from_results(rate, results):
                 errors=sum(sum(p["errors"].values()) for p in phases))
 
 
-def plot(steps, slo, best, path, title=""):
-    """Latency (p50, p99, p99.9 from the intended start) against the rate tried."""
+@dataclasses.dataclass
+class Search:
+    """One capacity search: a driver, an SLO, its steps and the best step (or None)."""
+    driver: str
+    slo: Slo
+    steps: List[Step]
+    best: Optional[Step]
+
+    def as_dict(self):
+        return {"driver": self.driver, "slo": dataclasses.asdict(self.slo),
+                "steps": [dataclasses.asdict(s) for s in self.steps],
+                "capacity": self.best.rate if self.best else None,
+                "capacity_latency_ms": self.best.latency_ms if self.best else None}
+
+
+def plot(searches, path, title=""):
+    """Latency from the intended start against the rate tried: p50, p99 and p99.9 of one
+    search, or the p99 of each driver when there are several; the SLOs dashed, each
+    capacity dotted."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
-    ordered = sorted(steps, key=lambda s: s.rate)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for p, style in (("p50", "o-"), ("p99", "s-"), ("p99.9", "^-")):
-        ax.plot([s.rate for s in ordered], [s.latency_ms[p] for s in ordered], style,
-                label=p, markersize=4)
-    ax.axhline(slo.ms, color="red", linestyle="--", linewidth=0.8, label="SLO %s" % slo)
-    if best is not None:
-        ax.axvline(best.rate, color="green", linestyle=":", linewidth=0.8,
-                   label="capacity {:,.0f} ops/s".format(best.rate))
+    by_driver = {}
+    for found in searches:
+        by_driver.setdefault(found.driver, []).extend(found.steps)
+    for driver, steps in by_driver.items():
+        ordered = sorted(steps, key=lambda s: s.rate)
+        shown = ("p50", "p99", "p99.9") if len(by_driver) == 1 else ("p99",)
+        for p, marker in zip(shown, "os^"):
+            label = p if len(by_driver) == 1 else "%s %s" % (driver, p)
+            ax.plot([s.rate for s in ordered], [s.latency_ms[p] for s in ordered],
+                    marker + "-", label=label, markersize=4)
+    for slo in {found.slo.ms: found.slo for found in searches}.values():
+        ax.axhline(slo.ms, color="red", linestyle="--", linewidth=0.8, label="SLO %s" % slo)
+    for found in searches:
+        if found.best is not None:
+            ax.axvline(found.best.rate, color="green", linestyle=":", linewidth=0.8,
+                       label="%s: {:,.0f} ops/s at %s".format(found.best.rate)
+                       % (found.driver, found.slo))
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("offered rate, ops/s")
@@ -215,9 +245,13 @@ def plot(steps, slo, best, path, title=""):
 
 def add_arguments(parser):
     group = parser.add_argument_group("capacity")
-    group.add_argument("--slo", type=parse_slo, default=parse_slo("p99=2ms"),
+    group.add_argument("--slo", type=parse_slo, action="append",
                        help="PERCENTILE=BOUND the latency from the intended start must "
-                            "meet, e.g. p99=2ms, p99.9=5ms, p50=500us (default p99=2ms)")
+                            "meet, e.g. p99=2ms, p99.9=5ms, p50=500us; repeat it for a "
+                            "search per SLO (default p99=2ms)")
+    group.add_argument("--drivers", metavar="NAME,...",
+                       help="a search per driver, one after another on the same server "
+                            "(instead of --driver)")
     group.add_argument("--start", type=float, default=1000.0,
                        help="the staircase's first rate, ops/s (default %(default)g)")
     group.add_argument("--factor", type=float, default=2.0,
@@ -227,7 +261,8 @@ def add_arguments(parser):
     group.add_argument("--step", type=float, default=3.0,
                        help="seconds per step (default %(default)g)")
     group.add_argument("--budget", type=float, default=100.0,
-                       help="seconds after which no new step starts (default %(default)g)")
+                       help="seconds of one search after which no new step starts "
+                            "(default %(default)g)")
 
 
 def main(argv=None):
@@ -244,55 +279,69 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not (args.start > 0 and args.factor > 1 and 0 < args.precision < 1 and args.step > 0):
         parser.error("need --start > 0, --factor > 1, 0 < --precision < 1 and --step > 0")
+    slos = args.slo or [parse_slo("p99=2ms")]
+    names = [n.strip() for n in args.drivers.split(",") if n.strip()] if args.drivers \
+        else [args.driver]
     try:
-        base = options.from_args(args, rate=args.start, duration=args.step, quiet=True,
-                                 json=None, plot=None)
+        configs = [options.from_args(args, driver=name, rate=args.start, duration=args.step,
+                                     quiet=True, json=None, plot=None,
+                                     lazy_errors=args.lazy_errors and name == "gtarantool")
+                   for name in names]
     except ValueError as exc:
         parser.error(str(exc))
-    module = drivers.missing(base.driver)
-    if module:
-        parser.error("driver %s needs the %r module: pip install %s"
-                     % (base.driver, module, module))
-    slo = args.slo
+    for name in names:
+        module = drivers.missing(name)
+        if module:
+            parser.error("driver %s needs the %r module: pip install %s"
+                         % (name, module, module))
+    searches = []
     try:
-        with open_target(base) as target:
-            print("capacity: driver %s, %d procs x %d concurrent, workload %s, %g s steps, "
-                  "SLO %s; server %s:%s (Tarantool %s)" % (
-                      base.driver, base.procs, base.concurrency, base.workload, args.step,
-                      slo, target.host, target.port, target.version), flush=True)
-            print(table([]), flush=True)
-
-            def measure(rate):
-                return step_from_results(rate, runner.run(base.replace(rate=rate), target))
-
-            def progress(step):
-                print(table([step]).splitlines()[-1], flush=True)
-            steps, best = search(measure, slo, start=args.start, factor=args.factor,
-                                 precision=args.precision, budget=args.budget,
-                                 on_step=progress)
+        with open_target(configs[0]) as target:
             version = target.version
+            for base in configs:
+                for slo in slos:
+                    searches.append(_search(base, slo, target, args))
     except KeyboardInterrupt:
         print("\ninterrupted; the server and the workers are stopped", file=sys.stderr)
         return 130
     except (SetupError, runner.BenchError) as exc:
         print("bench.capacity: %s" % exc, file=sys.stderr)
         return 1
+    for found in searches:
+        print("\n== %s, SLO %s" % (found.driver, found.slo))
+        print(table(found.steps))
     print()
-    print(table(steps))
-    print(verdict(best, slo))
+    for found in searches:
+        line = verdict(found.best, found.slo, found.steps)
+        print(line if len(searches) == 1 else "%s, driver %s" % (line, found.driver))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": base.as_dict(), "slo": dataclasses.asdict(slo),
-                       "server_version": version,
-                       "steps": [dataclasses.asdict(s) for s in steps],
-                       "capacity": best.rate if best else None,
-                       "capacity_latency_ms": best.latency_ms if best else None}, f, indent=1)
+            json.dump(dict(searches[0].as_dict(), config=configs[0].as_dict(),
+                           server_version=version,
+                           searches=[found.as_dict() for found in searches]), f, indent=1)
         print("wrote %s" % args.json)
     if args.plot:
-        plot(steps, slo, best, args.plot, "%s, %s, Tarantool %s" % (
-            base.driver, base.workload, version))
+        plot(searches, args.plot, "%s, %s, Tarantool %s" % (
+            ", ".join(names), configs[0].workload, version))
         print("wrote %s" % args.plot)
     return 0
+
+
+def _search(base, slo, target, args):
+    print("capacity: driver %s, %d procs x %d concurrent, workload %s, %g s steps, "
+          "SLO %s; server %s:%s (Tarantool %s)" % (
+              base.driver, base.procs, base.concurrency, base.workload, args.step, slo,
+              target.host, target.port, target.version), flush=True)
+    print(table([]), flush=True)
+
+    def measure(rate):
+        return step_from_results(rate, runner.run(base.replace(rate=rate), target))
+
+    def progress(step):
+        print(table([step]).splitlines()[-1], flush=True)
+    steps, best = search(measure, slo, start=args.start, factor=args.factor,
+                         precision=args.precision, budget=args.budget, on_step=progress)
+    return Search(base.driver, slo, steps, best)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,10 @@ def test_table_and_verdict():
     assert capacity.verdict(best, slo).startswith("capacity: ")
     assert capacity.verdict(best, slo).endswith("(SLO p99 <= 2 ms)")
     assert "none found" in capacity.verdict(None, slo)
+
+
+def test_a_capacity_nothing_broke_is_a_lower_bound():
+    measure, _ = model(10 ** 9)
+    slo = parse_slo("p99=2ms")
+    steps, best = search(measure, slo, max_rate=5000)
+    assert capacity.verdict(best, slo, steps).endswith("at least: no step broke it")
