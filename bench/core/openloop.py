@@ -121,7 +121,8 @@ class OpenPhase:
     def figures(self):
         """What the worker reports about the schedule."""
         return {"scheduled": self.taken, "late_at_end": self.late_at_end,
-                "schedule_start": self.schedule.start, "schedule_end": self.schedule.end}
+                "schedule_start": self.schedule.start, "schedule_end": self.schedule.end,
+                "worker_rate": self.schedule.rate}
 
 
 def _bucket(us):
@@ -146,10 +147,13 @@ class OpenRecorder(Recorder):
         self._second_service = collections.Counter()
         self._second_lag = 0.0
         self.max_lag = 0.0
+        self.last_send = 0.0
 
     def record_open(self, op, intended, t0, t1, error):
         if t1 >= self.next_tick:
             self.flush(t1)
+        if t0 > self.last_send:
+            self.last_send = t0
         lag = t0 - intended
         us = int((t1 - (intended if lag > 0 else t0)) * 1e6)
         service_us = int((t1 - t0) * 1e6)
@@ -318,7 +322,12 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
     for hist in hists.values():
         everything.add(hist)
     figures = [p["open_loop"] for p in parts]
-    achieved = ops / seconds if seconds > 0 else None
+    # The rate the requests left at: a worker that kept up sent its last one when the
+    # schedule ended; one that fell behind, later.  (Not ops over the phase's seconds,
+    # which add the last answer's latency to a short run.)
+    sending = max(max(f["schedule_end"], p.get("last_send", 0.0)) - f["schedule_start"]
+                  + 1.0 / f["worker_rate"] for f, p in zip(figures, parts))
+    achieved = ops / sending if sending > 0 else None
     backlog = sum(f["late_at_end"] for f in figures)
     lag = max(p.get("max_lag", 0.0) for p in parts)
     open_loop = {

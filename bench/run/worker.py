@@ -86,7 +86,8 @@ def measure(driver, phase, config, send, profile):
     extra = {}
     if is_open:
         extra = {"service_histograms": recorder.service_histograms(),
-                 "open_loop": phase.figures(), "max_lag": recorder.max_lag}
+                 "open_loop": phase.figures(), "max_lag": recorder.max_lag,
+                 "last_send": recorder.last_send}
     return {
         **extra,
         # Requests the composite operations (tx, scan) sent, by box.stat name.

@@ -182,7 +182,9 @@ def step_from_results(rate, results):
     server = [p["server"]["cpu_seconds"] for p in phases]
     latency = {k: max(p["latency_ms"][k] for p in phases) for k in PERCENTILES}
     open_loop = [p.get("open_loop") or {} for p in phases]
-    return Step(rate=rate, achieved=ops / seconds if seconds else 0.0, latency_ms=latency,
+    achieved = [o["achieved_rate"] for o in open_loop if o.get("achieved_rate")]
+    return Step(rate=rate, achieved=min(achieved) if achieved else
+                ops / seconds if seconds else 0.0, latency_ms=latency,
                 service_time_ms=worst.get("service_time_ms"),
                 client_cpu=cpu / seconds if seconds else None,
                 server_cpu=sum(server) / seconds if seconds and None not in server else None,

@@ -6,6 +6,9 @@ from bench.suites.capacity import main as capacity_main
 from gtarantool.testing.server import TarantoolServer
 
 SERVICE = 0.0025            # seconds per call: the server holds 400 calls/s
+# Past the limit the queue grows by (rate - 400)/s: at 440/s a 2 s step ends with 80
+# calls queued, 200 ms, so an SLO of 100 ms breaks there and holds well below it,
+# on a busy machine too.
 LIMITED_LUA = """
 box.schema.user.grant('guest', 'read,write,execute,create', 'universe')
 local clock, fiber = require('clock'), require('fiber')
@@ -30,17 +33,17 @@ def test_capacity_finds_a_servers_rate_limit(tmp_path, capsys):
         code = capacity_main([
             "--host", server.host, "--port", str(server.port), "--workload", "mix",
             "--mix", "call=100", "--call", "limited", "--records", "100", "--greenlets", "50",
-            "--slo", "p99=25ms", "--start", "300", "--step", "1", "--precision", "0.05",
+            "--slo", "p99=100ms", "--start", "300", "--step", "2", "--precision", "0.05",
             "--json", str(path), "--plot", str(plot)])
     finally:
         server.cleanup()
     assert code == 0
     out = capsys.readouterr().out
     last = out.strip().splitlines()[-3]     # then "wrote ..." twice
-    assert last.startswith("capacity: ") and last.endswith("(SLO p99 <= 25 ms)")
+    assert last.startswith("capacity: ") and last.endswith("(SLO p99 <= 100 ms)")
     result = json.loads(path.read_text())
     limit = 1 / SERVICE
-    assert 0.9 * limit <= result["capacity"] <= 1.05 * limit, result["steps"]
+    assert 0.9 * limit <= result["capacity"] <= 1.1 * limit, result["steps"]
     steps = result["steps"]
     assert [s["stage"] for s in steps[:2]] == ["staircase"] * 2
     assert any(not s["ok"] for s in steps) and any(s["stage"] == "bisection" for s in steps)
