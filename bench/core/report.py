@@ -159,9 +159,12 @@ def feedback_hint(target, server):
 def compare_table(runs):
     """The article's table: a row per operation, a column group per driver."""
     drivers = list(runs)
-    head1 = "%-9s" % "" + "".join(" | %-35s" % name for name in drivers)
-    head2 = "%-9s" % "op" + " | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms") \
-        * len(drivers)
+    # Open loop: p99 from the intended start, then the service time's p99 beside it.
+    is_open = any("open_loop" in p for r in runs.values() for p in r["phases"])
+    width = 43 if is_open else 35
+    head1 = "%-9s" % "" + "".join(" | %-*s" % (width, name) for name in drivers)
+    head2 = "%-9s" % "op" + (" | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms")
+                             + (" %7s" % "svc p99" if is_open else "")) * len(drivers)
     lines = [head1, head2, "-" * len(head2)]
     labels = [label for label, _ in _rows(runs[drivers[0]])]
     by_driver = {name: dict(_rows(results)) for name, results in runs.items()}
@@ -170,10 +173,13 @@ def compare_table(runs):
         for name in drivers:
             f = by_driver[name].get(label)
             if f is None:
-                cells.append(" | %35s" % "n/a")
+                cells.append(" | %*s" % (width, "n/a"))
                 continue
             cells.append(" | %9s %7.2f %9s %7.2f" % (
                 _n(f["ops_per_sec"]), f["seconds"], _n(f.get("ops_per_client_cpu_second")),
                 f["latency_ms"]["p99"]))
+            if is_open:
+                service = f.get("service_time_ms")
+                cells.append(" %7s" % ("%.2f" % service["p99"] if service else "-"))
         lines.append("%-9s" % label + "".join(cells))
     return "\n".join(lines)
