@@ -108,3 +108,14 @@ def test_a_stalled_server_shows_from_the_intended_start_not_in_a_closed_loop():
     assert closed["latency_ms"]["max"] >= 400
     assert closed["latency_ms"]["p99"] < open_["latency_ms"]["p99"] / 5
     assert closed["ops"] > 20 * 20
+
+
+def test_compare_and_plot_at_a_rate(tmp_path, capsys):
+    from bench.suites.compare import main as compare_main
+    plot = tmp_path / "rate.png"
+    assert compare_main(["--drivers", "gtarantool,asynctnt", "--workload", "mix",
+                         "--records", "100", "--rate", "300", "--duration", "1",
+                         "--greenlets", "5", "-q", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "open loop at 300 ops/s" in out and "svc p99" in out
+    assert plot.stat().st_size > 0
