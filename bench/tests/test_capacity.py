@@ -2,6 +2,8 @@
 that serves one call at a time, each taking SERVICE seconds on the server's clock."""
 import json
 
+import pytest
+
 from bench.suites.capacity import main as capacity_main
 from gtarantool.testing.server import TarantoolServer
 
@@ -25,6 +27,7 @@ end
 """ % SERVICE
 
 
+@pytest.mark.timing
 def test_capacity_finds_a_servers_rate_limit(tmp_path, capsys):
     server = TarantoolServer(LIMITED_LUA)
     server.start()

@@ -24,6 +24,7 @@ def run(tmp_path, *args):
     return json.loads(path.read_text())
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("driver", ["gtarantool", "sync", "threads", "asynctnt"])
 def test_fixed_rate_keeps_its_rate_and_sends_everything(tmp_path, driver):
     rate, seconds = 400, 2.5
@@ -93,6 +94,7 @@ def stalled_run(rate):
         server.cleanup()
 
 
+@pytest.mark.timing
 def test_a_stalled_server_shows_from_the_intended_start_not_in_a_closed_loop():
     open_ = stalled_run(1000)
     closed = stalled_run(None)
