@@ -170,7 +170,7 @@ def add_arguments(parser, driver=True):
                      help="percentages of the run phase, OP one of %s (default "
                           "insert=25,select=25,update=25,delete=25, or the preset's)"
                           % ", ".join(MIX_OPERATIONS))
-    run.add_argument("--records", "--keys", dest="keys", type=int, default=d.keys,
+    run.add_argument("--records", "--keys", dest="keys", type=int, default=d.keys, metavar="N",
                      help="records the load phase of a mix or preset inserts "
                           "(default %(default)s)")
     run.add_argument("--distribution", choices=KEY_DISTRIBUTIONS, default=None,
@@ -183,7 +183,7 @@ def add_arguments(parser, driver=True):
     run.add_argument("--arrivals", choices=ARRIVALS, default=d.arrivals,
                      help="with --rate: evenly spaced, or a Poisson process "
                           "(default %(default)s)")
-    run.add_argument("--call", dest="call_function", default=d.call_function,
+    run.add_argument("--call", dest="call_function", default=d.call_function, metavar="NAME",
                      help="Lua function the call operation calls with the key "
                           "(default %(default)s, which the bench defines)")
     run.add_argument("--tx-size", type=int, default=d.tx_size,
