@@ -415,7 +415,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
             "cpu_seconds": server_cpu,
             # --pool: each instance's box.stat counts, "SELECT@host:port"
             "instances": {key: stat_after[key] - stat_before[key] for key in stat_after
-                          if key.split("@")[0] in STAT_NAMES.values() and "@" in key
+                          if key.split("@")[0] in names.values() and "@" in key
                           and stat_after[key] != stat_before.get(key, 0)},
         },
     }

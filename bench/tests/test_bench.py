@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+import tarantool
 
 from bench.__main__ import main as bench_main
 from bench.core.config import OPERATIONS, Config
@@ -197,7 +198,14 @@ def test_bench_keeps_running_through_a_server_restart():
                         size=64, quiet=True)
 
         def restart():
-            time.sleep(2.5)
+            # Once the run phase is under way (the load phase only inserts).
+            admin = tarantool.Connection(srv.host, srv.port, user="loader", password="pw")
+            try:
+                while admin.eval("return box.stat().SELECT.total").data[0] == 0:
+                    time.sleep(0.05)
+            finally:
+                admin.close()
+            time.sleep(1.5)
             srv.kill()
             time.sleep(2)
             srv.start()
