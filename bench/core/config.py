@@ -30,7 +30,7 @@ class Config:
     greenlets: int = 100
     ops: int = 100_000
     duration: Optional[float] = None
-    size: int = 1536                # or "LOW-HIGH", "SIZE:WEIGHT,...": bench.values
+    size: int = 1536                # or "LOW-HIGH", "SIZE:WEIGHT,...": bench.core.values
     mix: Dict[str, int] = dataclasses.field(
         default_factory=lambda: {op: 25 for op in OPERATIONS})
     keys: int = 10_000              # --records: loaded before the run phase of a mix

@@ -6,7 +6,7 @@ of keys ``0..N-1``, and in the run phase it keeps a window of live records, its 
 numbers ``[lo, hi)`` (key = ``w + P * seq``): inserts append at ``hi``, deletes drop the
 oldest record at ``lo`` (so a delete never hits a missing key while a later read still
 aims at it), every other operation picks a record in the window with the key distribution
-(``bench.keys``).  No two workers touch one record, so an error that remains is a real
+(``bench.core.keys``).  No two workers touch one record, so an error that remains is a real
 one, counted as it is.  With P processes each one's distribution covers its own share,
 so a zipfian run has P hottest keys, one per process.
 
@@ -82,7 +82,7 @@ class Window:
     :param records: records loaded over all workers
     :param index: this worker
     :param procs: all workers
-    :param pick: ``pick(lo, hi)`` from :func:`bench.keys.chooser`
+    :param pick: ``pick(lo, hi)`` from :func:`bench.core.keys.chooser`
     :param tx_size: records a ``tx`` writes (consecutive in the window)
     :param guard: records kept out of reach of reads at either end of the window while it
         is larger than twice that: for clients whose requests may overtake each other
@@ -134,7 +134,7 @@ class Window:
             lo, hi = lo + self.guard, hi - self.guard
         if op == "tx":
             # The transaction's first record; it updates the next ones too
-            # (bench.operations.tx_keys), so it starts low enough for them all.
+            # (bench.drivers.operations.tx_keys), so it starts low enough for them all.
             return self.key(self.pick(lo, max(lo + 1, hi - self.tx_size + 1)))
         return self.key(self.pick(lo, hi))
 

@@ -24,6 +24,7 @@ import time
 from bench.core.config import ARRIVALS
 from bench.core.recorder import LOWEST_US, Recorder, decode_histogram, new_histogram
 from bench.core.workloads import check
+
 EARLY = 0.001   # seconds: the timers' granularity (libev, libuv)
 
 
@@ -85,7 +86,7 @@ class Schedule:
 
 
 class OpenPhase:
-    """A workload phase (``bench.workloads.Phase``) on a schedule: ``take()`` hands out
+    """A workload phase (``bench.core.workloads.Phase``) on a schedule: ``take()`` hands out
     ``(op, key, intended)`` in intended order until either runs out, then None.
 
     ``late_at_end`` counts the requests taken after the schedule's last intended time:
@@ -135,9 +136,9 @@ def _bucket(us):
 
 
 class OpenRecorder(Recorder):
-    """A :class:`bench.recorder.Recorder` that also keeps the service time: ``latency``
+    """A :class:`bench.core.recorder.Recorder` that also keeps the service time: ``latency``
     counts from the intended start, ``service`` from the send.  Its ticks carry a
-    seventh item: the second's latency and service time (``{microseconds: n}``, two
+    sixth item: the second's latency and service time (``{microseconds: n}``, two
     significant digits) and the largest lag of a send behind its intended time."""
 
     def __init__(self, phase, send):

@@ -30,7 +30,7 @@ ER_TUPLE_FOUND = 3  # Tarantool's error code for a duplicate primary key
 class Payloads:
     """``payload(key)``: bytes that depend on the key, cheap to make and to compare:
     ``table[key % SPREAD]``.  ``size``: bytes, or a range or weighted list of sizes
-    (``bench.values``), each of the SPREAD payloads drawn from it."""
+    (``bench.core.values``), each of the SPREAD payloads drawn from it."""
 
     SPREAD = 251  # distinct payloads; a prime, so neighbouring keys never share one
 
@@ -70,7 +70,7 @@ class Phase:
     def __init__(self, name, items, count=None, window=None):
         self.name = name
         self.count = count      # items it hands out, when known before it starts
-        self.window = window    # the record window of a run phase (bench.dataset)
+        self.window = window    # the record window of a run phase (bench.core.dataset)
         self._items = iter(items)
         self._deadline = None
         # A C-level call: no Python frame per request in the harness.
@@ -128,7 +128,7 @@ def plan(config, index):
 
 def records_plan(config, index):
     """A mix or preset: the load phase (worker ``index``'s share of ``config.keys``
-    records), then the run phase over them (``bench.dataset``)."""
+    records), then the run phase over them (``bench.core.dataset``)."""
     procs = config.procs
     load = dataset.load_keys(config.keys, index, procs)
     # Requests that may overtake each other need a guard at the window's ends.

@@ -196,7 +196,7 @@ class Driver:
     # tarantool-python raises exactly this class for an error response; its subclasses
     # (NetworkError, SchemaError, ...) are client-side failures.
     server_error = tarantool.error.DatabaseError
-    kind = "tarantool"      # which calls bench.operations makes for it
+    kind = "tarantool"      # which calls bench.drivers.operations makes for it
 
     def __init__(self, config, host, port):
         self.config = config

@@ -23,7 +23,7 @@ from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
 from bench.run import worker
 from bench.targets import SetupError, open_target
 
-RECORDS_PHASES = ("load", "run")     # a mix or a preset: bench.dataset
+RECORDS_PHASES = ("load", "run")     # a mix or a preset: bench.core.dataset
 SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
 MIN_SAMPLE_INTERVAL = 0.25  # shortest interval a server rps is computed over
 PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts

@@ -4,7 +4,7 @@ Runs the load of ``python -m bench`` (the same options) open-loop at one rate af
 a staircase (``--start``, times ``--factor`` each step) until a step breaks the SLO or
 cannot keep up (achieved below ``KEEP_UP`` of the target), then bisection between the last
 rate that held and the first that broke until they are within ``--precision``.  The
-latency judged is the one from the intended start (``bench.openloop``) over the run phases
+latency judged is the one from the intended start (``bench.core.openloop``) over the run phases
 (a load phase is not judged).  Prints a table (rate, achieved, p50, p99, p99.9, client and
 server CPU) and a last line ``capacity: N ops/s at p99 X ms (SLO p99 <= 2 ms)``; ``--json``
 and ``--plot`` (latency against rate) write the steps.
