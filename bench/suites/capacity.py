@@ -220,11 +220,15 @@ def plot(searches, path, title=""):
     for found in searches:
         by_driver.setdefault(found.driver, []).extend(found.steps)
     for driver, steps in by_driver.items():
-        ordered = sorted(steps, key=lambda s: s.rate)
+        # A rate tried more than once (one search per SLO): the mean of its steps.
+        at = {}
+        for step in steps:
+            at.setdefault(step.rate, []).append(step)
+        rates = sorted(at)
         shown = ("p50", "p99", "p99.9") if len(by_driver) == 1 else ("p99",)
         for p, marker in zip(shown, "os^"):
             label = p if len(by_driver) == 1 else "%s %s" % (driver, p)
-            ax.plot([s.rate for s in ordered], [s.latency_ms[p] for s in ordered],
+            ax.plot(rates, [sum(s.latency_ms[p] for s in at[r]) / len(at[r]) for r in rates],
                     marker + "-", label=label, markersize=4)
     for slo in {found.slo.ms: found.slo for found in searches}.values():
         ax.axhline(slo.ms, color="red", linestyle="--", linewidth=0.8, label="SLO %s" % slo)
