@@ -1,6 +1,7 @@
 # make test    - install everything (tarantool server, .venv, the package) and run the tests
 # make bench   - run the load generator against a throwaway local server
-# make compare - sync, threads, gtarantool and asynctnt side by side
+# make compare - sync, threads, gtarantool and asynctnt side by side (RATE=R: at one fixed rate)
+# make capacity SLO=p99=2ms - the highest fixed rate that meets a latency SLO (DRIVER=asynctnt ...)
 # make perf    - the speed targets (ratios against asynctnt and the sync client)
 # make instructions - instructions per request under callgrind, host-independent
 # make sweep   - gtarantool vs asynctnt (and sync) at 1 to 10,000 greenlets, with its targets
@@ -44,14 +45,27 @@ LOCUSTFILE_ARGS = -f bench/locust/locustfile.py --bench-prepare \
 POOL ?=
 HOSTS ?=
 INSTANCES ?=
+# Open loop and workloads over loaded records (docs/loadgen.rst)
+RATE ?=
+ARRIVALS ?=
+RECORDS ?=
+DISTRIBUTION ?=
+MIX ?=
+SLO ?= p99=2ms
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
-	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES)) \
+	$(if $(RATE),--rate $(RATE)) $(if $(ARRIVALS),--arrivals $(ARRIVALS)) \
+	$(if $(RECORDS),--records $(RECORDS)) $(if $(DISTRIBUTION),--distribution $(DISTRIBUTION)) \
+	$(if $(MIX),--mix $(MIX))
+# make capacity: a mix over loaded records unless WORKLOAD is given
+CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
+	--workload $(if $(filter command line environment,$(origin WORKLOAD)),$(WORKLOAD),mix)
 
-.PHONY: all install server test bench compare perf sweep instructions profile soak locust \
+.PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz clean
 
 all: test
@@ -95,6 +109,9 @@ bench: install
 
 compare: install
 	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))
+
+capacity: install
+	$(PY) -m bench.capacity $(CAPACITY_ARGS) --driver $(DRIVER) --slo $(SLO)
 
 perf: install
 	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))
