@@ -24,12 +24,14 @@ setup(
     ],
     extras_require={
         "profile": ["yappi>=1.6"],
+        # gtarantool.Router's bucket ids: vshard hashes with CRC-32C
+        "sharding": ["crc32c>=2.3"],
         # 2.43.4: stats.bucket_response_time can be replaced (sub-millisecond buckets)
         "locust": ["locust>=2.43.4"],
         "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
                   "matplotlib>=3.5"],
         "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.50", "psutil>=5.9",
-                 "locust>=2.43.4"],
+                 "locust>=2.43.4", "crc32c>=2.3"],
     },
     classifiers=[
         "Framework :: gevent",
