@@ -706,15 +706,19 @@ class Router:
     def _each(self, replicasets, deadline, *call, on_ok=None, map_stage=False, quiet=False):
         """``vshard.storage._call(*call)`` on every master in parallel; {id: value}."""
         def one(rs):
-            data = rs.pool.call("vshard.storage._call", *call, mode=RW).data
+            # Errors are returned, not raised: the caller raises the first one.
+            try:
+                data = rs.pool.call("vshard.storage._call", *call, mode=RW).data
+            except Exception as exc:
+                return exc
             if not data or data[0] is None or data[0] is False:
                 err = data[1] if len(data) > 1 else None
                 if isinstance(err, dict) and err.get("type") == "ShardingError":
-                    raise ShardingError.from_storage(err, rs.id)
-                raise StorageError(err, rs.id)
+                    return ShardingError.from_storage(err, rs.id)
+                return StorageError(err, rs.id)
             if on_ok is not None:
                 on_ok(rs)
-            return data[1] if map_stage and len(data) > 1 else (None if map_stage else data[0])
+            return (data[1] if map_stage and len(data) > 1 else (None if map_stage else data[0]),)
 
         greenlets = [gevent.spawn(one, rs) for rs in replicasets]
         try:
@@ -728,12 +732,12 @@ class Router:
                                          "the timeout (map_callrw)" % rs.name)
                     exc.replicaset = rs.id
                     raise exc
-                if greenlet.exception is not None:
-                    exc = greenlet.exception
+                if isinstance(greenlet.value, BaseException):
+                    exc = greenlet.value
                     if getattr(exc, "replicaset", None) is None:
                         exc.replicaset = rs.id
                     raise exc
-                results[rs.id] = greenlet.value
+                results[rs.id] = greenlet.value[0]
             return results
         finally:
             gevent.killall(greenlets)

@@ -155,6 +155,27 @@ class Shard:
                 continue
         return None
 
+    def switch_master(self, to, timeout=10.0):
+        """A planned failover: the master turns read-only, ``servers[to]`` applies
+        everything it wrote, then turns writable (no acknowledged write is lost)."""
+        old = self.master
+        new = self.servers[to]
+        if old is new:
+            return
+        for i, srv in enumerate(self.servers):
+            srv.cfg["read_only"] = i != to
+        self.cluster.eval(old, "box.cfg{read_only = true}")
+        self.cluster.eval(new, """
+            local want, id, timeout = ...
+            local deadline = require('clock').monotonic() + timeout
+            while (box.info.vclock[id] or 0) < want do
+                if require('clock').monotonic() > deadline then error('replica did not sync') end
+                require('fiber').sleep(0.01)
+            end
+            box.cfg{read_only = false}
+        """, self.cluster.eval(old, "return box.info.vclock[box.info.id] or 0")[0],
+            self.cluster.eval(old, "return box.info.id")[0], timeout)
+
     def failover(self, to):
         """Make ``self.servers[to]`` the only writable member (the others read-only;
         a dead one is told so in its next start)."""
