@@ -2,8 +2,11 @@
 bucket ids equal vshard's, calls land where their bucket is, buckets moving,
 a master switching and the whole cluster restarting under load, map_callrw,
 an unreachable replica set."""
+import os
 import random
 import struct
+import subprocess
+import sys
 
 import gevent
 import gevent.event
@@ -14,6 +17,7 @@ import gtarantool
 from gtarantool import RequestTimeout, Router, ShardingError, StorageError
 from gtarantool.testing.cluster import ShardedCluster, vshard_missing
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 MISSING = vshard_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
@@ -399,3 +403,12 @@ def test_an_unreachable_replicaset_is_named_and_the_others_served():
         router.close()
     finally:
         cluster.cleanup()
+
+
+def test_the_customer_service_example_runs():
+    example = os.path.join(os.path.dirname(HERE), "examples", "sharding", "service.py")
+    out = subprocess.run([sys.executable, example], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    # 100 customers with orders of 100, 101 and 102 each.
+    assert "revenue: 30300" in out.stdout
