@@ -31,7 +31,7 @@ from gtarantool.errors import RequestTimeout
 from gtarantool.pool import ConnectionPool
 
 try:
-    import crc32c as _crc32c
+    from crc32c import crc32c as _crc32c
 except ImportError:   # an optional dependency: gtarantool[sharding]
     _crc32c = None
 
@@ -215,10 +215,16 @@ def _mp_nested(value, varbinary):
 
 
 def _crc(data):
-    if _crc32c is None:
-        raise ImportError("bucket ids need the crc32c package: pip install 'gtarantool[sharding]'")
     # Tarantool's digest.crc32 is CRC-32C without the final inversion.
-    return _crc32c.crc32c(data) ^ 0xFFFFFFFF
+    return _crc32c(data) ^ 0xFFFFFFFF
+
+
+def _no_crc32c(data):
+    raise ImportError("bucket ids need the crc32c package: pip install 'gtarantool[sharding]'")
+
+
+if _crc32c is None:
+    _crc32c = _no_crc32c
 
 
 def _parts(key):
@@ -232,6 +238,8 @@ def _parts(key):
 def strcrc32(key):
     """vshard's ``strcrc32`` (Tarantool's ``digest.crc32`` of ``tostring`` of the
     key, or of each part of a tuple or list in turn)."""
+    if type(key) is str:
+        return _crc(key.encode())
     parts = _parts(key)
     if parts is None:
         return _crc(_tostring(key))
@@ -248,6 +256,11 @@ def mpcrc32(key, varbinary=True):
     :param varbinary: the server decodes binary keys to varbinary (Tarantool 3.0+);
         False for 2.x, where a binary part is hashed as a string.
     """
+    kind = type(key)
+    if kind is int and -(1 << 63) <= key < (1 << 64):   # the usual keys, directly
+        return _crc(_pack_int(key))
+    if kind is str:
+        return _crc(key.encode())
     parts = _parts(key)
     if parts is None:
         return _crc(_mp_one(key, varbinary))
@@ -355,6 +368,12 @@ class Router:
         except BaseException:
             self.close()
             raise
+        # A storage names a destination by uuid or by name (3.x's name_as_key).
+        self._destinations = {}
+        for (rs_id, rs_cfg), rs in zip(sharding.items(), self.replicasets.values()):
+            for alias in (rs_id, rs.name, rs_cfg.get("uuid")):
+                if alias is not None:
+                    self._destinations.setdefault(alias, rs)
         if discovery_mode != "off":
             for rs in self.replicasets.values():
                 rs.discovery = gevent.spawn(self._discover, rs)
@@ -576,7 +595,7 @@ class Router:
     def _call(self, bucket_id, mode, vmode, func, args, timeout):
         if type(bucket_id) is not int or not 0 < bucket_id <= self.bucket_count:
             self._check(bucket_id)
-        if not isinstance(args, (list, tuple)):
+        if type(args) is not tuple and not isinstance(args, (list, tuple)):
             raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
         if timeout is None:
             timeout = self.timeout
@@ -621,7 +640,7 @@ class Router:
                 last = ShardingError.from_storage(err, rs.id)
                 if code in MOVED:
                     self._reset(bucket_id)
-                    dest = self.replicasets.get(err.get("destination"))
+                    dest = self._destinations.get(err.get("destination"))
                     if dest is not None and dest is not rs:
                         self._set(bucket_id, dest)
                     # The first redirect goes at once; a bucket still moving is
