@@ -27,7 +27,7 @@ from tarantool.connection_pool import Mode
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 from gtarantool.connection import Connection
-from gtarantool.errors import RequestTimeout
+from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
 
 try:
@@ -593,6 +593,8 @@ class Router:
         return self._call(bucket_id, PREFER_RO, "read", func, args, timeout)
 
     def _call(self, bucket_id, mode, vmode, func, args, timeout):
+        if self._closed:
+            raise ConnectionClosed("the router is closed")
         if type(bucket_id) is not int or not 0 < bucket_id <= self.bucket_count:
             self._check(bucket_id)
         if type(args) is not tuple and not isinstance(args, (list, tuple)):
@@ -616,7 +618,7 @@ class Router:
                     data = rs.pool.call("vshard.storage.call", bucket_id, vmode, func, args,
                                         mode=mode).data
                 except NetworkError as exc:
-                    if vmode == "write" or isinstance(exc, RequestTimeout):
+                    if vmode == "write" or self._closed or isinstance(exc, RequestTimeout):
                         exc.replicaset = rs.id
                         raise
                     last = exc   # a read changes nothing: send it again

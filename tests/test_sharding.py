@@ -256,8 +256,13 @@ def test_from_router_reads_the_lua_routers_configuration(cluster):
         assert set(router.replicasets) == set(cluster.cfg["sharding"])
         assert router.bucket_count == cluster.bucket_count
         assert router.callrw(3, "kv_get", (3, 1), timeout=5)[0] == cluster.buckets()[3]
+        discoveries = [rs.discovery for rs in router.replicasets.values()]
+        assert discoveries and not any(g.dead for g in discoveries)
     finally:
         router.close()
+    assert all(g.dead for g in discoveries)   # owned: killed and joined by close()
+    with pytest.raises(gtarantool.ConnectionClosed):
+        router.callro(3, "kv_get", (3, 1))
 
 
 # -- under load ------------------------------------------------------------------------------

@@ -72,7 +72,10 @@ def vshard_missing():
     if rocks_dir() is None:
         return ("vshard was not found (set GTARANTOOL_ROCKS to a folder holding vshard/, "
                 "e.g. ../shared/tarantool/rocks)")
-    version = binary_version()
+    try:
+        version = binary_version()
+    except (RuntimeError, OSError) as exc:   # no server binary: say so, as a reason
+        return str(exc)
     if version < (2, 11):
         return ("vshard needs Tarantool 2.11+ here; the server is %s (choose one with "
                 "TARANTOOL=/path/to/tarantool)" % ".".join(map(str, version)))
