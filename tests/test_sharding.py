@@ -293,6 +293,15 @@ class Load:
                 self.errors.append((key, exc))
             gevent.sleep(0.001)
 
+    def wait_more(self, count, more=100, timeout=30):
+        """Wait until ``more`` writes past ``count`` are acknowledged; their number."""
+        with gevent.Timeout(timeout, False):
+            while len(self.acked) < count + more:
+                gevent.sleep(0.02)
+        assert len(self.acked) >= count + more, ("the writes did not go on: %d errors, last %r"
+                                                 % (len(self.errors), self.errors[-1:]))
+        return len(self.acked)
+
     def finish(self):
         self.stop.set()
         gevent.joinall(self.greenlets, raise_error=True)
@@ -352,20 +361,15 @@ def test_master_switch_and_full_restart_under_load():
         switched = len(load.acked)
         cluster_call = gevent.get_hub().threadpool.spawn
         cluster_call(shard.switch_master, 1).get()
-        gevent.sleep(0.5)
+        after_switch = load.wait_more(switched)
         assert not load.errors, load.errors[:5]   # NON_MASTER is waited out
         assert cluster.eval(shard.servers[1], "return box.info.ro")[0] is False
-        after_switch = len(load.acked)
-        assert after_switch > switched
         rounds = {rs: info["discovery"]["rounds"]
                   for rs, info in router.info()["replicasets"].items()}
         cluster_call(cluster.restart).get()
         router.discovery_wakeup()
-        gevent.sleep(0.5)
-        restarted = len(load.acked)
-        gevent.sleep(0.5)
+        load.wait_more(max(after_switch, len(load.acked)))   # it goes on by itself
         load.finish()
-        assert len(load.acked) > restarted > after_switch   # it went on by itself
         for key, exc in load.errors:   # only calls in flight across the stop
             assert isinstance(exc, (NetworkError, ShardingError)), exc
         load.check(cluster)

@@ -14,6 +14,7 @@ every storage after ``vshard.storage.cfg`` with the global
 ``cluster_replicaset`` naming its replica set's uuid.
 """
 import os
+import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,8 +55,9 @@ def rocks_dir():
     if named:
         return named
     candidates = []
-    binary = os.environ.get("TARANTOOL")
-    if binary and os.path.isabs(binary):
+    binary = os.environ.get("TARANTOOL") and shutil.which(os.environ["TARANTOOL"])
+    if binary:   # ../shared/tarantool/3.8.0/tarantool: ../shared/tarantool/rocks
+        binary = os.path.abspath(binary)
         candidates.append(os.path.join(os.path.dirname(os.path.dirname(binary)), "rocks"))
     folder = HERE
     while os.path.dirname(folder) != folder:
