@@ -383,6 +383,34 @@ def test_master_switch_and_full_restart_under_load():
 
 
 @pytest.mark.timeout(120)
+def test_master_killed_and_a_replica_promoted_under_load():
+    """An unplanned failover: the writes the dead master acknowledged but had not
+    replicated may be gone (asynchronous replication), the router goes on."""
+    cluster = make_cluster()
+    try:
+        router = open_router(cluster)
+        shard = cluster.shards[0]
+        load = Load(router, timeout=2)
+        load.wait_more(0)
+        shard.servers[0].kill()
+        cluster_call = gevent.get_hub().threadpool.spawn
+        cluster_call(shard.failover, 1).get()
+        promoted = len(load.acked)
+        load.wait_more(promoted)
+        load.finish()
+        rows = all_rows(cluster)
+        truth = cluster.buckets()
+        late = sorted(load.acked)[-50:]   # acknowledged by the new master
+        assert all(key in rows and truth[rows[key][1]] == rows[key][0] for key in late)
+        assert any(load.acked[key] == shard.uuid for key in late)   # the promoted one wrote
+        for key, exc in load.errors:   # only about the dead master, and named so
+            assert getattr(exc, "replicaset", None) == shard.uuid, exc
+        router.close()
+    finally:
+        cluster.cleanup()
+
+
+@pytest.mark.timeout(120)
 def test_an_unreachable_replicaset_is_named_and_the_others_served():
     cluster = make_cluster()
     try:
