@@ -572,27 +572,6 @@ def test_wait_timeout_waits_for_a_master_and_close_leaves_nothing(rs):
     assert all(i["connected"] is False for i in pool.info().values())
 
 
-# -- the benchmark over a pool (bench/pool.py) --------------------------------------------
-
-def test_bench_pool_routes_and_counts_per_instance(rs):
-    from bench import config as options
-    from bench import runner
-    from bench.pool import parse_hosts
-    assert parse_hosts("a:1, :2") == [("a", 1), ("127.0.0.1", 2)]
-    with pytest.raises(ValueError, match="HOST:PORT"):
-        parse_hosts("a:1,b")
-    hosts = ",".join(name(srv) for srv in rs.servers)
-    config = options.Config(pool=True, hosts=hosts, user=USER, password=PASSWORD, ops=2000,
-                            greenlets=20, quiet=True)
-    results = runner.run(config)
-    assert results["totals"]["errors"] == 0 and results["totals"]["server_counts_match"]
-    select = next(p for p in results["phases"] if p["name"] == "select")
-    master, r1, r2 = rs.servers
-    assert select["connection"]["requests@%s" % name(master)] == 0
-    assert select["server"]["instances"] == {"SELECT@%s" % name(r1): 1000,
-                                             "SELECT@%s" % name(r2): 1000}
-
-
 def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
     """The last member cannot bind its port: start() raises, and the master and
     the first replica, running by then, are stopped, not left behind."""

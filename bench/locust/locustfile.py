@@ -1,7 +1,7 @@
 """The bench's ``mix`` workload as a Locust scenario (``make locust``).
 
 Each user draws operations by the ``--bench-mix`` percentages and keys from
-``0..KEYS-1`` (uniform or gaussian), as ``bench.workloads.mix`` does, and
+``0..KEYS-1`` (uniform or gaussian), as ``bench.core.workloads.mix`` does, and
 checks every tuple that comes back against the key's payload.  A duplicate key
 on insert (error 3) counts as a success, as does a select, update or delete of
 a key that is not there (an empty reply): the mix produces both by design.
@@ -18,10 +18,10 @@ import random
 from locust import constant, events, task
 from locust.runners import WorkerRunner
 
-from bench.config import DISTRIBUTIONS, Config, parse_mix
-from bench.drivers import UPDATE_OPS
-from bench.target import Target
-from bench.workloads import ER_TUPLE_FOUND, Payloads
+from bench.core.config import DISTRIBUTIONS, Config, parse_mix
+from bench.core.workloads import ER_TUPLE_FOUND, Payloads
+from bench.drivers.clients import UPDATE_OPS
+from bench.targets.server import Target
 from gtarantool.locust import REQUEST_TYPE, TarantoolUser, parse_host, worker_reports
 
 _users = itertools.count()
@@ -30,7 +30,7 @@ _users = itertools.count()
 @events.init_command_line_parser.add_listener
 def _options(parser, **_kwargs):
     d = Config()
-    group = parser.add_argument_group("bench workload (bench/locustfile.py)")
+    group = parser.add_argument_group("bench workload (bench/locust/locustfile.py)")
     group.add_argument("--bench-mix", default="insert=25,select=25,update=25,delete=25",
                        help="operation percentages (default %(default)s)")
     group.add_argument("--bench-keys", type=int, default=d.keys, help="key range")

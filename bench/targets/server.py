@@ -1,7 +1,7 @@
-"""The server under load: a throwaway embedded Tarantool or an existing one.
+"""One server under load: a throwaway embedded Tarantool or an existing one.
 
-``open_target(config)`` yields a :class:`Target`; an embedded server is stopped when the block
-exits, whatever the reason (error, Ctrl-C).  The target's admin connection creates and empties
+``open_server_target(config)`` yields a :class:`Target`; an embedded server is stopped when
+the block exits, whatever the reason (error, Ctrl-C).  The target's admin connection creates and empties
 the bench space and reads ``box.stat()``; it only ever sends EVAL requests, so it never adds
 to the INSERT/SELECT/UPDATE/DELETE counters the run compares with the client's.
 """
@@ -101,20 +101,9 @@ class Target:
 
 
 @contextlib.contextmanager
-def open_target(config):
-    """Yield the Target for ``config``: the server at --host, a replica set with
-    --pool (bench.pool), many instances (--instances N or --hosts, bench.instances),
-    or a new embedded server."""
-    if config.pool:
-        from bench.pool import open_pool_target
-        with open_pool_target(config) as target:
-            yield target
-        return
-    if config.instances > 1 or config.hosts:
-        from bench.instances import open_instances_target
-        with open_instances_target(config) as target:
-            yield target
-        return
+def open_server_target(config):
+    """Yield the Target for one server: the one at ``config.host``, or a new embedded one
+    that is stopped when the block exits."""
     if not config.embedded:
         target = Target(config.host, config.port, config)
         try:

@@ -15,11 +15,12 @@ import time
 
 import tarantool
 
-from bench import report, worker
-from bench.config import OPERATIONS
-from bench.recorder import decode_histogram, new_histogram
-from bench.target import open_target
-from bench.workloads import MISMATCH, NOT_FOUND, is_server_error
+from bench.core import report
+from bench.core.config import OPERATIONS
+from bench.core.recorder import decode_histogram, new_histogram
+from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
+from bench.run import worker
+from bench.targets import open_target
 
 PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
 SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
@@ -62,7 +63,7 @@ class _Run:
         ctx = multiprocessing.get_context("forkserver")
         barrier = ctx.Barrier(config.procs + 1)
         self.pipes, self.procs = [], []
-        # Many instances (bench.instances): worker i drives instance i % N.
+        # Many instances (bench.targets.instances): worker i drives instance i % N.
         address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
         self.addresses = [address(index) for index in range(config.procs)]
         for index in range(config.procs):

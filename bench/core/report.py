@@ -1,5 +1,5 @@
 """Text for people: the banner, one line per second, the final report and the compare table."""
-from bench.config import OPERATIONS
+from bench.core.config import OPERATIONS
 
 PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
 

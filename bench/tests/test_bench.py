@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from bench import runner
 from bench.__main__ import main as bench_main
-from bench.config import OPERATIONS, Config
+from bench.core.config import OPERATIONS, Config
+from bench.core.workloads import DUPLICATE_KEY, NOT_FOUND
+from bench.run import runner
+from bench.targets.server import SetupError
 from gtarantool.testing.server import TarantoolServer
-from bench.target import SetupError
-from bench.workloads import DUPLICATE_KEY, NOT_FOUND
 
 EXISTING_LUA = """
 box.schema.user.create('loader', {password = 'pw'})
@@ -167,7 +167,7 @@ def test_duration_bounds_each_phase():
 
 def test_mismatch_is_reported():
     """A select that reads bytes other than those written is an error, not a pass."""
-    from bench.workloads import MISMATCH, Payloads, check
+    from bench.core.workloads import MISMATCH, Payloads, check
     payloads = Payloads(16)
     assert check("select", 7, [[7, 0, payloads(7)]], payloads) is None
     assert check("select", 7, [[7, 0, payloads(8)]], payloads) == MISMATCH
@@ -223,7 +223,7 @@ def test_bench_keeps_running_through_a_server_restart():
 
 
 def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
-    from bench import perf
+    from bench.suites import perf
     out = tmp_path / "perf.json"
     code = perf.main(["--runs", "1", "--ops", "600", "--sync-ops", "200", "--sync-runs", "1",
                       "--pipeline-ops", "600", "--window", "200", "--greenlets", "10",
@@ -254,7 +254,7 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
 
 def test_instructions_per_request_under_callgrind(capsys):
     """(One row: each is two client processes under callgrind, ~13 s apiece.)"""
-    from bench import instructions
+    from bench.suites import instructions
     assert instructions.main(["-n", "200", "--greenlets", "10", "--ops", "select",
                               "--drivers", "gtarantool"]) == 0
     printed = capsys.readouterr().out
@@ -266,9 +266,9 @@ def test_instructions_per_request_under_callgrind(capsys):
 
 def test_instructions_child_runs_make_perfs_pipelined_loop():
     """The pipeline row's counted process, without callgrind: its inserts reach the server."""
-    from bench import instructions
-    from bench.config import Config
-    from bench.target import open_target
+    from bench.suites import instructions
+    from bench.core.config import Config
+    from bench.targets import open_target
     base = Config(workload="phases", procs=1, quiet=True, wal="none")
     with open_target(base) as target:
         instructions.fill(target, base.space, instructions.PIPELINE, 300, 16)
@@ -278,7 +278,7 @@ def test_instructions_child_runs_make_perfs_pipelined_loop():
 
 
 def test_instructions_table_says_which_driver_has_no_pipeline():
-    from bench import instructions
+    from bench.suites import instructions
     args = argparse.Namespace(
         n=10, greenlets=3, size=100, ops=["select", "pipeline"])
     printed = instructions.table({"gtarantool": {"select": 2000.0, "pipeline": 1000.0},
@@ -289,7 +289,7 @@ def test_instructions_table_says_which_driver_has_no_pipeline():
 
 
 def test_instructions_rejects_unknown_names():
-    from bench import instructions
+    from bench.suites import instructions
     with pytest.raises(SystemExit):
         instructions.main(["--ops", "frobnicate"])
     with pytest.raises(SystemExit):
@@ -297,7 +297,7 @@ def test_instructions_rejects_unknown_names():
 
 
 def test_sweep_prints_every_level_and_target_and_exits_by_the_verdict(tmp_path, capsys):
-    from bench import sweep
+    from bench.suites import sweep
     out = tmp_path / "sweep.json"
     code = sweep.main(["--runs", "1", "--ops", "300", "--ops-at-1", "100", "--min-rounds", "2",
                        "--levels", "1,10,200", "--wal", "none", "--json", str(out)])
@@ -324,49 +324,12 @@ def test_sweep_prints_every_level_and_target_and_exits_by_the_verdict(tmp_path, 
     assert re.search(r"^200 +select +gtarantool .*$", printed, re.M)
 
 
-def test_free_ports_are_below_the_ephemeral_range():
-    """Outgoing connections take local ports from the ephemeral range: a port
-    picked there could be taken before the server binds it."""
-    import socket
-
-    from gtarantool.testing.server import _ephemeral_low, free_port
-    ports = {free_port() for _ in range(20)}
-    assert len(ports) > 1 and all(1024 <= port < _ephemeral_low() for port in ports)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", ports.pop()))
-
-
-def test_throwaway_servers_send_no_requests_of_their_own(conn):
-    """2.11's and 3.x's feedback daemon selects once a minute, and box.stat()
-    counts it: a bench phase spanning that moment would find the server's
-    counts one off the client's."""
-    assert conn.eval("return box.cfg.feedback_enabled").data == [False]
-
-
 def test_a_select_the_server_made_itself_is_explained():
     """An existing 2.11/3.x server with feedback on counts a select of its own
     once a minute: the report says so beside the mismatch it makes."""
-    from bench.report import feedback_hint
+    from bench.core.report import feedback_hint
     phase = {"requests": {"select": 101, "insert": 5},
              "client_requests": {"select": 100, "insert": 5}}
     assert "1 more select than sent" in feedback_hint({"feedback": True}, phase)
     assert feedback_hint({"feedback": False}, phase) is None
     assert feedback_hint({"feedback": True}, dict(phase, requests={"select": 99})) is None
-
-
-def test_free_port_never_gives_a_port_twice(monkeypatch):
-    """A replica set picks all its ports before starting any server: the same
-    port picked twice would fail the second server's start."""
-    from gtarantool.testing import server
-
-    class Repeating:   # a generator that draws the same port again and again
-        def __init__(self):
-            self.draws = iter([20000, 20000, 20000, 20001])
-
-        def randrange(self, low, high):
-            return next(self.draws)
-
-    monkeypatch.setattr(server, "_ports", Repeating())
-    monkeypatch.setattr(server, "_given", set(), raising=False)
-    monkeypatch.setattr(server, "_ephemeral_low", lambda: 32768)
-    assert [server.free_port(), server.free_port()] == [20000, 20001]

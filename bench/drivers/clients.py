@@ -9,7 +9,6 @@ connection's socket counters (or None), ``close()``.
 Client libraries are imported inside the driver that uses them: gevent only ever gets imported
 in a gtarantool worker process, never in the parent.
 """
-import importlib.util
 import threading
 import time
 
@@ -17,8 +16,8 @@ import msgpack
 import tarantool
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
-from bench.recorder import LockedRecorder, Recorder
-from bench.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
+from bench.core.recorder import LockedRecorder, Recorder
+from bench.core.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
 
 UPDATE_OPS = [("+", 1, 1)]  # counter field (0-based field number, as iproto takes it)
 
@@ -314,26 +313,3 @@ class AsynctntDriver(Driver):
     def close(self):
         self.loop.run_until_complete(self.conn.disconnect())
         self.loop.close()
-
-
-DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
-           "asynctnt": AsynctntDriver}
-
-
-# What each driver imports beyond tarantool-python (uvloop is used when present).
-REQUIRES = {"gtarantool": ("gevent", "gtarantool"), "asynctnt": ("asynctnt",)}
-
-
-def missing(name):
-    """The first module driver ``name`` needs that is not installed, or None."""
-    for module in REQUIRES.get(name, ()):
-        if importlib.util.find_spec(module) is None:
-            return module
-    return None
-
-
-def make(config, host, port):
-    if config.pool:
-        from bench.pool import PoolDriver
-        return PoolDriver(config, host, port)
-    return DRIVERS[config.driver](config, host, port)

@@ -1,16 +1,15 @@
 """``--plot``: ops/s over time per operation, one panel per run, server rps dashed."""
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
-
-from bench.config import OPERATIONS  # noqa: E402
+from bench.core.config import OPERATIONS
 
 MIN_COVERED = 0.2  # seconds
 
 
 def draw(runs, path):
-    """``runs``: {title: results of bench.runner.run}; writes a PNG to ``path``."""
+    """``runs``: {title: results of bench.run.runner.run}; writes a PNG to ``path``."""
+    # matplotlib takes most of a second to import: only runs with --plot pay for it.
+    import matplotlib
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
     for ax, (title, results) in zip(axes[:, 0], runs.items()):
         for op in OPERATIONS:

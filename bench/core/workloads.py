@@ -14,7 +14,7 @@ import itertools
 import random
 import time
 
-from bench.config import OPERATIONS
+from bench.core.config import OPERATIONS
 
 # The ways a request can come back wrong that the workload itself produces or detects.
 DUPLICATE_KEY = "duplicate_key"

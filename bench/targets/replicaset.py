@@ -1,6 +1,6 @@
 """The benchmark over a replica set: ``--pool`` (``make bench POOL=1 [HOSTS=h1:p1,...]``).
 
-Each worker drives a ``gtarantool.ConnectionPool``: reads go to read-only
+Each worker drives a ``gtarantool.ConnectionPool`` (``bench.drivers.pool``): reads go to read-only
 instances (``mode=RO``), writes to the read-write one.  The target reads
 ``box.stat()`` on every instance: the run's figures compare the client's
 selects with the sum over the instances and its writes with the read-write
@@ -11,8 +11,9 @@ shows each instance's counts.  Without ``HOSTS`` a throwaway replica set
 import contextlib
 import time
 
-from bench.drivers import GeventDriver, tarantool_calls
-from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
+from bench.core.hosts import addresses, parse_hosts
+from bench.targets.server import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
+from gtarantool.testing.replicaset import ReplicaSet
 
 # The replicated components of box.info.vclock (0 counts each instance's local writes).
 VCLOCK = ("local r = {} for id, lsn in pairs(box.info.vclock) do "
@@ -26,23 +27,6 @@ box.once('bench-user', function()
     box.schema.user.grant(%r, 'read,write,execute', 'universe')
 end)
 """
-
-
-def parse_hosts(text):
-    """``"h1:p1,h2:p2"`` -> ``[("h1", p1), ("h2", p2)]`` (host defaults to 127.0.0.1)."""
-    hosts = []
-    for part in text.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError("expected HOST:PORT,... in --hosts, got %r" % part)
-        hosts.append((host or "127.0.0.1", int(port)))
-    if not hosts:
-        raise ValueError("--hosts names no server")
-    return hosts
-
-
-def addresses(hosts):
-    return ",".join("%s:%d" % hp for hp in hosts)
 
 
 class PoolTarget:
@@ -132,7 +116,6 @@ def open_pool_target(config):
         finally:
             target.close()
         return
-    from gtarantool.testing.replicaset import ReplicaSet
     user, password = REPLICATION_USER
     # The space is made on the master; replicas receive it.
     lua = (USER_LUA % (user, password, user) + "if not box.info.ro then\n"
@@ -149,37 +132,3 @@ def open_pool_target(config):
             target.close()
     finally:
         rs.cleanup()
-
-
-class PoolDriver(GeventDriver):
-    """gtarantool.ConnectionPool: ``greenlets`` greenlets over one pool per process;
-    selects on read-only instances, writes on the read-write one."""
-
-    select_mode = "RO"   # a tarantool.Mode name
-
-    def open(self):
-        import gtarantool
-        hosts = parse_hosts(self.host)
-        self.pool = gtarantool.ConnectionPool(
-            [{"host": h, "port": p} for h, p in hosts], user=self.config.user,
-            password=self.config.password)
-        # Each connection loads the space's schema before the measured phases.
-        for instance in self.pool.pool.values():
-            instance.conn.select(self.config.space, 0)
-        self.calls = tarantool_calls(self.pool, self.config.space, self.payloads)
-        pool, space, mode = self.pool, self.config.space, gtarantool.Mode[self.select_mode]
-        self.calls["select"] = lambda key: pool.select(space, key, mode=mode).data
-
-    def counters(self):
-        """The connections' counters summed, and the requests each instance got
-        (``requests@host:port``)."""
-        total = {}
-        for name, instance in self.pool.pool.items():
-            for key, value in instance.conn.stats.as_dict().items():
-                total[key] = max(total.get(key, 0), value) if key == "max_in_flight" \
-                    else total.get(key, 0) + value
-            total["requests@%s" % name] = instance.requests
-        return total
-
-    def close(self):
-        self.pool.close()

@@ -11,7 +11,9 @@ import threading
 import time
 import traceback
 
-from bench import drivers, profiling, workloads
+from bench import drivers
+from bench.core import workloads
+from bench.profiling import workers as profiling
 
 BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
 

@@ -15,7 +15,7 @@ import json
 import os
 import re
 
-from bench.profile import Profile, short
+from bench.profiling.callgrind import Profile, short
 
 TOP_FUNCTIONS = 15
 

@@ -1,12 +1,12 @@
-"""The load generator over many instances (bench.instances): ``make bench
+"""The load generator over many instances (bench.targets.instances): ``make bench
 INSTANCES=2`` and ``HOSTS=h1:p1,h2:p2``, each instance's box.stat checked
 against the workers that drove it."""
 import pytest
 
-from bench import runner
-from bench.config import OPERATIONS, Config
+from bench.core.config import OPERATIONS, Config
+from bench.run import runner
+from bench.targets.server import EMBEDDED_LUA, PREPARE_LUA, SetupError
 from gtarantool.testing.server import TarantoolServer
-from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError
 
 from .test_bench import check_phases
 

@@ -1,7 +1,7 @@
 """The benchmark's configuration: one dataclass and the command-line options that fill it.
 
 ``python -m bench`` and ``python -m bench.compare`` share these options; library callers
-(``bench.perf``) build a :class:`Config` directly and pass it to :func:`bench.runner.run`.
+(``bench.perf``) build a :class:`Config` directly and pass it to :func:`bench.run.runner.run`.
 """
 import argparse
 import dataclasses
@@ -34,7 +34,7 @@ class Config:
     port: Optional[int] = None
     hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
     pool: bool = False
-    instances: int = 1              # throwaway local instances (bench.instances)
+    instances: int = 1              # throwaway local instances (bench.targets.instances)
     user: Optional[str] = None
     password: Optional[str] = None
     space: str = "bench"

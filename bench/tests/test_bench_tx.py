@@ -1,5 +1,5 @@
 """python -m bench.tx on a tiny load: every line printed, or the version it needs."""
-from bench import tx
+from bench.suites import tx
 from gtarantool.testing.server import binary_version
 
 

@@ -10,9 +10,10 @@ workers that drove that instance.
 """
 import contextlib
 
-from bench.pool import PoolTarget, addresses, parse_hosts
+from bench.core.hosts import addresses, parse_hosts
+from bench.targets.replicaset import PoolTarget
+from bench.targets.server import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
 from gtarantool.testing.server import TarantoolServer
-from bench.target import EMBEDDED_LUA, PREPARE_LUA, SetupError, Target
 
 
 class InstancesTarget:
