@@ -97,6 +97,9 @@ class StorageError(DatabaseError):
     def __init__(self, err, replicaset):
         details = err if isinstance(err, dict) else {"message": str(err)}
         code = details.get("code") if isinstance(details.get("code"), int) else 0
+        inner = getattr(details.get("details"), "errcode", None)
+        if isinstance(inner, int):
+            code = inner   # 3.x wraps a function's box error in PROC_LUA: the error's own code
         super().__init__(code, str(details.get("message", err)))
         self.details = details
         self.type = details.get("type")
