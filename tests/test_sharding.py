@@ -2,6 +2,8 @@
 bucket ids equal vshard's, calls land where their bucket is, buckets moving,
 a master switching and the whole cluster restarting under load, map_callrw,
 an unreachable replica set."""
+import importlib.util
+import json
 import os
 import random
 import struct
@@ -449,3 +451,24 @@ def test_the_customer_service_example_runs():
     assert out.returncode == 0, out.stdout
     # 100 customers with orders of 100, 101 and 102 each.
     assert "revenue: 30300" in out.stdout
+
+
+def test_locust_users_call_through_the_router(cluster):
+    """Locust's --host tarantool+vshard://: a gtarantool.Router per process, each call
+    reported by its method and function."""
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("needs the locust extra: pip install -e .[locust]")
+    url = "tarantool+vshard://%s:%s@%s:%s" % (cluster.user, cluster.password,
+                                              cluster.router.host, cluster.router.port)
+    out = subprocess.run([sys.executable, "-m", "tests.locust_cases", "vshard", url],
+                         cwd=os.path.dirname(HERE), timeout=120, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])["vshard"]
+    assert got["opened"] == ["Router"]
+    assert got["entries"] == [["tarantool", "callbro kv_get", True, False],
+                              ["tarantool", "callro kv_get", True, False],
+                              ["tarantool", "callrw kv_fail", True, True],
+                              ["tarantool", "map_callrw kv_count", True, False]]
+    assert [name for name, _ in got["errors"]] == ["callrw kv_fail"]
+    assert got["report"]["connection"]["requests"] >= got["report"]["reported"] > 0
