@@ -1,5 +1,6 @@
 """Greenlet-aware profiles: valid callgrind files that callgrind_annotate reads with a total
 above 0, inclusive costs within 100%, and the connection's greenlets by name."""
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -11,9 +12,12 @@ import pytest
 import gtarantool
 from gtarantool import profiling
 
-pytest.importorskip("yappi")
-needs_annotate = pytest.mark.skipif(shutil.which("callgrind_annotate") is None,
-                                    reason="callgrind_annotate (Debian package valgrind) missing")
+from .conftest import needs_tool
+
+pytestmark = needs_tool(importlib.util.find_spec("yappi") is not None,
+                        "yappi (the profile extra: pip install -e .[profile])")
+needs_annotate = needs_tool(shutil.which("callgrind_annotate") is not None,
+                            "callgrind_annotate (Debian package valgrind)")
 
 USER, PASSWORD = "test", "secret"
 
