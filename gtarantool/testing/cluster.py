@@ -144,11 +144,6 @@ class Shard:
             if srv.process is not None and srv.process.poll() is None:
                 self.cluster.eval(srv, "box.cfg{replication = ...}", uris)
 
-    def restart(self, i, timeout=30.0):
-        """Start ``servers[i]`` again (after a kill or stop) and mesh it back."""
-        self.servers[i].start(timeout)
-        self.mesh()
-
     @property
     def master(self):
         """The member that is writable now (None when none answers as one)."""
