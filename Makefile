@@ -1,5 +1,7 @@
 # make test    - install everything (tarantool server, .venv, the package) and run the tests
 # make bench   - run the load generator against a throwaway local server
+# make bench SHARDS=N [DRIVER=vshard|router|router-threads] - over N replica sets and a Lua
+#                router (TARANTOOL= a 2.11+ build; HOST=router PORT=p: an existing cluster)
 # make compare - sync, threads, gtarantool and asynctnt side by side (RATE=R: at one fixed rate)
 # make capacity SLO=p99=2ms - the highest fixed rate that meets a latency SLO (DRIVER=asynctnt ...)
 # make perf    - the speed targets (ratios against asynctnt and the sync client)
@@ -52,6 +54,7 @@ RECORDS ?=
 DISTRIBUTION ?=
 MIX ?=
 SLO ?= p99=2ms
+SHARDS ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
@@ -105,7 +108,7 @@ test: install
 	$(PY) -m pytest -q tests bench/tests
 
 bench: install
-	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
+	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) $(if $(SHARDS),--shards $(SHARDS))
 
 compare: install
 	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))

@@ -24,6 +24,8 @@ setup(
     ],
     extras_require={
         "profile": ["yappi>=1.6"],
+        # gtarantool.Router's bucket ids: vshard hashes with CRC-32C
+        "sharding": ["crc32c>=2.3"],
         # 2.43.4: stats.bucket_response_time can be replaced (sub-millisecond buckets)
         "locust": ["locust>=2.43.4"],
         "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
@@ -31,7 +33,7 @@ setup(
         # gunicorn and uWSGI run examples/service (uWSGI builds with gcc and python3-dev)
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-rerunfailures>=12",
                  "hypothesis>=6.50", "psutil>=5.9",
-                 "locust>=2.43.4", "gunicorn>=21.2", "uwsgi>=2.0.22"],
+                 "locust>=2.43.4", "gunicorn>=21.2", "uwsgi>=2.0.22", "crc32c>=2.3"],
     },
     classifiers=[
         "Framework :: gevent",

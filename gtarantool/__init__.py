@@ -23,6 +23,7 @@ from gtarantool.errors import (
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
 from gtarantool.protocol import LazyDatabaseError
+from gtarantool.sharding import Router, ShardingError, StorageError
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
@@ -30,7 +31,7 @@ __version__ = "2.0.0"
 __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
            "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
-           "LeastInFlightStrategy", "LazyDatabaseError"]
+           "LeastInFlightStrategy", "LazyDatabaseError", "Router", "ShardingError", "StorageError"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):

@@ -17,7 +17,8 @@ WORKLOADS = ("phases", "mix") + tuple(dataset.PRESETS)
 DISTRIBUTIONS = ("uniform", "gaussian")     # what Locust's users draw keys with
 KEY_DISTRIBUTIONS = keys.DISTRIBUTIONS
 ARRIVALS = ("uniform", "poisson")
-DRIVERS = ("gtarantool", "sync", "threads", "asynctnt")
+DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "vshard", "router", "router-threads")
+SHARDED_DRIVERS = ("vshard", "router", "router-threads")
 WAL_MODES = ("write", "fsync", "none")
 
 
@@ -48,6 +49,7 @@ class Config:
     hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
     pool: bool = False
     instances: int = 1              # throwaway local instances (bench.targets.instances)
+    shards: int = 0                 # a sharded cluster's replica sets (bench.targets.sharded)
     user: Optional[str] = None
     password: Optional[str] = None
     space: str = "bench"
@@ -60,7 +62,15 @@ class Config:
     profile_greenlets: bool = False
 
     def __post_init__(self):
+        if self.shards and self.driver == "gtarantool":
+            self.driver = "vshard"   # a sharded cluster's gevent client routes by itself
         checks = [
+            (self.shards >= 0, "shards must be >= 0"),
+            ((self.driver in SHARDED_DRIVERS) == bool(self.shards),
+             "--driver vshard, router and router-threads drive a sharded cluster (--shards N), "
+             "and only they do"),
+            (not self.shards or not (self.pool or self.hosts or self.instances > 1),
+             "--shards is not for --pool, --hosts or --instances"),
             (self.driver in DRIVERS, "driver must be one of %s" % ", ".join(DRIVERS)),
             (self.workload in WORKLOADS, "workload must be one of %s" % ", ".join(WORKLOADS)),
             (self.distribution in KEY_DISTRIBUTIONS,
@@ -212,6 +222,11 @@ def add_arguments(parser, driver=True):
     srv.add_argument("--instances", type=int, default=d.instances,
                      help="start this many throwaway local instances; worker process i drives "
                           "instance i %% N (default %(default)s)")
+    srv.add_argument("--shards", type=int, default=d.shards, metavar="N",
+                     help="a sharded cluster: N throwaway replica sets (a master and a replica "
+                          "each) and a Lua router (Tarantool 2.11+, vshard), or with --host the "
+                          "existing Lua router's cluster; the driver is vshard (routing in the "
+                          "client), router or router-threads (through the Lua router)")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
     srv.add_argument("--password", help="its password")
     srv.add_argument("--space", default=d.space,

@@ -166,6 +166,8 @@ class _Run:
                                self.config)
         if hasattr(self.target, "address"):
             _check_instances(result, parts, self.addresses, stat_before, stat_after)
+        if hasattr(self.target, "check_phase"):   # per replica set (bench.targets.sharded)
+            self.target.check_phase(result, stat_before, stat_after)
         return result
 
     def _sample(self, phase, stat=None):
