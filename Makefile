@@ -87,8 +87,9 @@ install: server $(STAMP)
 	@command -v callgrind_annotate >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y valgrind; }
 
+# PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m "not packaging"'
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
