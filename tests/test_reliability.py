@@ -1,4 +1,4 @@
-"""Reliability: faults, bad input and overload (issue 5).
+"""Reliability: faults, bad input and overload.
 
 Each test injects one kind of trouble and checks the guarantees: no greenlet
 waits longer than its timeout (or at all, once the connection is known dead),
