@@ -19,9 +19,20 @@ extensions = [
 graphviz_output_format = "svg"
 
 autodoc_member_order = "bysource"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"show-inheritance": True}
 autodoc_typehints = "description"
 
 exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = "gtarantool %s" % release
+
+
+def _paramref(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """tarantool-python's docstrings, which Connection inherits, name parameters
+    with sphinx-paramlinks' role: shown here as the parameter's name."""
+    from docutils import nodes
+    return [nodes.literal(rawtext, text.rsplit(".", 1)[-1])], []
+
+
+def setup(app):
+    app.add_role("paramref", _paramref)
