@@ -13,6 +13,7 @@
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
+# make docs    - the Sphinx manual in docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -69,7 +70,7 @@ CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
 	--workload $(if $(filter command line environment,$(origin WORKLOAD)),$(WORKLOAD),mix)
 
 .PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
-	locust-master locust-worker sanitize fuzz clean
+	locust-master locust-worker sanitize fuzz docs clean
 
 all: test
 
@@ -104,8 +105,9 @@ install: server $(STAMP)
 		$(SUDO) apt-get install -y valgrind; }
 
 # tests/: the library's; bench/tests/: the load generator's
+# PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m "not packaging"'
 test: install
-	$(PY) -m pytest -q tests bench/tests
+	$(PY) -m pytest -q tests bench/tests $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) $(if $(SHARDS),--shards $(SHARDS))
@@ -156,5 +158,19 @@ SEED ?= 1
 fuzz: install
 	$(PY) -m tests.fuzz --seconds $(SECONDS) --seed $(SEED)
 
+# autodoc imports gtarantool: the venv with the package and the docs extra; dot draws the diagrams
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: install $(DOCS_STAMP)
+	@command -v dot >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y graphviz; }
+	@# gevent patches ssl before Sphinx imports it: gtarantool.locust imports locust, which patches
+	$(PY) -c "from gevent import monkey; monkey.patch_all(); import sys; \
+		from sphinx.cmd.build import main; sys.exit(main(sys.argv[1:]))" \
+		-W --keep-going -b html docs docs/_build/html
+	@echo "the manual: docs/_build/html/index.html"
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache profiles $(LOCUST_OUT)
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache profiles $(LOCUST_OUT) docs/_build

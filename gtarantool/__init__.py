@@ -40,5 +40,15 @@ def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
     (``connection_timeout`` defaults to 10 s here).
 
     A Unix socket: ``connect(None, "/path/to/socket")``, as in tarantool-python.
+
+    :param host: the server's address; ``None`` for a Unix socket.
+    :param port: its port, or the Unix socket's path.
+    :param user: the user to authenticate as (``None``: guest).
+    :param password: that user's password.
+    :param options: :class:`Connection`'s and ``tarantool.Connection``'s options.
+    :returns: the :class:`Connection`, connected unless ``connect_now=False``.
+    :raises tarantool.error.NetworkError: the server cannot be reached, or
+        authentication or a required feature failed (the cause chained).
+    :raises tarantool.error.ConfigurationError: a bad option.
     """
     return Connection(host, port, user=user, password=password, **options)

@@ -666,7 +666,10 @@ def _on_report_to_master(client_id, data, **_kwargs):
 
 def worker_reports(environment):
     """The latest :func:`process_report` of every worker (the master's view),
-    or of this process when it runs alone; keyed by worker id."""
+    or of this process when it runs alone; keyed by worker id.
+
+    :param environment: Locust's ``Environment`` (``self.environment`` in a user).
+    :returns: a dict of worker id -> report (empty on a worker)."""
     if isinstance(environment.runner, WorkerRunner):
         return {}
     reports = dict(getattr(environment, "gtarantool_workers", {}))
