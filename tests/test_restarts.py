@@ -6,6 +6,7 @@ crash (kill -9); a server dropping an idle connection; a rolling restart of a
 replica set with a switchover through the pool.  Servers are stopped and
 started from gevent's thread pool (or polled), so the hub keeps running.
 """
+import inspect
 import signal
 import time
 
@@ -15,6 +16,7 @@ from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
 from gtarantool import ConnectionClosed, Mode, RequestTimeout
+from gtarantool.pool import ConnectionPool
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import TarantoolServer, binary_version
 
@@ -285,11 +287,23 @@ def rs():
     replicaset.cleanup()
 
 
+@pytest.fixture(params=["c", "python"])
+def routes(request, monkeypatch):
+    """The pool's data methods in C (gtarantool._pool) and in Python (pool.py's)."""
+    if request.param == "python":
+        for method in ("select", "insert"):
+            monkeypatch.setattr(ConnectionPool, method,
+                                inspect.unwrap(getattr(ConnectionPool, method)))
+    elif gtarantool.pool._pool is None:
+        pytest.fail("gtarantool._pool is not built (pip install -e . compiles it)")
+    return request.param
+
+
 def _role(pool, srv):
     return pool.info()["%s:%s" % (srv.host, srv.port)]["role"]
 
 
-def test_rolling_restart_with_switchover_through_the_pool(rs):
+def test_rolling_restart_with_switchover_through_the_pool(rs, routes):
     """Replicas restarted one by one, the master switched over (read_only on
     it, then off on a replica) and restarted read-only, under 60 writers in RW
     and 60 readers in PREFER_RO: no caller sees an error; every acknowledged
