@@ -350,12 +350,12 @@ def test_rolling_restart_with_switchover_through_the_pool(rs, routes):
 
 @needs_shutdown
 def test_an_instance_announcing_shutdown_leaves_the_rotation_at_once(rs):
-    """A replica told to stop (its on_shutdown trigger keeps it up a second
+    """A replica told to stop (its on_shutdown trigger keeps it up two seconds
     after the announcement): the pool stops routing reads to it at once, while
     the process still runs, and takes it back once restarted."""
     master, r1, r2 = rs.servers
     with connect(r2, fetch_schema=False) as admin:
-        admin.eval("box.ctl.on_shutdown(function() require('fiber').sleep(1) end)")
+        admin.eval("box.ctl.on_shutdown(function() require('fiber').sleep(2) end)")
     pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD, wait_timeout=8,
                                      request_timeout=8, refresh_delay=60,
                                      connection_timeout=2)   # (the event, not a check)
