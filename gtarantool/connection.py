@@ -4,7 +4,9 @@
 auth, errors and response types.  It replaces the transport (one shared
 socket, see ``transport.py``), the request/response hot path (``protocol.py``)
 and the connection lifecycle: lazy reconnect under a lock with gevent sleeps,
-schema reload on error 109, and ownership checks for threads and forks.
+schema reload on error 109, and ownership: another OS thread gets
+``WrongOwner``; a forked child process (os.fork, multiprocessing, a fork made
+from C) opens its own socket on first use, never touching the parent's.
 """
 import itertools
 import os
@@ -41,7 +43,7 @@ from gtarantool.protocol import (
     make_response,
 )
 from gtarantool.sql import PreparedStatement
-from gtarantool.transport import Stats, Transport
+from gtarantool.transport import InheritedSocket, Stats, Transport, process_token
 
 _get_ident = get_original("_thread", "get_ident")
 
@@ -52,6 +54,7 @@ DEFAULT_CONNECTION_TIMEOUT = 10.0
 SCHEMA_RETRIES = 3
 
 _live = weakref.WeakSet()
+_hub_reinit = None   # the process_token() of the process whose hub _adopt reinitialised
 
 # A connection's attributes, gtarantool's and then tarantool.Connection's (1.x).
 # They live in slots: in a __dict__ with more than 30 keys, Python 3.11 cannot
@@ -60,7 +63,8 @@ _live = weakref.WeakSet()
 # attribute missing here still works, in the __dict__.
 _ATTRIBUTES = (
     "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats",
-    "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder",
+    "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_process", "_packer",
+    "_encoder",
     "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
@@ -127,6 +131,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._schema_lock = gevent.lock.RLock()  # reload on error 109
         self._owner = _get_ident()
         self._pid = os.getpid()
+        self._process = process_token()          # see _check_owner
         self._packer = None
         self._encoder = None
         self._decoder = None                     # reply bodies, set on connect
@@ -267,14 +272,9 @@ class Connection(RequestMethods, tarantool.Connection):
         """Close the socket: waiting requests fail with ConnectionClosed; the reader
         and writer greenlets are killed and joined.  A later request reconnects.
 
-        From another OS thread: WrongOwner.  In a forked child: only forgets the
-        parent's socket (already detached), never touching the parent's stream."""
-        if self._owner != _get_ident():
-            if self._pid == os.getpid():
-                self._check_owner()
-            self._transport = self._socket = None
-            self.connected = False
-            return
+        From another OS thread: WrongOwner.  In a forked child: forgets the
+        parent's socket, never touching the parent's stream."""
+        self._check_owner()
         watchers, self._watchers = self._watchers, None
         if watchers is not None:
             watchers.close()
@@ -290,14 +290,37 @@ class Connection(RequestMethods, tarantool.Connection):
         self.close()
 
     def _check_owner(self):
-        if self._owner == _get_ident():
-            return
-        if self._pid != os.getpid():
-            raise WrongOwner("this connection was opened in process %d and cannot be used "
-                             "in forked process %d; open a new connection after fork"
-                             % (self._pid, os.getpid()))
-        raise WrongOwner("this connection belongs to another OS thread (its gevent hub); "
-                         "open one connection per thread")
+        """WrongOwner in another OS thread; in a process forked since, ``_adopt``."""
+        if self._process != process_token():
+            self._adopt()
+        elif self._owner != _get_ident():
+            raise WrongOwner("this connection belongs to another OS thread (its gevent hub); "
+                             "open one connection per thread")
+
+    def _adopt(self):
+        """In a forked child: this process's connection from now on.  The parent's
+        socket is given up unread and unwritten (requests the parent had in
+        flight fail here, they go on there); the next request connects."""
+        global _hub_reinit
+        self._owner = _get_ident()
+        self._pid = os.getpid()
+        self._process = process_token()
+        if _hub_reinit != self._process:
+            # Neither os.fork (unpatched), multiprocessing nor a fork from C
+            # reinitialises gevent's hub: the resolver's threads are gone, and
+            # a connect would wait for them forever.  (Idempotent: gevent.fork's
+            # own call, if any, is not undone.)
+            gevent.reinit()
+            _hub_reinit = self._process
+        # A greenlet copied from the parent may hold them, and will not release them here.
+        self._lock = gevent.lock.RLock()
+        self._schema_lock = gevent.lock.RLock()
+        transport, self._transport = self._transport, None
+        self._socket = None
+        self.connected = False
+        if transport is not None:
+            self._finalizer.detach()
+            transport._inherited()
 
     def _ensure_connected(self):
         """The live transport, reconnecting first when the last one died."""
@@ -382,10 +405,15 @@ class Connection(RequestMethods, tarantool.Connection):
         if transport is None or transport.error is not None or self._owner != _get_ident():
             transport = self._ensure_connected()
         sync = next(self._syncs)
-        if self.request_timeout is None:
-            value = transport.request(sync, code, self.schema_version, body)
-        else:
-            value = self._wait(transport, sync, code, body)
+        try:
+            if self.request_timeout is None:
+                value = transport.request(sync, code, self.schema_version, body)
+            else:
+                value = self._wait(transport, sync, code, body)
+        except InheritedSocket:
+            # Forked (from C: no at-fork hook ran) since the last request, and
+            # this one was not sent: now on this process's own socket.
+            return self._request(code, body, on_push, on_push_ctx, retries)
         if type(value) is Response:
             value.conn = self
             return value
@@ -521,7 +549,8 @@ def _abandoned(transport, owner):
 
 
 def _after_fork_in_child():
-    # The child must never read or write the parent's stream.
+    # The child must never read or write the parent's stream: its copy of the
+    # socket is made dead at once, and the first use adopts the connection.
     for conn in list(_live):
         if conn._transport is not None:
             conn._transport.detach_after_fork()
