@@ -713,7 +713,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
-        return self._send(other, mode, "insert", (space_name, values), dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._send(other, mode, "insert", (space_name, values),
+                          dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
@@ -732,7 +733,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
-        return self._send(other, mode, "replace", (space_name, values), dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._send(other, mode, "replace", (space_name, values),
+                          dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
@@ -753,7 +755,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
-        return self._send(other, mode, "update", (space_name, key, op_list), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._send(other, mode, "update", (space_name, key, op_list),
+                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
@@ -774,7 +777,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
-        return self._send(other, mode, "upsert", (space_name, tuple_value, op_list), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._send(other, mode, "upsert", (space_name, tuple_value, op_list),
+                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
@@ -794,7 +798,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
-        return self._send(other, mode, "delete", (space_name, key), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._send(other, mode, "delete", (space_name, key),
+                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
         """``Connection.call``; ``mode`` is required."""
