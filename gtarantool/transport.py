@@ -96,9 +96,11 @@ def process_token():
     without Python's hooks, as uWSGI's); without it, ``os.getpid()``, a system
     call, which is why the Python paths take it only once per request and
     beside the reader's and writer's own system calls."""
-    if _speedups is not None:
-        return _speedups.fork_generation()
-    return os.getpid()
+    return _token_source()()
+
+
+def _token_source():
+    return _speedups.fork_generation if _speedups is not None else os.getpid
 
 
 class Stats:
@@ -144,7 +146,8 @@ class Transport:
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
                  decoder=None):
         self._sock = sock
-        self._process = process_token()   # see _inherited
+        self._token = _token_source()     # process_token's, without its call
+        self._process = self._token()      # see _inherited
         self._pid = os.getpid()
         self.stats = stats
         self._decoder = decoder or BodyDecoder()
@@ -206,7 +209,7 @@ class Transport:
         """Send request ``code`` with its encoded ``body`` and wait for its reply
         (returned; see the class).  With ``code`` None, ``body`` is a whole frame
         already.  A timeout or kill while waiting discards the reply."""
-        if self._process != process_token():
+        if self._process != self._token():
             raise self._inherited()
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
@@ -311,7 +314,7 @@ class Transport:
         not queued and not in ``sink.syncs``.  ``header(code, sync, body
         length)``, when given, makes each request's length prefix and header
         (a stream's, with its id)."""
-        if self._process != process_token():
+        if self._process != self._token():
             raise self._inherited()
         pending = self._pending
         buf = self._wbuf
@@ -436,7 +439,7 @@ class Transport:
         buf = self._wbuf
         if not buf or self._sending:
             return
-        if self._process != process_token():
+        if self._process != self._token():
             self._inherited()
             return
         queued = len(buf)
@@ -498,7 +501,7 @@ class Transport:
         when the process forks)."""
         view = memoryview(data)
         while view:
-            if self._process != process_token():
+            if self._process != self._token():
                 raise self._inherited()
             try:
                 sent = os.write(self._fd, view)
@@ -614,7 +617,7 @@ class Transport:
         Anything else (more replies, part of a frame, an error) resumes the
         reader, which reads on or fails the transport.  (``_speedups.LoneReader``
         in C, when built, for a lone request's reply.)"""
-        if self._process != process_token():   # before any receive: the parent's replies
+        if self._process != self._token():   # before any receive: the parent's replies
             self._inherited()
             return
         try:
