@@ -6,7 +6,7 @@
 # make sweep   - gtarantool vs asynctnt (and sync) at 1 to 10,000 greenlets, with its targets
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
-# make locust  - bench/locustfile.py under Locust, headless, counts checked against box.stat
+# make locust  - bench/locust/locustfile.py under Locust, headless, counts checked against box.stat
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
@@ -39,7 +39,7 @@ LOCUST_OUT ?= locust-report
 # make locust runs 2 processes unless PROCS is given
 LOCUST_ARGS = -u $(USERS) -p $(if $(filter command line environment,$(origin PROCS)),$(PROCS),2) \
 	-t $(or $(DURATION),30s) --out $(LOCUST_OUT) $(if $(HOST),--host $(HOST)$(if $(PORT),:$(PORT)))
-LOCUSTFILE_ARGS = -f bench/locustfile.py --bench-prepare \
+LOCUSTFILE_ARGS = -f bench/locust/locustfile.py --bench-prepare \
 	$(if $(HOST),--host tarantool://$(HOST)$(if $(PORT),:$(PORT)))
 POOL ?=
 HOSTS ?=
@@ -86,8 +86,9 @@ install: server $(STAMP)
 	@command -v callgrind_annotate >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		$(SUDO) apt-get install -y valgrind; }
 
+# tests/: the library's; bench/tests/: the load generator's
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests bench/tests
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
@@ -125,7 +126,7 @@ locust-master: install
 		--csv $(LOCUST_OUT)/locust --html $(LOCUST_OUT)/locust.html --json-file $(LOCUST_OUT)/locust)
 
 locust-worker: install
-	$(PY) -m locust -f bench/locustfile.py --worker --master-host $(MASTER) \
+	$(PY) -m locust -f bench/locust/locustfile.py --worker --master-host $(MASTER) \
 		$(if $(filter command line environment,$(origin PROCS)),--processes $(PROCS))
 sanitize: install
 	PY=$(PY) tests/sanitize.sh

@@ -29,7 +29,8 @@ setup(
         "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
                   "matplotlib>=3.5"],
         # gunicorn and uWSGI run examples/service (uWSGI builds with gcc and python3-dev)
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.50", "psutil>=5.9",
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-rerunfailures>=12",
+                 "hypothesis>=6.50", "psutil>=5.9",
                  "locust>=2.43.4", "gunicorn>=21.2", "uwsgi>=2.0.22"],
     },
     classifiers=[

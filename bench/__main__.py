@@ -3,9 +3,12 @@ import argparse
 import json
 import sys
 
-from bench import config as options
-from bench import drivers, report, runner
-from bench.target import SetupError
+from bench import drivers
+from bench.core import config as options
+from bench.core import plot, report
+from bench.profiling import workers as profiling
+from bench.run import runner
+from bench.targets import SetupError
 
 
 def main(argv=None):
@@ -34,7 +37,6 @@ def main(argv=None):
         parser.error("driver %s needs the %r module: pip install %s"
                      % (config.driver, module, module))
     if config.profile:
-        from bench import profiling
         print(profiling.summary(config))
     write_outputs(config, results)
     return 0
@@ -47,7 +49,6 @@ def write_outputs(config, results):
             json.dump(results, f, indent=1)
         print("wrote %s" % config.json)
     if config.plot:
-        from bench import plot
         plot.draw({config.driver: results}, config.plot)
         print("wrote %s" % config.plot)
 

@@ -31,7 +31,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
-from gtarantool import streams, watchers
+from gtarantool import graceful, streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
@@ -75,7 +75,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
-    "_watchers", "_stream_ids",
+    "_watchers", "_stream_ids", "_graceful",
 )
 
 
@@ -143,6 +143,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._connect_error = None
         self._watchers = None                    # watchers.Watchers, made by the first watch()
         self._stream_ids = itertools.count(1)
+        self._graceful = graceful.State(self)   # announced shutdowns, see graceful.py
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -195,6 +196,9 @@ class Connection(RequestMethods, tarantool.Connection):
                                                    self._owner)
                 self.connected = True
                 self._handshake(greeting)
+                # (Before the schema's round trips: the first event and its
+                # acknowledgement are through when connect() returns.)
+                self._graceful.connected(self, self._connected_once)
                 self._spaces.clear()
                 self._indexes.clear()
                 if self.fetch_schema:
@@ -332,16 +336,21 @@ class Connection(RequestMethods, tarantool.Connection):
                                  % (self.request_timeout,))
         try:
             dead = self._transport is None or self._transport.error is not None
-            if dead and self._connect_failures != failures:
+            # After an announced shutdown each caller waits for the server's
+            # return within its own timeout, whatever the attempts before it.
+            patient = self._graceful.restarting
+            if dead and self._connect_failures != failures and not patient:
                 raise NetworkError("reconnect failed: %s" % (self._connect_error,))
             deadline = (None if self.request_timeout is None
                         else time.monotonic() + self.request_timeout)
+            if patient and deadline is None:
+                deadline = time.monotonic() + graceful.patience(self)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
                 try:
                     self.connect()
                 except NetworkError as exc:
-                    if attempt >= self.reconnect_max_attempts or (
+                    if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
                             and time.monotonic() + self.reconnect_delay > deadline):
                         self._connect_failures += 1
@@ -414,6 +423,11 @@ class Connection(RequestMethods, tarantool.Connection):
             if not retries:
                 raise
             self._reload_schema(exc.schema_version)
+            return self._request(code, body, on_push, on_push_ctx, retries - 1)
+        except DatabaseError as exc:
+            # A write refused, unapplied, by a server still becoming writable.
+            if not retries or not self._graceful.resend(self, code, exc):
+                raise
             return self._request(code, body, on_push, on_push_ctx, retries - 1)
 
     def _wait(self, transport, sync, code, body):

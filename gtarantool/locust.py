@@ -541,7 +541,7 @@ class TarantoolUser(User):
     # other users run).  A task whose request got a reply has been through the
     # hub already (replies come only from there); a second pass costs every
     # request a hub round trip and splits the batch of users woken by one read
-    # from the socket (a tenth of the CPU per request in bench/locustfile.py).
+    # from the socket (a tenth of the CPU per request in bench/locust/locustfile.py).
     # So a zero wait after a reply is no pause; any other wait is Locust's.
     @property
     def _taskset_instance(self):

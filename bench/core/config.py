@@ -1,0 +1,192 @@
+"""The benchmark's configuration: one dataclass and the command-line options that fill it.
+
+``python -m bench`` and ``python -m bench.compare`` share these options; library callers
+(``bench.perf``) build a :class:`Config` directly and pass it to :func:`bench.run.runner.run`.
+"""
+import argparse
+import dataclasses
+from typing import Dict, Optional
+
+OPERATIONS = ("insert", "select", "update", "delete")
+WORKLOADS = ("phases", "mix")
+DISTRIBUTIONS = ("uniform", "gaussian")
+DRIVERS = ("gtarantool", "sync", "threads", "asynctnt")
+WAL_MODES = ("write", "fsync", "none")
+
+
+@dataclasses.dataclass
+class Config:
+    """Everything one run needs; ``as_dict()`` goes into the JSON report unchanged."""
+    driver: str = "gtarantool"
+    workload: str = "phases"
+    procs: int = 1
+    greenlets: int = 100
+    ops: int = 100_000
+    duration: Optional[float] = None
+    size: int = 1536
+    mix: Dict[str, int] = dataclasses.field(
+        default_factory=lambda: {op: 25 for op in OPERATIONS})
+    keys: int = 10_000
+    distribution: str = "uniform"
+    seed: int = 0
+    lazy_errors: bool = False       # gtarantool.connect(lazy_errors=True)
+    host: Optional[str] = None
+    port: Optional[int] = None
+    hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
+    pool: bool = False
+    instances: int = 1              # throwaway local instances (bench.targets.instances)
+    user: Optional[str] = None
+    password: Optional[str] = None
+    space: str = "bench"
+    wal: str = "write"
+    quiet: bool = False
+    json: Optional[str] = None
+    plot: Optional[str] = None
+    profile: Optional[str] = None
+    profile_clock: str = "cpu"
+    profile_greenlets: bool = False
+
+    def __post_init__(self):
+        checks = [
+            (self.driver in DRIVERS, "driver must be one of %s" % ", ".join(DRIVERS)),
+            (self.workload in WORKLOADS, "workload must be one of %s" % ", ".join(WORKLOADS)),
+            (self.distribution in DISTRIBUTIONS,
+             "distribution must be one of %s" % ", ".join(DISTRIBUTIONS)),
+            (self.wal in WAL_MODES, "wal must be one of %s" % ", ".join(WAL_MODES)),
+            (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
+            (self.ops >= 1 and self.keys >= 1, "ops and keys must be >= 1"),
+            (self.size >= 1, "size must be >= 1"),
+            (self.duration is None or self.duration > 0, "duration must be > 0"),
+            (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
+            (not self.lazy_errors or self.driver == "gtarantool",
+             "--lazy-errors is gtarantool's option"),
+            (self.instances >= 1, "instances must be >= 1"),
+            (self.instances == 1 or (self.host is None and self.hosts is None and not self.pool),
+             "--instances starts local servers: not with --host, --hosts or --pool"),
+            (set(self.mix) <= set(OPERATIONS) and sum(self.mix.values()) > 0
+             and min(self.mix.values()) >= 0, "mix needs non-negative percentages of %s"
+             % ", ".join(OPERATIONS)),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def embedded(self):
+        """True when the run starts its own throwaway server (no --host or --hosts given)."""
+        return self.host is None and self.hosts is None
+
+    @property
+    def concurrency(self):
+        """Requests in flight per process: the sync driver does one call at a time."""
+        return 1 if self.driver == "sync" else self.greenlets
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def parse_mix(text):
+    """``"insert=40,select=40,update=10,delete=10"`` -> dict; missing operations get 0."""
+    mix = {op: 0 for op in OPERATIONS}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in OPERATIONS:
+            raise argparse.ArgumentTypeError("expected OP=PERCENT,... with OP in %s, got %r"
+                                             % ("/".join(OPERATIONS), part))
+        mix[name] = int(value)
+    return mix
+
+
+def add_arguments(parser, driver=True):
+    """Add every run option to ``parser``; ``driver=False`` for ``bench.compare``."""
+    d = Config()
+    run = parser.add_argument_group("load")
+    if driver:
+        run.add_argument("--driver", choices=DRIVERS, default=d.driver,
+                         help="client under test: gtarantool (G greenlets, one connection per "
+                              "process), sync (tarantool-python, one call at a time), threads "
+                              "(tarantool-python, G threads with a connection each), asynctnt "
+                              "(G asyncio tasks on one connection, uvloop when installed) "
+                              "(default %(default)s)")
+    run.add_argument("-p", "--procs", type=int, default=d.procs,
+                     help="worker processes, started together at a barrier (default %(default)s)")
+    run.add_argument("-g", "--greenlets", type=int, default=d.greenlets,
+                     help="concurrent requests per process: greenlets, threads or tasks; "
+                          "the sync driver always uses 1 (default %(default)s)")
+    run.add_argument("-n", "--ops", type=int, default=d.ops,
+                     help="operations in total over all processes, per phase for 'phases' "
+                          "(default %(default)s)")
+    run.add_argument("-d", "--duration", type=float, default=None,
+                     help="seconds instead of a count: per phase for 'phases', for the whole "
+                          "run for 'mix'")
+    run.add_argument("-s", "--size", type=int, default=d.size,
+                     help="payload bytes per tuple (default %(default)s)")
+    run.add_argument("-w", "--workload", choices=WORKLOADS, default=d.workload,
+                     help="phases: insert, then select, update, delete, OPS each; "
+                          "mix: all four at once in --mix percentages (default %(default)s)")
+    run.add_argument("--mix", type=parse_mix, default=d.mix, metavar="OP=PCT,...",
+                     help="percentages for the mix workload "
+                          "(default insert=25,select=25,update=25,delete=25)")
+    run.add_argument("--keys", type=int, default=d.keys,
+                     help="key range of the mix workload, keys 0..KEYS-1 (default %(default)s)")
+    run.add_argument("--distribution", choices=DISTRIBUTIONS, default=d.distribution,
+                     help="key choice in the mix: uniform, or gaussian around the middle of the "
+                          "range (sigma KEYS/8: a hot centre) (default %(default)s)")
+    run.add_argument("--seed", type=int, default=d.seed,
+                     help="random seed; worker i uses SEED+i (default %(default)s)")
+    run.add_argument("--lazy-errors", action="store_true",
+                     help="gtarantool: open the connection with lazy_errors=True (a server "
+                          "error's message decoded only when read; the mix's duplicate keys)")
+
+    srv = parser.add_argument_group("server (default: a throwaway local tarantool)")
+    srv.add_argument("--host", help="drive this existing server instead of starting one "
+                          "(127.0.0.1 when only --port is given)")
+    srv.add_argument("--port", type=int, help="its port (default 3301 with --host)")
+    srv.add_argument("--pool", action="store_true",
+                     help="drive a replica set through gtarantool.ConnectionPool: selects on "
+                          "read-only instances, writes on the read-write one (a throwaway "
+                          "master and two replicas unless --hosts is given)")
+    srv.add_argument("--hosts", metavar="H:P,H:P,...",
+                     help="the replica set's instances, with --pool; without it, independent "
+                          "instances: worker process i drives instance i %% N")
+    srv.add_argument("--instances", type=int, default=d.instances,
+                     help="start this many throwaway local instances; worker process i drives "
+                          "instance i %% N (default %(default)s)")
+    srv.add_argument("--user", help="user name on the existing server (default guest)")
+    srv.add_argument("--password", help="its password")
+    srv.add_argument("--space", default=d.space,
+                     help="space to use; created when missing and allowed (default %(default)s)")
+    srv.add_argument("--wal", choices=WAL_MODES, default=d.wal,
+                     help="wal_mode of the embedded server (default %(default)s)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("-q", "--quiet", action="store_true",
+                     help="no per-second lines while running")
+    out.add_argument("--json", metavar="FILE",
+                     help="write every figure, the per-second series and the configuration")
+    out.add_argument("--plot", metavar="FILE.png",
+                     help="draw ops/s over time per operation (needs matplotlib)")
+
+    prof = parser.add_argument_group("profiling")
+    prof.add_argument("--profile", metavar="DIR",
+                      help="write one yappi profile per worker process into DIR")
+    prof.add_argument("--profile-clock", choices=("cpu", "wall"), default=d.profile_clock,
+                      help="yappi clock (default %(default)s)")
+    prof.add_argument("--profile-greenlets", action="store_true",
+                      help="also one profile per greenlet")
+
+
+def from_args(args, **overrides):
+    """Build a Config from parsed arguments (fields missing from ``args`` keep defaults)."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values.update(overrides)
+    if values.get("port") is not None and values.get("host") is None:
+        values["host"] = "127.0.0.1"
+    if values.get("host") is not None and values.get("port") is None:
+        values["port"] = 3301
+    return Config(**values)

@@ -1,0 +1,151 @@
+"""Text for people: the banner, one line per second, the final report and the compare table."""
+from bench.core.config import OPERATIONS
+
+PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
+
+
+def _n(value, digits=0):
+    """A number with thousands separators, or n/a."""
+    if value is None:
+        return "n/a"
+    return "{:,.{}f}".format(value, digits)
+
+
+def banner(config, server):
+    where = "%s:%s (%s, Tarantool %s)" % (
+        server["host"], server["port"],
+        "embedded, wal %s" % server["wal"] if server["embedded"] else "existing server",
+        server["version"])
+    if config.duration is not None:
+        amount = "%gs%s" % (config.duration, " per phase" if config.workload == "phases" else "")
+    else:
+        amount = "%s ops%s" % (_n(config.ops), " per phase" if config.workload == "phases" else "")
+    if config.workload == "mix":
+        workload = "mix %s over %s keys (%s)" % (
+            "/".join("%s %d%%" % (op, config.mix[op]) for op in OPERATIONS if config.mix[op]),
+            _n(config.keys), config.distribution)
+    else:
+        workload = "phases insert, select, update, delete"
+    return ("bench: driver %s, %d procs x %d concurrent, %s, %s, %d-byte payloads\n"
+            "server: %s" % (config.driver, config.procs, config.concurrency, workload, amount,
+                            config.size, where))
+
+
+def second_line(t, phase, ops, errors, seconds, server_rps):
+    """One progress line: counts in second ``t`` as rates over the ``seconds`` that ran."""
+    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in OPERATIONS if ops.get(op)]
+    line = "[%4ds] %-6s %8s ops/s  (%s)" % (t, phase, _n(sum(ops.values()) / seconds),
+                                           ", ".join(parts))
+    if errors:
+        line += "  errors/s: " + ", ".join("%s %s" % (k, _n(v / seconds))
+                                           for k, v in sorted(errors.items()))
+    if server_rps is not None:
+        line += "  server %s rps" % _n(server_rps)
+    return line
+
+
+def _rows(results):
+    """(label, figures) per reported row: one per phase, plus one per operation of a mix."""
+    for phase in results["phases"]:
+        if phase["name"] != "mix":
+            yield phase["name"], phase
+            continue
+        yield "mix", phase
+        for op, figures in phase["operations"].items():
+            yield "  " + op, dict(figures, seconds=phase["seconds"])
+
+
+def final(results):
+    """The end-of-run report."""
+    lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s"
+             % (("op", "ops", "secs", "ops/s") + PERCENTILES + ("errors",)),
+             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency, ms")]
+    for label, f in _rows(results):
+        latency = f["latency_ms"]
+        errors = ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(f["errors"].items()))
+        lines.append("%-8s %10s %8.2f %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
+            (label, _n(f["ops"]), f["seconds"], _n(f["ops_per_sec"]))
+            + tuple(latency[p] for p in PERCENTILES) + (errors or "-",)))
+
+    lines += ["", "%-8s %9s %10s %10s %10s %12s %28s" % (
+        "op", "client", "ops per", "send/1k", "recv/1k", "server", "box.stat requests"),
+        "%-8s %9s %10s %10s %10s %12s %28s" % (
+        "", "CPU s", "CPU-sec", "ops", "ops", "CPU s", "(server = client?)")]
+    for phase in results["phases"]:
+        conn = phase["connection"] or {}
+        server = phase["server"]
+        counted = ", ".join("%s %s" % (op, _n(n)) for op, n in server["requests"].items() if n)
+        lines.append("%-8s %9.2f %10s %10s %10s %12s %28s" % (
+            phase["name"], phase["client_cpu_seconds"], _n(phase["ops_per_client_cpu_second"]),
+            _n(conn.get("send_calls_per_1000_ops"), 1), _n(conn.get("recv_calls_per_1000_ops"), 1),
+            _n(server["cpu_seconds"], 2),
+            "%s %s" % (counted or "none", "= client" if server["match"] else "!= client")))
+        for key, sent in sorted(conn.items()):
+            if key.startswith("requests@"):   # --pool: what each instance got
+                where = key.split("@")[1]
+                counted = ", ".join("%s %s" % (k.split("@")[0].lower(), _n(v)) for k, v in
+                                    sorted(server.get("instances", {}).items())
+                                    if k.endswith("@" + where))
+                lines.append("         %s: client requests %s; box.stat %s" % (
+                    where, _n(sent), counted or "none"))
+        if server.get("restarted"):
+            lines.append("         the server restarted during the phase: its box.stat counts "
+                         "started again from zero")
+        elif not server["match"]:
+            lines.append("         client answered %s, server errors %s vs client %s" % (
+                server["client_requests"], server["errors"], server["client_errors"]))
+            hint = feedback_hint(results["server"], server)
+            if hint:
+                lines.append("         " + hint)
+
+    if results.get("gaps"):
+        lines.append("")
+    for gap in results.get("gaps", ()):
+        lines.append("%-8s gap: seconds %d-%d (%d s) without an answered request; errors %s"
+                     % (gap["phase"], gap["from"], gap["to"], gap["seconds"],
+                        ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(gap["errors"].items()))))
+
+    totals = results["totals"]
+    peak = max((sum(s["rps"].values()) for s in results["server_rps"]), default=None)
+    lines += ["", "total: %s ops in %.2f s, %s ops/s, %s ops per client CPU-second, "
+              "%s errors; server peak %s rps; server counts %s" % (
+                  _n(totals["ops"]), totals["seconds"], _n(totals["ops_per_sec"]),
+                  _n(totals["ops_per_client_cpu_second"]), _n(totals["errors"]), _n(peak),
+                  "equal the client's" if totals["server_counts_match"]
+                  else "DIFFER from the client's")]
+    return "\n".join(lines)
+
+
+def feedback_hint(target, server):
+    """Why the server counted more selects than the client sent, when it may be
+    its own: with ``feedback_enabled`` (the default) 2.11 and 3.x select once a
+    minute."""
+    extra = server["requests"].get("select", 0) - server["client_requests"].get("select", 0)
+    if target.get("feedback") and 0 < extra:
+        return ("the server's feedback daemon is on (box.cfg.feedback_enabled): on 2.11 "
+                "and 3.x it selects once a minute, and box.stat counts those; %d more "
+                "select%s than sent" % (extra, "" if extra == 1 else "s"))
+    return None
+
+
+def compare_table(runs):
+    """The article's table: a row per operation, a column group per driver."""
+    drivers = list(runs)
+    head1 = "%-9s" % "" + "".join(" | %-35s" % name for name in drivers)
+    head2 = "%-9s" % "op" + " | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms") \
+        * len(drivers)
+    lines = [head1, head2, "-" * len(head2)]
+    labels = [label for label, _ in _rows(runs[drivers[0]])]
+    by_driver = {name: dict(_rows(results)) for name, results in runs.items()}
+    for label in labels:
+        cells = []
+        for name in drivers:
+            f = by_driver[name].get(label)
+            if f is None:
+                cells.append(" | %35s" % "n/a")
+                continue
+            cells.append(" | %9s %7.2f %9s %7.2f" % (
+                _n(f["ops_per_sec"]), f["seconds"], _n(f.get("ops_per_client_cpu_second")),
+                f["latency_ms"]["p99"]))
+        lines.append("%-9s" % label + "".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,28 @@
+"""The clients the load generator drives, by ``--driver`` name, and :func:`make`, which
+builds a worker process's driver for a run (``--pool`` takes the pool driver)."""
+import importlib.util
+
+from bench.drivers.clients import AsynctntDriver, GeventDriver, SyncDriver, ThreadsDriver
+from bench.drivers.pool import PoolDriver
+
+DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
+           "asynctnt": AsynctntDriver}
+
+
+# What each driver imports beyond tarantool-python (uvloop is used when present).
+REQUIRES = {"gtarantool": ("gevent", "gtarantool"), "asynctnt": ("asynctnt",)}
+
+
+def missing(name):
+    """The first module driver ``name`` needs that is not installed, or None."""
+    for module in REQUIRES.get(name, ()):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+def make(config, host, port):
+    """The driver of one worker process for ``config``, connecting to ``host:port``."""
+    if config.pool:
+        return PoolDriver(config, host, port)
+    return DRIVERS[config.driver](config, host, port)

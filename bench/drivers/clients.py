@@ -1,0 +1,315 @@
+"""The clients under test, each behind the same small interface used by the worker:
+
+``open()`` connects (and loads the schema, so no schema request falls into a measured phase),
+``run(phase, recorder, started=None)`` keeps exactly ``concurrency`` requests going until the
+phase runs out (``started()``, when given, is called once every worker exists and before the
+first request: where a measurement of the requests alone starts), ``counters()`` returns the
+connection's socket counters (or None), ``close()``.
+
+Client libraries are imported inside the driver that uses them: gevent only ever gets imported
+in a gtarantool worker process, never in the parent.
+"""
+import threading
+import time
+
+import msgpack
+import tarantool
+from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
+
+from bench.core.recorder import LockedRecorder, Recorder
+from bench.core.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
+
+UPDATE_OPS = [("+", 1, 1)]  # counter field (0-based field number, as iproto takes it)
+
+
+def error_kind(exc, server_error):
+    """The kind an exception is counted as: an error the server answered with (an exception
+    of exactly the class ``server_error``) by its code, anything else by its class name."""
+    if type(exc) is server_error:
+        return DUPLICATE_KEY if exc.code == ER_TUPLE_FOUND else "%s_%d" % (SERVER_ERROR, exc.code)
+    return type(exc).__name__
+
+
+def serve(take, recorder, calls, payloads, server_error, go=None):
+    """One request at a time until ``take()`` runs dry: the body of every greenlet and thread
+    (after ``go()`` returns, when given).
+
+    This loop's cost is part of every driver's figures, so the usual case (a correct answer
+    within the recorder's current second) is checked and counted here, without calls; the
+    rest goes through ``check`` and ``recorder.record``."""
+    clock = time.monotonic
+    record, latency, second = recorder.record, recorder.latency, recorder.second
+    shared = recorder.shared
+    expected, spread = payloads.table, payloads.SPREAD
+    if go is not None:
+        go()
+    while True:
+        item = take()
+        if item is None:
+            return
+        op, key = item
+        t0 = clock()
+        try:
+            rows = calls[op](key)
+        except Exception as exc:  # a failed request is a counted result, not a dead worker
+            record(op, t0, clock(), error_kind(exc, server_error))
+            continue
+        t1 = clock()
+        if (shared or t1 >= recorder.next_tick or not rows or rows[0][0] != key
+                or rows[0][2] != expected[key % spread]):
+            record(op, t0, t1, check(op, key, rows, payloads))
+            continue
+        us = int((t1 - t0) * 1e6)
+        counts = latency[op]
+        counts[us] = counts.get(us, 0) + 1
+        second[op] += 1
+
+
+async def serve_async(take, recorder, calls, payloads, server_error, go=None):
+    """``serve`` for asyncio tasks: the same loop, awaiting the call (a helper shared by
+    the two would put a Python call back on every request, and a coroutine wrapping it
+    would put a frame on every resumption: hence ``go`` here too)."""
+    clock = time.monotonic
+    record, latency, second = recorder.record, recorder.latency, recorder.second
+    expected, spread = payloads.table, payloads.SPREAD
+    if go is not None:
+        await go()
+    while True:
+        item = take()
+        if item is None:
+            return
+        op, key = item
+        t0 = clock()
+        try:
+            rows = await calls[op](key)
+        except Exception as exc:  # a failed request is a counted result, not a dead worker
+            record(op, t0, clock(), error_kind(exc, server_error))
+            continue
+        t1 = clock()
+        if (t1 >= recorder.next_tick or not rows or rows[0][0] != key
+                or rows[0][2] != expected[key % spread]):
+            record(op, t0, t1, check(op, key, rows, payloads))
+            continue
+        us = int((t1 - t0) * 1e6)
+        counts = latency[op]
+        counts[us] = counts.get(us, 0) + 1
+        second[op] += 1
+
+
+def tarantool_calls(conn, space, payloads):
+    """op -> function(key) -> list of tuples, for tarantool-python and its subclasses."""
+    return {
+        "insert": lambda key: conn.insert(space, (key, 0, payloads(key))).data,
+        "select": lambda key: conn.select(space, key).data,
+        "update": lambda key: conn.update(space, key, UPDATE_OPS).data,
+        "delete": lambda key: conn.delete(space, key).data,
+    }
+
+
+class CountingSocket:
+    """Stands in for a tarantool-python connection's socket and counts the calls made on it,
+    since tarantool-python keeps no counters of its own.  (Its per-request liveness probe is a
+    raw libc ``recv`` through ctypes and is not seen here.)"""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self.send_calls = self.recv_calls = self.bytes_out = self.bytes_in = 0
+
+    def send(self, data):
+        self.send_calls += 1
+        sent = self._sock.send(data)
+        self.bytes_out += sent
+        return sent
+
+    def sendall(self, data):
+        self.send_calls += 1
+        self._sock.sendall(data)
+        self.bytes_out += len(data)
+
+    def recv(self, size, *flags):
+        self.recv_calls += 1
+        data = self._sock.recv(size, *flags)
+        self.bytes_in += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def counters(self):
+        return {"send_calls": self.send_calls, "recv_calls": self.recv_calls,
+                "bytes_out": self.bytes_out, "bytes_in": self.bytes_in}
+
+
+def _unpacker_factory(conn):
+    """tarantool-python's own unpacker (``tarantool.response.unpacker_factory``, the
+    same settings and cost per reply) except that a string that is not UTF-8 is
+    decoded with escapes instead of raising: since 2.10, error messages quote
+    tuples, bytes fields raw ("Duplicate key exists ... "), and the workload's
+    payloads are bytes.  The bench must count that reply as the server's error,
+    as box.stat does."""
+    kwargs = {"use_list": conn.use_list, "raw": False, "strict_map_key": False,
+              "unicode_errors": "backslashreplace"}
+
+    def ext_hook(code, data):
+        return unpacker_ext_hook(code, data, msgpack.Unpacker(**kwargs))
+    kwargs["ext_hook"] = ext_hook
+    return msgpack.Unpacker(**kwargs)
+
+
+class Driver:
+    recorder_class = Recorder
+    # tarantool-python raises exactly this class for an error response; its subclasses
+    # (NetworkError, SchemaError, ...) are client-side failures.
+    server_error = tarantool.error.DatabaseError
+
+    def __init__(self, config, host, port):
+        self.config = config
+        self.host, self.port = host, port
+        self.concurrency = config.concurrency
+        self.payloads = Payloads(config.size, config.seed)
+
+    def _tarantool_connection(self):
+        conn = tarantool.Connection(self.host, self.port, user=self.config.user,
+                                    password=self.config.password,
+                                    unpacker_factory=_unpacker_factory)
+        conn._socket = CountingSocket(conn._socket)
+        return conn
+
+
+class SyncDriver(Driver):
+    """tarantool-python, one blocking call at a time."""
+
+    def open(self):
+        self.conn = self._tarantool_connection()
+        self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
+
+    def run(self, phase, recorder, started=None):
+        if started is not None:
+            started()
+        serve(phase.take, recorder, self.calls, self.payloads, self.server_error)
+
+    def counters(self):
+        return self.conn._socket.counters()
+
+    def close(self):
+        self.conn.close()
+
+
+class ThreadsDriver(Driver):
+    """tarantool-python, ``greenlets`` threads with a connection each."""
+
+    recorder_class = LockedRecorder
+
+    def open(self):
+        self.conns = [self._tarantool_connection() for _ in range(self.concurrency)]
+
+    def run(self, phase, recorder, started=None):
+        lock = threading.Lock()
+
+        def take():
+            with lock:  # a generator must not be resumed by two threads at once
+                return phase.take()
+        threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
+            take, recorder, tarantool_calls(conn, self.config.space, self.payloads),
+            self.payloads, self.server_error)) for i, conn in enumerate(self.conns)]
+        if started is not None:
+            started()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def counters(self):
+        total = {}
+        for conn in self.conns:
+            for name, value in conn._socket.counters().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def close(self):
+        for conn in self.conns:
+            conn.close()
+
+
+class GeventDriver(Driver):
+    """gtarantool: ``greenlets`` greenlets sharing one connection."""
+
+    def open(self):
+        import gtarantool
+        self.conn = gtarantool.connect(self.host, self.port, user=self.config.user,
+                                       password=self.config.password,
+                                       lazy_errors=self.config.lazy_errors)
+        if self.config.lazy_errors:   # what it raises for a server error until read
+            self.server_error = gtarantool.LazyDatabaseError
+        self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
+
+    def run(self, phase, recorder, started=None):
+        import gevent
+        from gevent.event import Event
+        go = Event()
+        greenlets = [gevent.spawn(serve, phase.take, recorder, self.calls, self.payloads,
+                                  self.server_error, go.wait)
+                     for _ in range(self.concurrency)]
+        for i, glet in enumerate(greenlets):
+            glet.name = "worker-%d" % i          # what profiles and tracebacks show
+        gevent.sleep(0)   # every worker starts and waits for go
+        if started is not None:
+            started()
+        go.set()
+        gevent.joinall(greenlets, raise_error=True)
+
+    def counters(self):
+        return self.conn.stats.as_dict()
+
+    def close(self):
+        self.conn.close()
+
+
+class AsynctntDriver(Driver):
+    """asynctnt: ``greenlets`` asyncio tasks on one connection, on uvloop when installed."""
+
+    def open(self):
+        import asyncio
+
+        import asynctnt
+        self.server_error = asynctnt.exceptions.TarantoolDatabaseError
+        try:
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self.conn = asynctnt.Connection(host=self.host, port=self.port,
+                                        username=self.config.user,
+                                        password=self.config.password)
+        self.loop.run_until_complete(self.conn.connect())
+        conn, space, payloads = self.conn, self.config.space, self.payloads
+        # asynctnt responses are sequences of tuples already: check() reads them as they are.
+        self.calls = {
+            "insert": lambda key: conn.insert(space, [key, 0, payloads(key)]),
+            "select": lambda key: conn.select(space, [key]),
+            "update": lambda key: conn.update(space, [key], UPDATE_OPS),
+            "delete": lambda key: conn.delete(space, [key]),
+        }
+
+    def run(self, phase, recorder, started=None):
+        import asyncio
+
+        async def main():
+            go = asyncio.Event()
+            tasks = [asyncio.ensure_future(serve_async(phase.take, recorder, self.calls,
+                                                       self.payloads, self.server_error,
+                                                       go.wait))
+                     for _ in range(self.concurrency)]
+            await asyncio.sleep(0)   # every task starts and waits for go
+            if started is not None:
+                started()
+            go.set()
+            await asyncio.gather(*tasks)
+        self.loop.run_until_complete(main())
+
+    def counters(self):
+        return None
+
+    def close(self):
+        self.loop.run_until_complete(self.conn.disconnect())
+        self.loop.close()

@@ -1,0 +1,375 @@
+"""Run one benchmark and return every figure as a dict: ``run(config[, target]) -> results``.
+
+The parent starts P worker processes (fork), each with its own pipe, and joins them at a
+barrier before every phase.  Between phases no request is in flight, so ``box.stat()`` read
+right before the barrier opens and right after the last worker reports covers exactly the
+phase's requests.  While a phase runs the parent merges the workers' per-second counts, samples
+the server's counters once a second and prints a line per second.
+"""
+import collections
+import math
+import multiprocessing
+import multiprocessing.connection
+import sys
+import time
+
+import tarantool
+
+from bench.core import report
+from bench.core.config import OPERATIONS
+from bench.core.recorder import decode_histogram, new_histogram
+from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
+from bench.run import worker
+from bench.targets import open_target
+
+PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
+SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
+MIN_SAMPLE_INTERVAL = 0.25  # shortest interval a server rps is computed over
+PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts
+BARRIER_TIMEOUT = 120.0
+STAT_NAMES = {op: op.upper() for op in OPERATIONS}
+
+
+class BenchError(RuntimeError):
+    """A worker failed or the run could not go on; the message says where."""
+
+
+def run(config, target=None, out=None):
+    """Run ``config`` against ``target`` (default: the server ``config`` names, or a new
+    embedded one) and return the results dict that ``--json`` writes.  Progress lines go to
+    ``out`` (default stdout) unless ``config.quiet``."""
+    out = out or sys.stdout
+    if target is None:
+        with open_target(config) as target:
+            return run(config, target, out)
+    target.prepare(config.space)
+    return _Run(config, target, out).execute()
+
+
+class _Run:
+    def __init__(self, config, target, out):
+        self.config, self.target, self.out = config, target, out
+        self.ticks = collections.defaultdict(
+            lambda: (collections.Counter(), collections.Counter()))  # (phase, second) -> ...
+        self.samples = []
+        self.t0 = None
+        self.span = None  # (start, end) of the running phase, monotonic
+        self.printed = set()
+
+    def execute(self):
+        config = self.config
+        # Workers start from a clean interpreter (forkserver): a parent that already
+        # ran gevent (its DNS thread pool, its hub) must not leak that into them.
+        ctx = multiprocessing.get_context("forkserver")
+        barrier = ctx.Barrier(config.procs + 1)
+        self.pipes, self.procs = [], []
+        # Many instances (bench.targets.instances): worker i drives instance i % N.
+        address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
+        self.addresses = [address(index) for index in range(config.procs)]
+        for index in range(config.procs):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=worker.main, daemon=True, name="bench-worker-%d" % index,
+                               args=(index, config, *self.addresses[index],
+                                     writer, barrier))
+            proc.start()
+            writer.close()
+            self.pipes.append(reader)
+            self.procs.append(proc)
+        try:
+            self._collect("ready")
+            if not config.quiet:
+                print(report.banner(config, self.target.describe()), file=self.out, flush=True)
+            phases = [self._phase(name, barrier) for name in PHASE_NAMES[config.workload]]
+            self._collect("done")
+            for proc in self.procs:
+                proc.join(30)
+        except BaseException:
+            barrier.abort()
+            raise
+        finally:
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+        return self._results(phases)
+
+    def _collect(self, kind, phase=None):
+        """Read the pipes until every worker has sent ``kind``; returns their payloads.
+        Ticks are merged on the way; during a phase the server is sampled once a second."""
+        got = {}
+        next_sample = time.monotonic() + SAMPLE_INTERVAL
+        while len(got) < len(self.pipes):
+            waiting = [pipe for i, pipe in enumerate(self.pipes) if i not in got]
+            timeout = max(0.0, next_sample - time.monotonic()) if phase else 5.0
+            for pipe in multiprocessing.connection.wait(waiting, timeout):
+                index = self.pipes.index(pipe)
+                try:
+                    message = pipe.recv()
+                except EOFError:
+                    raise BenchError("worker %d exited (code %s) before sending %r"
+                                     % (index, self.procs[index].exitcode, kind)) from None
+                if message[0] == "tick":
+                    _, name, second, counts, errors = message
+                    ops, errs = self.ticks[name, second]
+                    ops.update(counts)
+                    errs.update(errors)
+                elif message[0] == "error":
+                    raise BenchError(message[1])
+                elif message[0] == kind:
+                    got[index] = message[1] if len(message) > 1 else None
+                else:
+                    raise BenchError("worker %d sent %r while %r was due"
+                                     % (index, message[0], kind))
+            if phase and time.monotonic() >= next_sample:
+                self._sample(phase)
+                next_sample += SAMPLE_INTERVAL
+                self._print_seconds(phase, math.floor(time.monotonic()) - PRINT_DELAY)
+        return [got[i] for i in range(len(self.pipes))]
+
+    def _phase(self, name, barrier):
+        """Open the barrier for one phase and gather it; returns the phase's results."""
+        self.target.settle()
+        stat_before = self.target.stat()
+        cpu_before = self.target.cpu_seconds()
+        barrier.wait(BARRIER_TIMEOUT)
+        started = time.monotonic()
+        if self.t0 is None:
+            self.t0 = started
+        self.samples.append({"t": started - self.t0, "phase": name, "stat": stat_before})
+        self.span = (started, math.inf)
+        parts = self._collect("phase", name)
+        stat_after = self.target.stat()
+        cpu_after = self.target.cpu_seconds()
+        self._sample(name, stat_after)
+        self.span = (started, max(p["end"] for p in parts))
+        self._print_seconds(name, math.inf)
+        server_cpu = None if cpu_before is None else cpu_after - cpu_before
+        result = _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
+        if hasattr(self.target, "address"):
+            _check_instances(result, parts, self.addresses, stat_before, stat_after)
+        return result
+
+    def _sample(self, phase, stat=None):
+        if stat is None:
+            try:
+                stat = self.target.stat()
+            except tarantool.error.Error:
+                return  # the server is unreachable (restart, network fault): no sample
+        self.samples.append({"t": time.monotonic() - self.t0, "phase": phase, "stat": stat})
+
+    def _print_seconds(self, phase, upto):
+        """Print the per-second lines of ``phase`` up to monotonic second ``upto``."""
+        if self.config.quiet:
+            return
+        for (name, second) in sorted(self.ticks, key=lambda k: k[1]):
+            if name != phase or second > upto or (name, second) in self.printed:
+                continue
+            self.printed.add((name, second))
+            ops, errors = self.ticks[name, second]
+            # The phase's first and last seconds are partial: a rate over the part it ran.
+            covered = min(second + 1, self.span[1]) - max(second, self.span[0])
+            print(report.second_line(second - math.floor(self.t0), phase, ops, errors,
+                                     max(covered, MIN_SAMPLE_INTERVAL),
+                                     self._server_rps(second)), file=self.out, flush=True)
+
+    def _server_rps(self, second):
+        """Requests/s of the four operations between the samples around ``second``."""
+        t = second - self.t0
+        before = [s for s in self.samples if s["t"] <= t]
+        after = [s for s in self.samples if s["t"] >= t + 1]
+        if not before or not after:
+            return None
+        a, b = before[-1], after[0]
+        total = sum(b["stat"][n] - a["stat"][n] for n in STAT_NAMES.values())
+        if total < 0:
+            return None  # the server restarted in between
+        return total / (b["t"] - a["t"])
+
+    def _results(self, phases):
+        spans = {phase["name"]: (phase["start"], phase["end"]) for phase in phases}
+        series = []
+        for (name, second), (ops, errors) in sorted(self.ticks.items(), key=lambda kv: kv[0][1]):
+            # A phase's first and last seconds are partial: "covered" is the part it ran.
+            start, end = spans[name]
+            covered = min(second + 1 - self.t0, end) - max(second - self.t0, start)
+            series.append({"t": second - math.floor(self.t0), "phase": name,
+                           "covered": covered, "ops": dict(ops), "errors": dict(errors)})
+        server_rps = []
+        for name in PHASE_NAMES[self.config.workload]:
+            points = _spaced([s for s in self.samples if s["phase"] == name])
+            for a, b in zip(points, points[1:]):
+                rps = {op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
+                       for op, n in STAT_NAMES.items()}
+                if min(rps.values()) >= 0:   # negative across a server restart
+                    server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": rps})
+        ops = sum(p["ops"] for p in phases)
+        seconds = sum(p["seconds"] for p in phases)
+        cpu = sum(p["client_cpu_seconds"] for p in phases)
+        return {
+            "config": self.config.as_dict(),
+            "server": self.target.describe(),
+            "concurrency": self.config.procs * self.config.concurrency,
+            "phases": phases,
+            "totals": {
+                "ops": ops, "seconds": seconds, "ops_per_sec": _rate(ops, seconds),
+                "client_cpu_seconds": cpu, "ops_per_client_cpu_second": _rate(ops, cpu),
+                "errors": sum(sum(p["errors"].values()) for p in phases),
+                "server_counts_match": all(p["server"]["match"] for p in phases),
+            },
+            "series": series,
+            "gaps": outages(series),
+            "server_rps": server_rps,
+        }
+
+
+def _answered(ops, errors):
+    """Requests of one second that the server answered (its refusals included)."""
+    return sum(ops.values()) - sum(n for kind, n in errors.items() if not _by_server(kind))
+
+
+def _by_server(kind):
+    return is_server_error(kind) or kind in (NOT_FOUND, MISMATCH)
+
+
+def outages(series):
+    """Stretches of whole seconds in which no request got an answer (a server restart,
+    a network fault), with the errors counted meanwhile."""
+    gaps = []
+    for entry in series:
+        if _answered(entry["ops"], entry["errors"]) or not entry["ops"]:
+            continue
+        gap = gaps[-1] if gaps and gaps[-1]["phase"] == entry["phase"] \
+            and gaps[-1]["to"] == entry["t"] else None
+        if gap is None:
+            gap = {"phase": entry["phase"], "from": entry["t"], "to": entry["t"],
+                   "errors": collections.Counter()}
+            gaps.append(gap)
+        gap["to"] = entry["t"] + 1
+        gap["errors"].update(entry["errors"])
+    return [dict(gap, seconds=gap["to"] - gap["from"], errors=dict(gap["errors"]))
+            for gap in gaps]
+
+
+def _spaced(samples):
+    """A phase's samples, first and last kept, none closer than MIN_SAMPLE_INTERVAL to the
+    one before: rps over a sliver of a second is noise."""
+    kept = samples[:1]
+    for sample in samples[1:]:
+        if sample["t"] - kept[-1]["t"] >= MIN_SAMPLE_INTERVAL:
+            kept.append(sample)
+        elif sample is samples[-1]:  # the phase's end replaces the sample just before it
+            if len(kept) > 1:
+                kept[-1] = sample
+            else:
+                kept.append(sample)
+    return kept
+
+
+def _rate(n, seconds):
+    return n / seconds if seconds > 0 else None
+
+
+def latency_ms(hist):
+    """Percentiles, max and mean of a histogram of microseconds, in milliseconds."""
+    figures = {"p%g" % p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
+    figures["max"] = hist.get_max_value() / 1000
+    figures["mean"] = hist.get_mean_value() / 1000
+    return figures
+
+
+def _check_instances(result, parts, addresses, stat_before, stat_after):
+    """Many instances: each one's box.stat requests against the requests of the
+    workers that drove it (their connections' counters); the phase matches only
+    when every instance does.  Adds ``requests@host:port`` to the connection
+    counters, which the report prints beside each instance's box.stat."""
+    connection = result["connection"]
+    if connection is None:
+        return   # a driver without counters: the totals are checked as usual
+    sent = collections.Counter()
+    for part, (host, port) in zip(parts, addresses):
+        sent["%s:%s" % (host, port)] += part["connection"]["requests"]
+    matches = {}
+    for where, requests in sent.items():
+        counted = sum(stat_after["%s@%s" % (n, where)] - stat_before["%s@%s" % (n, where)]
+                      for n in STAT_NAMES.values())
+        connection["requests@" + where] = requests
+        matches[where] = counted == requests
+    server = result["server"]
+    server["instances_match"] = matches
+    server["match"] = server["match"] and all(matches.values())
+
+
+def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
+    """Merge the workers' results for one phase with the server's counters; times are
+    seconds since ``t0``, the start of the first phase."""
+    start, end = min(p["start"] for p in parts), max(p["end"] for p in parts)
+    seconds = end - start
+    counts = collections.Counter()
+    errors = collections.defaultdict(collections.Counter)
+    hists = collections.defaultdict(new_histogram)
+    for part in parts:
+        counts.update(part["counts"])
+        for op, kind, n in part["errors"]:
+            errors[op][kind] += n
+        for op, encoded in part["histograms"].items():
+            hists[op].add(decode_histogram(encoded))
+    everything = new_histogram()
+    for hist in hists.values():
+        everything.add(hist)
+    ops = sum(counts.values())
+    cpu = sum(p["cpu_seconds"] for p in parts)
+    system = sum(p["cpu_system_seconds"] for p in parts)
+
+    # Requests the server answered: all but those that failed in the client (network, timeout).
+    answered = {op: counts[op] - sum(n for kind, n in errors[op].items() if not _by_server(kind))
+                for op in OPERATIONS}
+    server_requests = {op: stat_after[n] - stat_before[n] for op, n in STAT_NAMES.items()}
+    client_server_errors = sum(n for kinds in errors.values() for kind, n in kinds.items()
+                               if is_server_error(kind))
+    server_errors = stat_after["ERROR"] - stat_before["ERROR"]
+
+    connection = None
+    if all(p["connection"] is not None for p in parts):
+        connection = collections.Counter()
+        for part in parts:
+            for key, value in part["connection"].items():
+                if key == "max_in_flight":
+                    connection[key] = max(connection[key], value)
+                else:
+                    connection[key] += value
+        connection = dict(connection)
+        for key in ("send_calls", "recv_calls"):
+            if key in connection:
+                connection[key + "_per_1000_ops"] = 1000 * connection[key] / ops if ops else None
+
+    return {
+        "name": name,
+        "start": start - t0,
+        "end": end - t0,
+        "seconds": seconds,
+        "ops": ops,
+        "ops_per_sec": _rate(ops, seconds),
+        "latency_ms": latency_ms(everything),
+        "errors": dict(sum(errors.values(), collections.Counter())),
+        "operations": {op: {"ops": counts[op], "ops_per_sec": _rate(counts[op], seconds),
+                            "latency_ms": latency_ms(hists[op]), "errors": dict(errors[op])}
+                       for op in OPERATIONS if counts[op]},
+        "client_cpu_seconds": cpu,
+        "client_system_seconds": system,
+        "ops_per_client_cpu_second": _rate(ops, cpu),
+        "connection": connection,
+        "server": {
+            "requests": server_requests,
+            "client_requests": answered,
+            "errors": server_errors,
+            "client_errors": client_server_errors,
+            "match": server_requests == answered and server_errors == client_server_errors,
+            # box.stat starts again from zero when the server restarts mid-phase.
+            "restarted": any(stat_after[n] < stat_before[n] for n in stat_before),
+            "cpu_seconds": server_cpu,
+            # --pool: each instance's box.stat counts, "SELECT@host:port"
+            "instances": {key: stat_after[key] - stat_before[key] for key in stat_after
+                          if key.split("@")[0] in STAT_NAMES.values() and "@" in key
+                          and stat_after[key] != stat_before.get(key, 0)},
+        },
+    }

@@ -1,0 +1,123 @@
+"""One server under load: a throwaway embedded Tarantool or an existing one.
+
+``open_server_target(config)`` yields a :class:`Target`; an embedded server is stopped when
+the block exits, whatever the reason (error, Ctrl-C).  The target's admin connection creates and empties
+the bench space and reads ``box.stat()``; it only ever sends EVAL requests, so it never adds
+to the INSERT/SELECT/UPDATE/DELETE counters the run compares with the client's.
+"""
+import contextlib
+import os
+
+import tarantool
+
+from gtarantool.testing.server import TarantoolServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PREPARE_LUA = os.path.join(HERE, "prepare.lua")
+
+# The embedded server lets the guest user do everything the benchmark does; it creates the
+# space as admin, since guest may not create spaces.
+EMBEDDED_LUA = """
+box.schema.user.grant('guest', 'read,write,execute', 'universe', nil, {if_not_exists = true})
+assert(loadfile(%r))(%r)
+"""
+
+
+class SetupError(RuntimeError):
+    """The server cannot be used as asked; the message says what to change."""
+
+
+class Target:
+    def __init__(self, host, port, config, server=None):
+        self.host, self.port = host, port
+        self.config = config
+        self.server = server
+        self.user = config.user or "guest"
+        try:
+            self.admin = tarantool.Connection(host, port, user=config.user,
+                                              password=config.password)
+        except tarantool.error.Error as exc:
+            raise SetupError("cannot connect to %s:%s as %s: %s"
+                             % (host, port, self.user, exc)) from exc
+        self.version = self._eval("return box.info.version")[0]
+        # On 2.11 and 3.x the feedback daemon selects once a minute, counted by box.stat.
+        self.feedback = self._eval("return box.cfg.feedback_enabled == true")[0]
+
+    @property
+    def pid(self):
+        """The embedded server's pid (for its CPU time), None for an existing server."""
+        return self.server.pid if self.server else None
+
+    def describe(self):
+        return {"host": self.host, "port": self.port, "embedded": self.server is not None,
+                "wal": self.config.wal if self.server else None, "version": self.version,
+                "feedback": self.feedback}
+
+    def _eval(self, lua, *args):
+        try:
+            return self.admin.eval(lua, list(args)).data
+        except tarantool.error.DatabaseError as exc:
+            if "Execute access" in str(exc):
+                raise SetupError(
+                    "user %r may not evaluate Lua, which the benchmark needs for box.stat() "
+                    "and to set up its space; on the server run: "
+                    "box.schema.user.grant(%r, 'execute', 'universe')"
+                    % (self.user, self.user)) from exc
+            raise
+
+    def prepare(self, space):
+        """Create ``space`` if it is missing, then empty it."""
+        with open(PREPARE_LUA) as f:
+            lua = f.read()
+        try:
+            self._eval(lua, space)
+        except tarantool.error.DatabaseError as exc:
+            raise SetupError(
+                "cannot set up space %r as user %r: %s. On the server, either create it as "
+                "admin: box.schema.space.create(%r):create_index('primary', {parts = {1, "
+                "'unsigned'}}); box.schema.user.grant(%r, 'read,write', 'space', %r) "
+                "or let the user create it: box.schema.user.grant(%r, 'read,write,create', "
+                "'universe')" % (space, self.user, exc, space, self.user, space, self.user)
+            ) from exc
+        self.admin.flush_schema()
+
+    def stat(self):
+        """``box.stat()`` totals by request type, e.g. {'INSERT': 100000, ...}."""
+        return {name: value["total"] for name, value in self._eval("return box.stat()")[0].items()}
+
+    def cpu_seconds(self):
+        """User+system CPU seconds of the embedded server (all its threads), None otherwise."""
+        if self.server is None:
+            return None
+        import psutil
+        times = psutil.Process(self.pid).cpu_times()
+        return times.user + times.system
+
+    def settle(self):
+        """Called before each phase (a replica set waits for its replicas)."""
+
+    def close(self):
+        self.admin.close()
+
+
+@contextlib.contextmanager
+def open_server_target(config):
+    """Yield the Target for one server: the one at ``config.host``, or a new embedded one
+    that is stopped when the block exits."""
+    if not config.embedded:
+        target = Target(config.host, config.port, config)
+        try:
+            yield target
+        finally:
+            target.close()
+        return
+    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal)
+    try:
+        server.start()
+        target = Target(server.host, server.port, config, server)
+        try:
+            yield target
+        finally:
+            target.close()
+    finally:
+        server.cleanup()
