@@ -50,7 +50,6 @@ from gevent import Greenlet, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
-from gevent.socket import wait_write
 from tarantool.const import (
     IPROTO_CHUNK,
     IPROTO_DATA,
@@ -167,6 +166,7 @@ class Transport:
         self._sending = False             # the writer is sending the front of _wbuf
         self._fd = sock.fileno()          # callers' own sends and the reader use it directly
         self._read_watcher = None         # the reader's, while it runs
+        self._write_watcher = None        # the writer's, once the socket was full
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
         # The reader receives into one reused buffer (a fresh large bytes object
         # per read costs page faults); an incomplete frame is kept at its front.
@@ -500,19 +500,19 @@ class Transport:
         process again after every wait (the writer may be waiting for room
         when the process forks)."""
         view = memoryview(data)
-        while view:
+        while True:
             if self._process != self._token():
                 raise self._inherited()
             try:
                 sent = os.write(self._fd, view)
             except BlockingIOError:
                 sent = 0
-            if sent < len(view):
-                if sent == 0:
-                    wait_write(self._fd)
-                view = view[sent:]
-            else:
+            if sent == len(view):
                 return
+            view = view[sent:]
+            if self._write_watcher is None:
+                self._write_watcher = self._hub.loop.io(self._fd, 2)
+            self._hub.wait(self._write_watcher)
 
     # -- the reader greenlet -------------------------------------------------
 
@@ -858,6 +858,8 @@ class Transport:
             self._requester.stop()
         if self._read_watcher is not None:
             self._read_watcher.stop()   # before its descriptor is closed
+        if self._write_watcher is not None:
+            self._write_watcher.stop()
         try:
             self._sock.close()
         except OSError:
