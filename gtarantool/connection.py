@@ -504,11 +504,20 @@ class Connection(RequestMethods, tarantool.Connection):
         :class:`gtarantool.watchers.Watcher` (``unregister()``).  Watchers are
         registered again after a reconnect (the callback gets the current value
         again); ``close()`` unregisters them.  Tarantool 2.10+, else
-        :class:`gtarantool.FeatureNotSupported`."""
+        :class:`gtarantool.FeatureNotSupported`.
+
+        :param key: the key's name (str).
+        :param callback: ``callback(key, value)``; an exception it raises is logged.
+        :returns: the :class:`gtarantool.watchers.Watcher`.
+        :raises gtarantool.FeatureNotSupported: the server has no watchers."""
         return watchers.watch(self, key, callback)
 
     def watch_once(self, key):
-        """The current value of ``key``, without watching it (Tarantool 3.0+)."""
+        """The current value of ``key``, without watching it (Tarantool 3.0+).
+
+        :param key: the key's name (str).
+        :returns: its value (``None`` when it has none).
+        :raises gtarantool.FeatureNotSupported: the server is older than 3.0."""
         return watchers.watch_once(self, key)
 
     def stream(self):
@@ -520,12 +529,22 @@ class Connection(RequestMethods, tarantool.Connection):
     def transaction(self, isolation=None, timeout=None):
         """``with conn.transaction() as tx:`` begins a transaction on a new
         stream, commits it when the block ends, rolls it back when the block
-        raises.  See :meth:`gtarantool.streams.Stream.begin`."""
+        raises.  See :meth:`gtarantool.streams.Stream.begin`.
+
+        :param isolation: the isolation level's name or number (``None``: the server's default).
+        :param timeout: seconds after which the server rolls the transaction back.
+        :returns: a context manager that yields the transaction's
+            :class:`gtarantool.streams.Stream`.
+        :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+)."""
         return streams.transaction(self, isolation, timeout)
 
     def prepare(self, sql):
         """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`
-        (``execute(params)``, ``unprepare()``; a context manager)."""
+        (``execute(params)``, ``unprepare()``; a context manager).
+
+        :param sql: the statement's text, with ``?`` or ``:name`` placeholders.
+        :returns: the :class:`gtarantool.sql.PreparedStatement`.
+        :raises tarantool.error.DatabaseError: the server rejected the statement."""
         return PreparedStatement(self, sql)
 
     def _check_features(self):

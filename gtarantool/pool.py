@@ -137,7 +137,9 @@ class RoundRobinStrategy:
         raise ValueError("Unexpected mode %r" % (mode,))
 
     def getnext(self, mode):
-        """The name of the next instance for ``mode``; PoolTopologyError if none fits."""
+        """The name of the next instance for ``mode``; PoolTopologyError if none fits.
+
+        :param mode: a ``tarantool.Mode``."""
         if self.rebuild_needed:
             self.build()
         any_, rw, ro = self._cycles
@@ -413,7 +415,9 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def add(self, addr):
         """Add an instance (a dict as in ``addrs``, or ``"host:port"``); returns its
-        name once its first check is done (it may be unavailable: it is retried)."""
+        name once its first check is done (it may be unavailable: it is retried).
+
+        :raises tarantool.error.ConfigurationError: a bad address, or one in the pool already."""
         if self._closed:
             raise ConnectionClosed("the pool is closed")
         instance = self._new_instance(addr)
@@ -423,7 +427,9 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def remove(self, name, timeout=10):
         """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
-        for its requests in flight, then close its connection."""
+        for its requests in flight, then close its connection.
+
+        :raises KeyError: no instance has that name."""
         instance = self.pool.pop(name)
         self._reroute()
         self._changed()

@@ -954,6 +954,7 @@ def test_use_from_another_thread_is_refused(conn):
     assert conn.stats.reconnects == 0
 
 
+@pytest.mark.timing
 def test_close_fails_in_flight_requests_with_connection_closed(conn):
     calls = [gevent.spawn(timed, conn.call, "sleep_and_return", 1, i) for i in range(10)]
     gevent.sleep(0.1)

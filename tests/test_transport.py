@@ -22,6 +22,7 @@ from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol import Response
 
 from .fakepeer import tarantool_frame
+from .timing import slack
 
 # The tests that run a transport, with the reader's C loop and with its Python loop.
 pytestmark = pytest.mark.usefixtures("reader")
@@ -82,7 +83,7 @@ class EchoPeer:
 
 def connect(peer):
     return gtarantool.connect("127.0.0.1", peer.port, fetch_schema=False,
-                              request_timeout=5)
+                              request_timeout=slack(5))
 
 
 @pytest.mark.parametrize("cut_at", range(1, 128, 3))
@@ -156,8 +157,7 @@ def test_request_frame_layout():
     try:
         body = msgpack.packb({const.IPROTO_KEY: [1]})
         caller = gevent.spawn(transport.request, 1 << 40, const.REQUEST_TYPE_SELECT, 77, body)
-        gevent.sleep(0.01)
-        data = b.recv(4096)
+        data = _receive_bytes(b, 1)   # (a blocking recv would keep the caller from sending)
         assert data[0] == 0xce
         unpacker = msgpack.Unpacker(strict_map_key=False)
         unpacker.feed(data)
@@ -483,19 +483,25 @@ def _frames(data):
     return frames
 
 
-def _receive(b, count):
-    """The first ``count`` request frames from the peer's end ``b`` (a plain
-    socket: read without blocking, so that the transport's greenlets run)."""
+def _receive_bytes(b, count):
+    """What the peer's end ``b`` (a plain socket) receives until ``count`` whole
+    request frames are in: read without blocking, so that the transport's
+    greenlets run."""
     b.setblocking(False)
     data = b""
-    with gevent.Timeout(5):
+    with gevent.Timeout(slack(5)):
         while len(_frames(data)) < count:
             try:
                 data += b.recv(1 << 20)
             except BlockingIOError:
                 gevent.sleep(0.001)
     b.setblocking(True)
-    return _frames(data)
+    return data
+
+
+def _receive(b, count):
+    """The first ``count`` request frames from the peer's end ``b``, as _frames."""
+    return _frames(_receive_bytes(b, count))
 
 
 def _answer(b, frames):

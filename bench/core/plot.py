@@ -1,5 +1,6 @@
-"""``--plot``: ops/s over time per operation, one panel per run, server rps dashed."""
-from bench.core.config import OPERATIONS
+"""``--plot``: ops/s over time per operation, one panel per run, server rps dashed; an
+open-loop run adds each second's p99 from the intended start and from the send."""
+from bench.core.config import MIX_OPERATIONS
 
 MIN_COVERED = 0.2  # seconds
 
@@ -12,7 +13,7 @@ def draw(runs, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
     for ax, (title, results) in zip(axes[:, 0], runs.items()):
-        for op in OPERATIONS:
+        for op in MIX_OPERATIONS:
             # Rates over the part of each second the phase ran; slivers are noise.
             points = [(s["t"], s["ops"][op] / s["covered"]) for s in results["series"]
                       if op in s["ops"] and s["covered"] >= MIN_COVERED]
@@ -24,7 +25,17 @@ def draw(runs, path):
         ax.set_title(title)
         ax.set_ylabel("ops/s")
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize="small")
+        ax.legend(loc="upper left", fontsize="small")
+        latency = [(s["t"], s["latency_p99_ms"], s["service_time_p99_ms"])
+                   for s in results["series"] if s.get("latency_p99_ms") is not None]
+        if latency:
+            right = ax.twinx()
+            t, intended, service = zip(*latency)
+            right.plot(t, intended, "r-", linewidth=1, label="p99 from the intended start")
+            right.plot(t, service, "r:", linewidth=1, label="p99 service time")
+            right.set_ylabel("ms")
+            right.set_ylim(bottom=0)
+            right.legend(loc="upper right", fontsize="small")
     axes[-1, 0].set_xlabel("seconds")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
