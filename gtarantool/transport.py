@@ -50,7 +50,6 @@ from gevent import Greenlet, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
-from gevent.socket import wait_write
 from tarantool.const import (
     IPROTO_CHUNK,
     IPROTO_DATA,
@@ -96,9 +95,11 @@ def process_token():
     without Python's hooks, as uWSGI's); without it, ``os.getpid()``, a system
     call, which is why the Python paths take it only once per request and
     beside the reader's and writer's own system calls."""
-    if _speedups is not None:
-        return _speedups.fork_generation()
-    return os.getpid()
+    return _token_source()()
+
+
+def _token_source():
+    return _speedups.fork_generation if _speedups is not None else os.getpid
 
 
 class Stats:
@@ -144,7 +145,8 @@ class Transport:
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
                  decoder=None):
         self._sock = sock
-        self._process = process_token()   # see _inherited
+        self._token = _token_source()     # process_token's, without its call
+        self._process = self._token()      # see _inherited
         self._pid = os.getpid()
         self.stats = stats
         self._decoder = decoder or BodyDecoder()
@@ -164,6 +166,7 @@ class Transport:
         self._sending = False             # the writer is sending the front of _wbuf
         self._fd = sock.fileno()          # callers' own sends and the reader use it directly
         self._read_watcher = None         # the reader's, while it runs
+        self._write_watcher = None        # the writer's, once the socket was full
         self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
         # The reader receives into one reused buffer (a fresh large bytes object
         # per read costs page faults); an incomplete frame is kept at its front.
@@ -206,7 +209,7 @@ class Transport:
         """Send request ``code`` with its encoded ``body`` and wait for its reply
         (returned; see the class).  With ``code`` None, ``body`` is a whole frame
         already.  A timeout or kill while waiting discards the reply."""
-        if self._process != process_token():
+        if self._process != self._token():
             raise self._inherited()
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
@@ -311,7 +314,7 @@ class Transport:
         not queued and not in ``sink.syncs``.  ``header(code, sync, body
         length)``, when given, makes each request's length prefix and header
         (a stream's, with its id)."""
-        if self._process != process_token():
+        if self._process != self._token():
             raise self._inherited()
         pending = self._pending
         buf = self._wbuf
@@ -436,7 +439,7 @@ class Transport:
         buf = self._wbuf
         if not buf or self._sending:
             return
-        if self._process != process_token():
+        if self._process != self._token():
             self._inherited()
             return
         queued = len(buf)
@@ -497,19 +500,19 @@ class Transport:
         process again after every wait (the writer may be waiting for room
         when the process forks)."""
         view = memoryview(data)
-        while view:
-            if self._process != process_token():
+        while True:
+            if self._process != self._token():
                 raise self._inherited()
             try:
                 sent = os.write(self._fd, view)
             except BlockingIOError:
                 sent = 0
-            if sent < len(view):
-                if sent == 0:
-                    wait_write(self._fd)
-                view = view[sent:]
-            else:
+            if sent == len(view):
                 return
+            view = view[sent:]
+            if self._write_watcher is None:
+                self._write_watcher = self._hub.loop.io(self._fd, 2)
+            self._hub.wait(self._write_watcher)
 
     # -- the reader greenlet -------------------------------------------------
 
@@ -614,7 +617,7 @@ class Transport:
         Anything else (more replies, part of a frame, an error) resumes the
         reader, which reads on or fails the transport.  (``_speedups.LoneReader``
         in C, when built, for a lone request's reply.)"""
-        if self._process != process_token():   # before any receive: the parent's replies
+        if self._process != self._token():   # before any receive: the parent's replies
             self._inherited()
             return
         try:
@@ -855,6 +858,8 @@ class Transport:
             self._requester.stop()
         if self._read_watcher is not None:
             self._read_watcher.stop()   # before its descriptor is closed
+        if self._write_watcher is not None:
+            self._write_watcher.stop()
         try:
             self._sock.close()
         except OSError:

@@ -73,7 +73,7 @@ status=0
     export GTARANTOOL_TIMING_SLACK="${GTARANTOOL_TIMING_SLACK:-5}"
     "$PY" -m pytest -q --reader c tests/test_speedups.py tests/test_encoder.py \
         tests/test_protocol.py tests/test_transport.py tests/test_pipeline.py \
-        tests/test_connection.py tests/test_golden.py &&
+        tests/test_connection.py tests/test_golden.py tests/test_fork.py &&
     "$PY" -m pytest -q tests/test_pool.py -k "not python and (every_form or mode_says or read_retry)" &&
     "$PY" -m tests.fuzz --seconds "$FUZZ_SECONDS" --seed "$FUZZ_SEED"
 ) || status=1
