@@ -5,6 +5,7 @@
 """
 import argparse
 import dataclasses
+import os
 from typing import Dict, Optional
 
 OPERATIONS = ("insert", "select", "update", "delete")
@@ -12,11 +13,13 @@ WORKLOADS = ("phases", "mix")
 DISTRIBUTIONS = ("uniform", "gaussian")
 DRIVERS = ("gtarantool", "sync", "threads", "asynctnt")
 WAL_MODES = ("write", "fsync", "none")
+PASSWORD_ENV = "TARANTOOL_PASSWORD"
 
 
 @dataclasses.dataclass
 class Config:
-    """Everything one run needs; ``as_dict()`` goes into the JSON report unchanged."""
+    """Everything one run needs; ``as_dict()`` goes into the JSON report (without the
+    password, which no output holds)."""
     driver: str = "gtarantool"
     workload: str = "phases"
     procs: int = 1
@@ -36,7 +39,7 @@ class Config:
     pool: bool = False
     instances: int = 1              # throwaway local instances (bench.targets.instances)
     user: Optional[str] = None
-    password: Optional[str] = None
+    password: Optional[str] = dataclasses.field(default=None, repr=False)
     space: str = "bench"
     wal: str = "write"
     quiet: bool = False
@@ -85,7 +88,39 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self):
-        return dataclasses.asdict(self)
+        """Every field but the password, for reports."""
+        values = dataclasses.asdict(self)
+        del values["password"]
+        return values
+
+
+def read_password(password=None, password_file=None, user=None):
+    """The password of ``--password``, else of ``--password-file`` (its first line), else of
+    ``$TARANTOOL_PASSWORD`` when a user is named.
+
+    :returns: the password, or None.
+    :raises ValueError: both the option and the file are given, or the file cannot be read.
+    """
+    if password is not None and password_file is not None:
+        raise ValueError("--password and --password-file: give one of them")
+    if password_file is not None:
+        try:
+            with open(password_file) as f:
+                return f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError("cannot read --password-file: %s" % exc) from None
+    if password is None and user:
+        return os.environ.get(PASSWORD_ENV) or None
+    return password
+
+
+def add_password_arguments(group):
+    """``--password`` and ``--password-file`` (:func:`read_password` reads them)."""
+    group.add_argument("--password",
+                       help="its password (shows in the process list: better "
+                            "--password-file or $%s)" % PASSWORD_ENV)
+    group.add_argument("--password-file", metavar="FILE",
+                       help="read the password from the first line of FILE")
 
 
 def parse_mix(text):
@@ -157,7 +192,7 @@ def add_arguments(parser, driver=True):
                      help="start this many throwaway local instances; worker process i drives "
                           "instance i %% N (default %(default)s)")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
-    srv.add_argument("--password", help="its password")
+    add_password_arguments(srv)
     srv.add_argument("--space", default=d.space,
                      help="space to use; created when missing and allowed (default %(default)s)")
     srv.add_argument("--wal", choices=WAL_MODES, default=d.wal,
@@ -185,6 +220,10 @@ def from_args(args, **overrides):
     names = {f.name for f in dataclasses.fields(Config)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(overrides)
+    if "password" not in overrides:
+        values["password"] = read_password(values.get("password"),
+                                           getattr(args, "password_file", None),
+                                           values.get("user"))
     if values.get("port") is not None and values.get("host") is None:
         values["host"] = "127.0.0.1"
     if values.get("host") is not None and values.get("port") is None:
