@@ -45,6 +45,7 @@ class Config:
     quiet: bool = False
     json: Optional[str] = None
     plot: Optional[str] = None
+    hlog: Optional[str] = None
     profile: Optional[str] = None
     profile_clock: str = "cpu"
     profile_greenlets: bool = False
@@ -204,7 +205,11 @@ def add_arguments(parser, driver=True):
     out.add_argument("--json", metavar="FILE",
                      help="write every figure, the per-second series and the configuration")
     out.add_argument("--plot", metavar="FILE.png",
-                     help="draw ops/s over time per operation (needs matplotlib)")
+                     help="draw throughput and latency percentiles (p50, p99, p99.9) over "
+                          "time, and the latency distribution (needs matplotlib)")
+    out.add_argument("--hlog", metavar="FILE",
+                     help="write the latencies as an HdrHistogram interval log (what "
+                          "HistogramLogProcessor reads; values in microseconds)")
 
     prof = parser.add_argument_group("profiling")
     prof.add_argument("--profile", metavar="DIR",
