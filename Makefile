@@ -50,6 +50,9 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
 	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
+# HLOG=run.hlog: the latencies as an HdrHistogram interval log
+HLOG ?=
+BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
 .PHONY: all install server test bench compare perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz clean

@@ -5,8 +5,9 @@ current interval's dict and turned into HDR histograms once, when the phase ends
 (``HdrHistogram.record_value`` costs ~1 us per call here, ten times the dict update).
 Intervals are ``INTERVAL`` seconds long on a grid of the monotonic clock (the same clock in
 every process, so the parent merges the workers' intervals by their index).  When an
-interval ends its counts go to the parent through ``send`` (a ``tick``) and its latencies
-are put aside as two arrays per operation until the phase ends.
+interval ends its latencies are put aside as two arrays per operation until the phase
+ends, and when a whole second of the clock ends its counts go to the parent through
+``send`` (a ``tick``; once a second, since a message costs more than the arrays).
 
 A recorder keeps one dict per *series* of times (``SERIES``): ``latency`` is what every
 driver records; a second series (for example ``service_time``, from the actual send when
@@ -37,9 +38,9 @@ def decode_histogram(encoded):
     return merged
 
 
-def interval_index(t):
+def interval_index(t, interval=INTERVAL):
     """The index of the interval holding monotonic time ``t``."""
-    return math.floor(t / INTERVAL)
+    return math.floor(t / interval)
 
 
 class Recorder:
@@ -53,22 +54,30 @@ class Recorder:
     shared = False
     SERIES = ("latency",)
 
-    def __init__(self, phase, send):
+    def __init__(self, phase, send, interval=INTERVAL):
+        """:param phase: the phase's name, in every ``tick``.
+        :param send: called with each ``tick`` message.
+        :param interval: the intervals' length in seconds (``INTERVAL``, which the runner's
+            merge of the workers' intervals assumes)."""
         self.phase = phase
         self._send = send
+        self._length = interval
         self.counts = collections.Counter()
         self.errors = collections.Counter()          # (op, kind) -> n
         self.latency = collections.defaultdict(dict)  # op -> {microseconds: n}, this interval
         self.interval = collections.Counter()         # op -> requests, this interval
         self._interval_errors = collections.Counter()
+        self._second = collections.Counter()          # op -> requests, not sent yet
+        self._second_errors = collections.Counter()
+        self._second_of = None                        # the whole second they belong to
         self._done = []   # [(interval index, {series: {op: (microseconds, counts) arrays}})]
         self._built = None   # the same as HDR histograms, built once the phase is over
-        self._index = interval_index(time.monotonic())
-        self.next_tick = (self._index + 1) * INTERVAL
+        self._index = interval_index(time.monotonic(), interval)
+        self.next_tick = (self._index + 1) * interval
 
     def record(self, op, t0, t1, error):
         if t1 >= self.next_tick:
-            self.flush(t1)
+            self._next_interval(t1)
         us = int((t1 - t0) * 1e6)
         latency = self.latency[op]
         latency[us] = latency.get(us, 0) + 1
@@ -78,11 +87,26 @@ class Recorder:
             self._interval_errors[error] += 1
 
     def flush(self, now=None):
-        """End the current interval: send its counts, stamped with the whole second of the
-        monotonic clock it belongs to, and put its latencies aside."""
+        """End the current interval and send every count not sent yet (the phase is over)."""
+        self._next_interval(now if now is not None else time.monotonic())
+        self._send_second()
+
+    def _send_second(self):
+        """Send the counts of the second the last interval belonged to, stamped with that
+        whole second of the monotonic clock."""
+        if self._second or self._second_errors:
+            self._send(("tick", self.phase, self._second_of, dict(self._second),
+                        dict(self._second_errors)))
+            self._second.clear()
+            self._second_errors.clear()
+
+    def _next_interval(self, now):
+        """End the current interval (put its latencies aside) and start the one holding
+        ``now``; a second that is over goes to the parent."""
         if self.interval or self._interval_errors:
-            self._send(("tick", self.phase, math.floor(self._index * INTERVAL),
-                        dict(self.interval), dict(self._interval_errors)))
+            self._second_of = math.floor(self._index * self._length)
+            self._second.update(self.interval)
+            self._second_errors.update(self._interval_errors)
             self.counts.update(self.interval)
             self.interval.clear()
             self._interval_errors.clear()
@@ -94,8 +118,10 @@ class Recorder:
                 for op in list(times):   # (the same outer dict: serve holds it)
                     times[op] = {}
             self._done.append((self._index, kept))
-        self._index = interval_index(now if now is not None else time.monotonic())
-        self.next_tick = (self._index + 1) * INTERVAL
+        self._index = interval_index(now, self._length)
+        self.next_tick = (self._index + 1) * self._length
+        if math.floor(self._index * self._length) != self._second_of:
+            self._send_second()
 
     def merged(self, series="latency"):
         """op -> {microseconds: n} over the whole phase (after :meth:`flush`)."""
@@ -141,8 +167,8 @@ class LockedRecorder(Recorder):
 
     shared = True
 
-    def __init__(self, phase, send):
-        super().__init__(phase, send)
+    def __init__(self, phase, send, interval=INTERVAL):
+        super().__init__(phase, send, interval)
         self._lock = threading.Lock()
 
     def record(self, op, t0, t1, error):
