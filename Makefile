@@ -1,6 +1,9 @@
 # make test    - install everything (tarantool server, .venv, the package) and run the tests
 # make bench   - run the load generator against a throwaway local server
-# make compare - sync, threads, gtarantool and asynctnt side by side
+# make bench SHARDS=N [DRIVER=vshard|router|router-threads] - over N replica sets and a Lua
+#                router (TARANTOOL= a 2.11+ build; HOST=router PORT=p: an existing cluster)
+# make compare - sync, threads, gtarantool and asynctnt side by side (RATE=R: at one fixed rate)
+# make capacity SLO=p99=2ms - the highest fixed rate that meets a latency SLO (DRIVER=asynctnt ...)
 # make perf    - the speed targets (ratios against asynctnt and the sync client)
 # make instructions - instructions per request under callgrind, host-independent
 # make sweep   - gtarantool vs asynctnt (and sync) at 1 to 10,000 greenlets, with its targets
@@ -10,6 +13,7 @@
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
+# make docs    - the Sphinx manual in docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -44,18 +48,32 @@ LOCUSTFILE_ARGS = -f bench/locust/locustfile.py --bench-prepare \
 POOL ?=
 HOSTS ?=
 INSTANCES ?=
+# Open loop and workloads over loaded records (docs/loadgen.rst)
+RATE ?=
+ARRIVALS ?=
+RECORDS ?=
+DISTRIBUTION ?=
+MIX ?=
+SLO ?= p99=2ms
+SHARDS ?=
 
 BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
-	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES))
+	$(if $(POOL),--pool) $(if $(HOSTS),--hosts $(HOSTS)) $(if $(INSTANCES),--instances $(INSTANCES)) \
+	$(if $(RATE),--rate $(RATE)) $(if $(ARRIVALS),--arrivals $(ARRIVALS)) \
+	$(if $(RECORDS),--records $(RECORDS)) $(if $(DISTRIBUTION),--distribution $(DISTRIBUTION)) \
+	$(if $(MIX),--mix $(MIX))
+# make capacity: a mix over loaded records unless WORKLOAD is given
+CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
+	--workload $(if $(filter command line environment,$(origin WORKLOAD)),$(WORKLOAD),mix)
 # HLOG=run.hlog: the latencies as an HdrHistogram interval log
 HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
-.PHONY: all install server test bench compare perf sweep instructions profile soak locust \
-	locust-master locust-worker sanitize fuzz clean
+.PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
+	locust-master locust-worker sanitize fuzz docs clean
 
 all: test
 
@@ -90,14 +108,18 @@ install: server $(STAMP)
 		$(SUDO) apt-get install -y valgrind; }
 
 # tests/: the library's; bench/tests/: the load generator's
+# PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m "not packaging"'
 test: install
-	$(PY) -m pytest -q tests bench/tests
+	$(PY) -m pytest -q tests bench/tests $(PYTEST_ARGS)
 
 bench: install
-	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER)
+	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) $(if $(SHARDS),--shards $(SHARDS))
 
 compare: install
 	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))
+
+capacity: install
+	$(PY) -m bench.capacity $(CAPACITY_ARGS) --driver $(DRIVER) --slo $(SLO)
 
 perf: install
 	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))
@@ -139,5 +161,19 @@ SEED ?= 1
 fuzz: install
 	$(PY) -m tests.fuzz --seconds $(SECONDS) --seed $(SEED)
 
+# autodoc imports gtarantool: the venv with the package and the docs extra; dot draws the diagrams
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: install $(DOCS_STAMP)
+	@command -v dot >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y graphviz; }
+	@# gevent patches ssl before Sphinx imports it: gtarantool.locust imports locust, which patches
+	$(PY) -c "from gevent import monkey; monkey.patch_all(); import sys; \
+		from sphinx.cmd.build import main; sys.exit(main(sys.argv[1:]))" \
+		-W --keep-going -b html docs docs/_build/html
+	@echo "the manual: docs/_build/html/index.html"
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache profiles $(LOCUST_OUT)
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache profiles $(LOCUST_OUT) docs/_build

@@ -1,39 +1,55 @@
-from setuptools import Extension, find_packages, setup
+"""The C extensions; every other piece of metadata is in pyproject.toml.
 
-setup(
-    name="gtarantool",
-    version="2.0.0",
-    description="gevent connector for Tarantool: many greenlets, one socket",
-    long_description=open("README.rst").read(),
-    long_description_content_type="text/x-rst",
-    packages=find_packages(include=["gtarantool", "gtarantool.*"]),
-    # The hot paths in C (the request's, the reader's loops, request bodies);
-    # without a compiler (or on Python < 3.10; < 3.11 for _encoder.c, which
-    # uses PyFloat_Pack8) the build skips them and transport.py and
-    # protocol.py run the same paths in Python.
-    ext_modules=[Extension("gtarantool._speedups", ["gtarantool/_speedups.c"], optional=True),
-                 Extension("gtarantool._encoder", ["gtarantool/_encoder.c"], optional=True),
-                 # ConnectionPool's data methods (pool.py runs them in Python without it)
-                 Extension("gtarantool._pool", ["gtarantool/_pool.c"], optional=True)],
-    python_requires=">=3.8",
-    install_requires=[
-        "tarantool>=1.2,<2",
-        "gevent>=22.10",
-        "greenlet>=2.0",
-        "msgpack>=1.0",
-    ],
-    extras_require={
-        "profile": ["yappi>=1.6"],
-        # 2.43.4: stats.bucket_response_time can be replaced (sub-millisecond buckets)
-        "locust": ["locust>=2.43.4"],
-        "bench": ["hdrhistogram>=0.10", "psutil>=5.9", "asynctnt>=2.0", "uvloop>=0.17",
-                  "matplotlib>=3.5"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.50", "psutil>=5.9",
-                 "locust>=2.43.4"],
-    },
-    classifiers=[
-        "Framework :: gevent",
-        "Programming Language :: Python :: 3",
-        "Topic :: Database :: Front-Ends",
-    ],
-)
+The hot paths in C (the request's, the reader's loops, request bodies, the
+pool's data methods) are optional: without a C compiler, or on a Python they do
+not support, the build skips them, says so, and transport.py, protocol.py and
+pool.py run the same paths in Python.
+"""
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# name, source, the oldest CPython whose C API the source uses
+EXTENSIONS = [
+    ("gtarantool._speedups", "gtarantool/_speedups.c", (3, 10)),   # Py_NewRef
+    ("gtarantool._encoder", "gtarantool/_encoder.c", (3, 11)),     # PyFloat_Pack8
+    ("gtarantool._pool", "gtarantool/_pool.c", (3, 10)),           # ConnectionPool's data methods
+]
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that skips an extension it cannot build and says why."""
+
+    def run(self):
+        self.skipped = []
+        super().run()
+        if self.skipped:
+            lines = ["", "gtarantool: the C paths were not built; the pure-Python paths run instead",
+                     "(the same behaviour, more CPU per request):"]
+            lines += ["  %s: %s" % item for item in self.skipped]
+            lines += ["A C compiler (gcc) and Python's headers (python3-dev) build them.", ""]
+            sys.stderr.write("\n".join(lines) + "\n")
+
+    def build_extension(self, ext):
+        skipped = self.__dict__.setdefault("skipped", [])
+        if sys.implementation.name != "cpython":
+            skipped.append((ext.name, "needs CPython"))
+            return
+        if sys.version_info[:2] < ext.min_python:
+            skipped.append((ext.name, "needs Python %d.%d or later" % ext.min_python))
+            return
+        try:
+            super().build_extension(ext)
+        except Exception as exc:   # no compiler (CC=false, none installed), no headers
+            skipped.append((ext.name, "could not be compiled (%s)" % (str(exc).strip() or type(exc).__name__)))
+
+
+def extension(name, source, min_python):
+    ext = Extension(name, [source])
+    ext.min_python = min_python
+    return ext
+
+
+setup(ext_modules=[extension(*spec) for spec in EXTENSIONS],
+      cmdclass={"build_ext": OptionalBuildExt})

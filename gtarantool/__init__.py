@@ -23,6 +23,7 @@ from gtarantool.errors import (
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
 from gtarantool.protocol import LazyDatabaseError
+from gtarantool.sharding import Router, ShardingError, StorageError
 from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
@@ -30,7 +31,7 @@ __version__ = "2.0.0"
 __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
            "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
            "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
-           "LeastInFlightStrategy", "LazyDatabaseError"]
+           "LeastInFlightStrategy", "LazyDatabaseError", "Router", "ShardingError", "StorageError"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
@@ -39,5 +40,15 @@ def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
     (``connection_timeout`` defaults to 10 s here).
 
     A Unix socket: ``connect(None, "/path/to/socket")``, as in tarantool-python.
+
+    :param host: the server's address; ``None`` for a Unix socket.
+    :param port: its port, or the Unix socket's path.
+    :param user: the user to authenticate as (``None``: guest).
+    :param password: that user's password.
+    :param options: :class:`Connection`'s and ``tarantool.Connection``'s options.
+    :returns: the :class:`Connection`, connected unless ``connect_now=False``.
+    :raises tarantool.error.NetworkError: the server cannot be reached, or
+        authentication or a required feature failed (the cause chained).
+    :raises tarantool.error.ConfigurationError: a bad option.
     """
     return Connection(host, port, user=user, password=password, **options)

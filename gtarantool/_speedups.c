@@ -53,6 +53,7 @@
 #include <errno.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <pthread.h>
 
 #define HEADER_SIZE 28          /* length prefix and header, 2.6's layout above */
 #define HEADER_SIZE_64 32       /* the same, with the schema version as uint64 (2.10+) */
@@ -60,6 +61,22 @@
 #define IPROTO_TYPE_ERROR 0x8000   /* and above: an error reply (0x8000 | error code) */
 #define IPROTO_DATA 0x30
 #define REQUEST_HEADER_SIZE 24    /* a request's length prefix and header */
+
+/* Bumped in the child of every fork(): os.fork's, multiprocessing's, or one
+ * made from C without Python's at-fork hooks (uWSGI's prefork), since
+ * pthread_atfork's child handlers run for all of them.  A Requester and a
+ * LoneReader keep the value their transport was opened under and leave a
+ * call made under another to the Python method, which gives the parent's
+ * socket up without touching it (Transport._inherited).  Only the forking
+ * thread runs in the child when it is written. */
+static unsigned long fork_generation;
+static int fork_handler_installed;
+
+static void
+after_fork_in_child(void)
+{
+    fork_generation++;
+}
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
@@ -1322,8 +1339,9 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
- * transport.error).  It frames the header, queues header and body for the
- * writer (a lone request: sends them, as send_now below),
+ * transport.error) in the process that opened it (see fork_generation).  It
+ * frames the header, queues header and body for the writer (a lone request:
+ * sends them, as send_now below),
  * registers the current greenlet under its sync (every flush_every requests
  * queued, calls transport._flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
@@ -1347,6 +1365,7 @@ typedef struct {
     PyObject *cutter;           /* the ReplyCutter that finishes RawReplies, or None */
     Counters counters;          /* transport.stats's */
     int stopped;                /* the transport died: every call goes to slow() */
+    unsigned long generation;   /* fork_generation when made: another goes to slow() */
 } Requester;
 
 static inline void
@@ -1541,7 +1560,8 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     if (!PyLong_CheckExact(sync) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
             || !PyBytes_CheckExact(body)
             || PyBytes_GET_SIZE(body) > 0xffffffffLL - (REQUEST_HEADER_SIZE - 5)
-            || PyDict_GET_SIZE(self->pending) >= self->max_in_flight || self->stopped)
+            || PyDict_GET_SIZE(self->pending) >= self->max_in_flight || self->stopped
+            || self->generation != fork_generation)
         goto slow;
     code_value = PyLong_AsLong(args[1]);
     sync_value = PyLong_AsUnsignedLongLong(sync);
@@ -1727,6 +1747,7 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->max_in_flight = max_in_flight;
     self->flush_entries = 2 * flush_every;
+    self->generation = fork_generation;
     Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
     return 0;
 }
@@ -1809,7 +1830,8 @@ static PyTypeObject RequesterType = {
  * greenlet's requests in sequence: one receive (cutter's receive_lone) that
  * brings exactly the reply of the one request in flight, counted in
  * transport.stats, and a switch straight to its caller (Transport._hand_on).
- * With anything buffered, queued or being woken it calls slow(transport),
+ * With anything buffered, queued or being woken, or in a process forked since
+ * (see fork_generation), it calls slow(transport),
  * the Python method, instead; a receive that is not one whole reply goes on
  * in Python (transport._received_lone, then _hand_on), and an error goes to
  * the reader greenlet as there.  The transport's _ready, _queue, _wbuf, stats,
@@ -1822,6 +1844,7 @@ typedef struct {
     PyObject *wbuf, *stats, *reader, *hub;
     Counters counters;
     long fd;
+    unsigned long generation;   /* fork_generation when made: another goes to slow() */
 } LoneReader;
 
 static int
@@ -1859,6 +1882,7 @@ LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
     }
     Py_XSETREF(self->slow, Py_NewRef(slow));
     Py_XSETREF(self->cutter, Py_NewRef(cutter));
+    self->generation = fork_generation;
     self->transport = Py_NewRef(transport);   /* last: initialised() looks at it */
     return 0;
 }
@@ -1967,6 +1991,8 @@ LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "LoneReader() takes no arguments");
         return NULL;
     }
+    if (self->generation != fork_generation)   /* a forked child: no receive here */
+        return PyObject_CallOneArg(self->slow, self->transport);
     rlen = PyObject_GetAttr(self->transport, str_rlen);
     if (rlen == NULL)
         return NULL;
@@ -2193,7 +2219,16 @@ decode_error(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return body;
 }
 
+static PyObject *
+get_fork_generation(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromUnsignedLong(fork_generation);
+}
+
 static PyMethodDef speedups_functions[] = {
+    {"fork_generation", get_fork_generation, METH_NOARGS,
+     "fork_generation() -> int: how many fork()s made this process (each child's count "
+     "is its parent's plus one)"},
     {"decode_error", (PyCFunction)(void (*)(void))decode_error, METH_FASTCALL,
      "decode_error(data, unpackb, (use_list, raw, ext_hook)) -> an error reply's body"},
     {"responses", (PyCFunction)(void (*)(void))responses, METH_FASTCALL,
@@ -2264,6 +2299,14 @@ PyInit__speedups(void)
             || !(str_bytes_in = PyUnicode_InternFromString("bytes_in"))
             || !(str_responses = PyUnicode_InternFromString("responses")))
         return NULL;
+    if (!fork_handler_installed) {   /* once per process, whatever imports the module */
+        int err = pthread_atfork(NULL, NULL, after_fork_in_child);
+        if (err != 0) {
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        fork_handler_installed = 1;
+    }
     if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
             || PyType_Ready(&RawReplyType) < 0
             || PyType_Ready(&LoneReaderType) < 0)

@@ -4,7 +4,9 @@
 auth, errors and response types.  It replaces the transport (one shared
 socket, see ``transport.py``), the request/response hot path (``protocol.py``)
 and the connection lifecycle: lazy reconnect under a lock with gevent sleeps,
-schema reload on error 109, and ownership checks for threads and forks.
+schema reload on error 109, and ownership: another OS thread gets
+``WrongOwner``; a forked child process (os.fork, multiprocessing, a fork made
+from C) opens its own socket on first use, never touching the parent's.
 """
 import itertools
 import os
@@ -29,7 +31,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
-from gtarantool import streams, watchers
+from gtarantool import graceful, streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
@@ -41,7 +43,7 @@ from gtarantool.protocol import (
     make_response,
 )
 from gtarantool.sql import PreparedStatement
-from gtarantool.transport import Stats, Transport
+from gtarantool.transport import InheritedSocket, Stats, Transport, process_token
 
 _get_ident = get_original("_thread", "get_ident")
 
@@ -52,6 +54,7 @@ DEFAULT_CONNECTION_TIMEOUT = 10.0
 SCHEMA_RETRIES = 3
 
 _live = weakref.WeakSet()
+_hub_reinit = None   # the process_token() of the process whose hub _adopt reinitialised
 
 # A connection's attributes, gtarantool's and then tarantool.Connection's (1.x).
 # They live in slots: in a __dict__ with more than 30 keys, Python 3.11 cannot
@@ -60,7 +63,8 @@ _live = weakref.WeakSet()
 # attribute missing here still works, in the __dict__.
 _ATTRIBUTES = (
     "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats",
-    "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_packer", "_encoder",
+    "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_process", "_packer",
+    "_encoder",
     "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
@@ -71,7 +75,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
-    "_watchers", "_stream_ids",
+    "_watchers", "_stream_ids", "_graceful",
 )
 
 
@@ -127,6 +131,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._schema_lock = gevent.lock.RLock()  # reload on error 109
         self._owner = _get_ident()
         self._pid = os.getpid()
+        self._process = process_token()          # see _check_owner
         self._packer = None
         self._encoder = None
         self._decoder = None                     # reply bodies, set on connect
@@ -138,6 +143,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._connect_error = None
         self._watchers = None                    # watchers.Watchers, made by the first watch()
         self._stream_ids = itertools.count(1)
+        self._graceful = graceful.State(self)   # announced shutdowns, see graceful.py
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -190,6 +196,9 @@ class Connection(RequestMethods, tarantool.Connection):
                                                    self._owner)
                 self.connected = True
                 self._handshake(greeting)
+                # (Before the schema's round trips: the first event and its
+                # acknowledgement are through when connect() returns.)
+                self._graceful.connected(self, self._connected_once)
                 self._spaces.clear()
                 self._indexes.clear()
                 if self.fetch_schema:
@@ -263,14 +272,9 @@ class Connection(RequestMethods, tarantool.Connection):
         """Close the socket: waiting requests fail with ConnectionClosed; the reader
         and writer greenlets are killed and joined.  A later request reconnects.
 
-        From another OS thread: WrongOwner.  In a forked child: only forgets the
-        parent's socket (already detached), never touching the parent's stream."""
-        if self._owner != _get_ident():
-            if self._pid == os.getpid():
-                self._check_owner()
-            self._transport = self._socket = None
-            self.connected = False
-            return
+        From another OS thread: WrongOwner.  In a forked child: forgets the
+        parent's socket, never touching the parent's stream."""
+        self._check_owner()
         watchers, self._watchers = self._watchers, None
         if watchers is not None:
             watchers.close()
@@ -286,14 +290,37 @@ class Connection(RequestMethods, tarantool.Connection):
         self.close()
 
     def _check_owner(self):
-        if self._owner == _get_ident():
-            return
-        if self._pid != os.getpid():
-            raise WrongOwner("this connection was opened in process %d and cannot be used "
-                             "in forked process %d; open a new connection after fork"
-                             % (self._pid, os.getpid()))
-        raise WrongOwner("this connection belongs to another OS thread (its gevent hub); "
-                         "open one connection per thread")
+        """WrongOwner in another OS thread; in a process forked since, ``_adopt``."""
+        if self._process != process_token():
+            self._adopt()
+        elif self._owner != _get_ident():
+            raise WrongOwner("this connection belongs to another OS thread (its gevent hub); "
+                             "open one connection per thread")
+
+    def _adopt(self):
+        """In a forked child: this process's connection from now on.  The parent's
+        socket is given up unread and unwritten (requests the parent had in
+        flight fail here, they go on there); the next request connects."""
+        global _hub_reinit
+        self._owner = _get_ident()
+        self._pid = os.getpid()
+        self._process = process_token()
+        if _hub_reinit != self._process:
+            # Neither os.fork (unpatched), multiprocessing nor a fork from C
+            # reinitialises gevent's hub: the resolver's threads are gone, and
+            # a connect would wait for them forever.  (Idempotent: gevent.fork's
+            # own call, if any, is not undone.)
+            gevent.reinit()
+            _hub_reinit = self._process
+        # A greenlet copied from the parent may hold them, and will not release them here.
+        self._lock = gevent.lock.RLock()
+        self._schema_lock = gevent.lock.RLock()
+        transport, self._transport = self._transport, None
+        self._socket = None
+        self.connected = False
+        if transport is not None:
+            self._finalizer.detach()
+            transport._inherited()
 
     def _ensure_connected(self):
         """The live transport, reconnecting first when the last one died."""
@@ -309,16 +336,21 @@ class Connection(RequestMethods, tarantool.Connection):
                                  % (self.request_timeout,))
         try:
             dead = self._transport is None or self._transport.error is not None
-            if dead and self._connect_failures != failures:
+            # After an announced shutdown each caller waits for the server's
+            # return within its own timeout, whatever the attempts before it.
+            patient = self._graceful.restarting
+            if dead and self._connect_failures != failures and not patient:
                 raise NetworkError("reconnect failed: %s" % (self._connect_error,))
             deadline = (None if self.request_timeout is None
                         else time.monotonic() + self.request_timeout)
+            if patient and deadline is None:
+                deadline = time.monotonic() + graceful.patience(self)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
                 try:
                     self.connect()
                 except NetworkError as exc:
-                    if attempt >= self.reconnect_max_attempts or (
+                    if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
                             and time.monotonic() + self.reconnect_delay > deadline):
                         self._connect_failures += 1
@@ -373,10 +405,15 @@ class Connection(RequestMethods, tarantool.Connection):
         if transport is None or transport.error is not None or self._owner != _get_ident():
             transport = self._ensure_connected()
         sync = next(self._syncs)
-        if self.request_timeout is None:
-            value = transport.request(sync, code, self.schema_version, body)
-        else:
-            value = self._wait(transport, sync, code, body)
+        try:
+            if self.request_timeout is None:
+                value = transport.request(sync, code, self.schema_version, body)
+            else:
+                value = self._wait(transport, sync, code, body)
+        except InheritedSocket:
+            # Forked (from C: no at-fork hook ran) since the last request, and
+            # this one was not sent: now on this process's own socket.
+            return self._request(code, body, on_push, on_push_ctx, retries)
         if type(value) is Response:
             value.conn = self
             return value
@@ -386,6 +423,11 @@ class Connection(RequestMethods, tarantool.Connection):
             if not retries:
                 raise
             self._reload_schema(exc.schema_version)
+            return self._request(code, body, on_push, on_push_ctx, retries - 1)
+        except DatabaseError as exc:
+            # A write refused, unapplied, by a server still becoming writable.
+            if not retries or not self._graceful.resend(self, code, exc):
+                raise
             return self._request(code, body, on_push, on_push_ctx, retries - 1)
 
     def _wait(self, transport, sync, code, body):
@@ -462,11 +504,20 @@ class Connection(RequestMethods, tarantool.Connection):
         :class:`gtarantool.watchers.Watcher` (``unregister()``).  Watchers are
         registered again after a reconnect (the callback gets the current value
         again); ``close()`` unregisters them.  Tarantool 2.10+, else
-        :class:`gtarantool.FeatureNotSupported`."""
+        :class:`gtarantool.FeatureNotSupported`.
+
+        :param key: the key's name (str).
+        :param callback: ``callback(key, value)``; an exception it raises is logged.
+        :returns: the :class:`gtarantool.watchers.Watcher`.
+        :raises gtarantool.FeatureNotSupported: the server has no watchers."""
         return watchers.watch(self, key, callback)
 
     def watch_once(self, key):
-        """The current value of ``key``, without watching it (Tarantool 3.0+)."""
+        """The current value of ``key``, without watching it (Tarantool 3.0+).
+
+        :param key: the key's name (str).
+        :returns: its value (``None`` when it has none).
+        :raises gtarantool.FeatureNotSupported: the server is older than 3.0."""
         return watchers.watch_once(self, key)
 
     def stream(self):
@@ -478,12 +529,22 @@ class Connection(RequestMethods, tarantool.Connection):
     def transaction(self, isolation=None, timeout=None):
         """``with conn.transaction() as tx:`` begins a transaction on a new
         stream, commits it when the block ends, rolls it back when the block
-        raises.  See :meth:`gtarantool.streams.Stream.begin`."""
+        raises.  See :meth:`gtarantool.streams.Stream.begin`.
+
+        :param isolation: the isolation level's name or number (``None``: the server's default).
+        :param timeout: seconds after which the server rolls the transaction back.
+        :returns: a context manager that yields the transaction's
+            :class:`gtarantool.streams.Stream`.
+        :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+)."""
         return streams.transaction(self, isolation, timeout)
 
     def prepare(self, sql):
         """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`
-        (``execute(params)``, ``unprepare()``; a context manager)."""
+        (``execute(params)``, ``unprepare()``; a context manager).
+
+        :param sql: the statement's text, with ``?`` or ``:name`` placeholders.
+        :returns: the :class:`gtarantool.sql.PreparedStatement`.
+        :raises tarantool.error.DatabaseError: the server rejected the statement."""
         return PreparedStatement(self, sql)
 
     def _check_features(self):
@@ -507,7 +568,8 @@ def _abandoned(transport, owner):
 
 
 def _after_fork_in_child():
-    # The child must never read or write the parent's stream.
+    # The child must never read or write the parent's stream: its copy of the
+    # socket is made dead at once, and the first use adopts the connection.
     for conn in list(_live):
         if conn._transport is not None:
             conn._transport.detach_after_fork()

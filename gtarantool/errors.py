@@ -26,7 +26,8 @@ class ConnectionClosed(NetworkError):
 
 
 class WrongOwner(InterfaceError):
-    """The connection was used from another OS thread or from a forked child process."""
+    """The connection was used from an OS thread other than the one that made it
+    (a forked child process is not refused: it opens its own socket)."""
 
 
 class FeatureNotSupported(NotSupportedError):

@@ -18,6 +18,12 @@ and ``locust --host tarantool://user@10.0.0.5:3301 ...`` with the password in th
 environment variable ``TARANTOOL_PASSWORD`` (a password in the URL works too: each
 process takes it out of the host Locust shows and reports, and keeps it to connect).
 
+A sharded cluster: ``--host tarantool+vshard://user:secret@router:3301`` opens a
+``gtarantool.Router`` configured from that Lua router (calls go straight to the
+storages); tasks call ``self.client.callrw(bucket_id, "func", args)`` (and
+``callro``, ``callbro``, ``callre``, ``callbre``, ``map_callrw``), reported as
+``"callrw func"``.
+
 Every request fires Locust's ``request`` event: request type ``"tarantool"``,
 name ``"<method> <space or function>"``, the response time in milliseconds as
 a float, the reply's size in bytes, and for failures an exception whose text is
@@ -112,6 +118,7 @@ def error_name(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+VSHARD_SCHEME = "tarantool+vshard"   # a Lua router's address: gtarantool.Router
 PASSWORD_ENV = "TARANTOOL_PASSWORD"
 _passwords = {}   # a host URL as Locust shows it (password taken out) -> the password
 
@@ -125,9 +132,10 @@ def parse_host(url):
     if not url:
         raise ValueError("no host: run locust with --host tarantool://host:port")
     parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme != "tarantool":
+    if parsed.scheme not in ("tarantool", VSHARD_SCHEME):
         raise ValueError("--host must look like tarantool://[user:password@]host:port"
-                         "[,host:port...], not %r" % (url,))
+                         "[,host:port...] or %s://[user:password@]router:port, not %r"
+                         % (VSHARD_SCHEME, url))
     credentials, _, hosts = parsed.netloc.rpartition("@")
     user, _, password = credentials.partition(":")
     addresses = []
@@ -153,7 +161,7 @@ def hide_password(url):
     :returns: the URL without ``:password`` (unchanged when it has none).
     """
     parsed = urllib.parse.urlsplit(url or "")
-    if parsed.scheme != "tarantool" or not parsed.password:
+    if parsed.scheme not in ("tarantool", VSHARD_SCHEME) or not parsed.password:
         return url
     credentials, _, hosts = parsed.netloc.rpartition("@")
     shown = urllib.parse.urlunsplit(parsed._replace(
@@ -168,6 +176,12 @@ def open_connection(url, **options):
     (``request_timeout``, ``wait_timeout``, ...) go to the constructor."""
     addresses, user, password, url_options = parse_host(url)
     options = dict(url_options, **options)
+    if urllib.parse.urlsplit(url).scheme == VSHARD_SCHEME:
+        if len(addresses) != 1:
+            raise ValueError("%s:// names one Lua router, not %d addresses"
+                             % (VSHARD_SCHEME, len(addresses)))
+        host, port = addresses[0]
+        return gtarantool.Router.from_router(host, port, user=user, password=password, **options)
     if len(addresses) == 1:
         host, port = addresses[0]
         return gtarantool.connect(host, port, user=user, password=password, **options)
@@ -289,7 +303,10 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _stats(conn):
-    """The ``Stats`` of a connection, or of each connection of a pool."""
+    """The ``Stats`` of a connection, or of each connection of a pool or router."""
+    replicasets = getattr(conn, "replicasets", None)
+    if isinstance(replicasets, dict):
+        return [s for rs in replicasets.values() for s in _stats(rs.pool)]
     pool = getattr(conn, "pool", None)
     if isinstance(pool, dict):
         return [instance.conn.stats for instance in pool.values()]
@@ -462,7 +479,11 @@ def _reported(method):
         start = _clock()
         try:
             if kwargs:
-                resp = getattr(conn, method)(target, *args, **kwargs)
+                if "_bucket_id" in kwargs:   # a Router call: (bucket_id, func, ...)
+                    resp = getattr(conn, method)(kwargs.pop("_bucket_id"), target, *args,
+                                                 **kwargs)
+                else:
+                    resp = getattr(conn, method)(target, *args, **kwargs)
             else:
                 resp = getattr(conn, method)(target, *args)
         except Exception as exc:
@@ -497,6 +518,24 @@ def _name(names, method, target):
 for _method in ("insert", "replace", "select", "update", "upsert", "delete", "call", "eval",
                 "execute"):
     setattr(TarantoolClient, _method, _reported(_method))
+
+
+def _routed(method):
+    """A ``gtarantool.Router`` call (``tarantool+vshard://``), reported as
+    "<method> <function>": the bucket id is left out of the name."""
+    by_function = _reported(method)
+
+    def request(self, bucket_id, func, *args, **kwargs):
+        return by_function(self, func, *args, _bucket_id=bucket_id, **kwargs)
+
+    request.__name__ = request.__qualname__ = method
+    request.__doc__ = "``Router.%s(bucket_id, func, args, timeout=)``, reported to Locust." % method
+    return request
+
+
+for _method in ("callrw", "callro", "callbro", "callre", "callbre"):
+    setattr(TarantoolClient, _method, _routed(_method))
+TarantoolClient.map_callrw = _reported("map_callrw")
 
 
 class _Space:
@@ -657,7 +696,10 @@ def _on_report_to_master(client_id, data, **_kwargs):
 
 def worker_reports(environment):
     """The latest :func:`process_report` of every worker (the master's view),
-    or of this process when it runs alone; keyed by worker id."""
+    or of this process when it runs alone; keyed by worker id.
+
+    :param environment: Locust's ``Environment`` (``self.environment`` in a user).
+    :returns: a dict of worker id -> report (empty on a worker)."""
     if isinstance(environment.runner, WorkerRunner):
         return {}
     reports = dict(getattr(environment, "gtarantool_workers", {}))

@@ -16,6 +16,14 @@ while doing so marks the instance unavailable until a later check succeeds.
 A request that fails because the instance is gone (a network error) or has
 the wrong role (``ER_READONLY``, ``ER_LOADING``) makes its monitor check at
 once instead of waiting for the next period.
+
+Planned restarts and switchovers (Tarantool 2.10+): an instance that announces
+its shutdown (``box.shutdown``) leaves the rotation at once, while its
+connection drains the requests it has sent.  A write (insert, replace, update,
+upsert, delete) refused with an error raised before it changed anything
+(``NOT_APPLIED``) is routed again, within ``wait_timeout``, to the instance now
+holding the role (counted in ``rerouted_writes``); any other failure of a write
+reaches the caller.
 """
 import functools
 import itertools
@@ -58,6 +66,16 @@ HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
 
 ER_READONLY = 7
 ER_LOADING = 116
+# Errors Tarantool raises for a single-statement write before it changes
+# anything (the statement is refused, or its transaction rolled back before
+# the WAL): read-only, still loading, and (synchronous spaces) the queue of
+# synchronous transactions owned by no instance or another one.
+ER_UNCOMMITTED_FOREIGN_SYNC_TXNS = 214
+ER_SYNC_QUEUE_UNCLAIMED = 227
+ER_SYNC_QUEUE_FOREIGN = 228
+NOT_APPLIED = frozenset((ER_READONLY, ER_LOADING, ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
+                         ER_SYNC_QUEUE_UNCLAIMED, ER_SYNC_QUEUE_FOREIGN))
+WRITES = frozenset(("insert", "replace", "update", "upsert", "delete"))
 
 # The crud methods and the mode each takes by default (tarantool-python's).
 CRUD_METHODS = (
@@ -119,7 +137,9 @@ class RoundRobinStrategy:
         raise ValueError("Unexpected mode %r" % (mode,))
 
     def getnext(self, mode):
-        """The name of the next instance for ``mode``; PoolTopologyError if none fits."""
+        """The name of the next instance for ``mode``; PoolTopologyError if none fits.
+
+        :param mode: a ``tarantool.Mode``."""
         if self.rebuild_needed:
             self.build()
         any_, rw, ro = self._cycles
@@ -213,20 +233,42 @@ class RoleWatch(RolePoll):
     def __init__(self, pool, instance):
         super().__init__(pool, instance)
         self._first = gevent.event.Event()
+        self._status = None
+        self._shutting_down = False
         # The connection watches again after each reconnect (and calls us with
         # the current value): one registration lasts as long as the instance.
-        self._watcher = instance.conn.watch("box.status", self._on_status)
+        # (box.shutdown shares the connection's own subscription.)
+        self._watchers = [instance.conn.watch("box.status", self._on_status),
+                          instance.conn.watch("box.shutdown", self._on_shutdown)]
         try:
             self._first.wait()   # the current value (bounded by the check's timeout)
         except BaseException:
-            self._watcher.unregister()
+            self.close()
             raise
 
     def _on_status(self, key, value):
-        status = value.get("status") if isinstance(value, dict) else None
+        self._status = value if isinstance(value, dict) else {}
+        self._apply()
+        self._first.set()
+
+    def _on_shutdown(self, key, value):
+        # True: out of the rotation at once; the value of the restarted
+        # server (false) brings it back with its box.status.
+        self._shutting_down = value is True
+        if self._shutting_down:
+            self._status = {}   # (the restarted server's box.status comes after)
+        if self._shutting_down or self._status:
+            self._apply()
+
+    def _apply(self):
+        value = self._status
+        status = value.get("status")
+        if self._shutting_down or not value:
+            self._pool._set_state(self._instance, UNHEALTHY, None,
+                                  "shutdown" if self._shutting_down else None)
+            return
         self._pool._set_state(self._instance, HEALTHY if status == "running" else UNHEALTHY,
                               value.get("is_ro") if status else None, status)
-        self._first.set()
 
     def refresh(self, woken):
         if woken:
@@ -235,7 +277,8 @@ class RoleWatch(RolePoll):
             self._instance.conn.ping()
 
     def close(self):
-        self._watcher.unregister()
+        for watcher in self._watchers:
+            watcher.unregister()
 
 
 # -- the pool ----------------------------------------------------------------------
@@ -262,13 +305,15 @@ class _Counted:
 class Instance(_pool.Counted if _pool is not None else _Counted):
     """One replica set member: its connection, role and counters (see ``info()``)."""
 
-    __slots__ = ("name", "addr", "state", "errors", "last_change", "box_status", "last_error",
+    __slots__ = ("name", "addr", "state", "errors", "rerouted", "last_change", "box_status",
+                 "last_error",
                  "source", "wakeup", "checked", "monitor")
 
     def __init__(self, name, addr, conn):
         self.name, self.addr, self.conn = name, addr, conn
         self.state = InstanceState(UNHEALTHY, None)
         self.in_flight = self.requests = self.errors = 0
+        self.rerouted = 0            # writes it refused unapplied, sent to another instance
         self.last_change = None      # time.time() of the last change of state
         self.box_status = None       # box.info.status as last seen
         self.last_error = None       # why the instance is unavailable
@@ -324,6 +369,7 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         self.wait_timeout = wait_timeout
         self.retry_reads = retry_reads
         self.pool = {}
+        self.rerouted_writes = 0   # writes refused unapplied and sent to another instance
         self.strategy = strategy_class(self.pool)
         self._next = ()
         self._closed = True
@@ -369,7 +415,9 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def add(self, addr):
         """Add an instance (a dict as in ``addrs``, or ``"host:port"``); returns its
-        name once its first check is done (it may be unavailable: it is retried)."""
+        name once its first check is done (it may be unavailable: it is retried).
+
+        :raises tarantool.error.ConfigurationError: a bad address, or one in the pool already."""
         if self._closed:
             raise ConnectionClosed("the pool is closed")
         instance = self._new_instance(addr)
@@ -379,7 +427,9 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def remove(self, name, timeout=10):
         """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
-        for its requests in flight, then close its connection."""
+        for its requests in flight, then close its connection.
+
+        :raises KeyError: no instance has that name."""
         instance = self.pool.pop(name)
         self._reroute()
         self._changed()
@@ -416,8 +466,10 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def info(self):
         """Per instance name: address, role ('master', 'replica' or None when
-        unavailable), status (box.info.status as last seen), connected, requests in
-        flight, requests, errors, last_change (time.time()), role_source, last_error."""
+        unavailable), status (box.info.status as last seen, or 'shutdown' once
+        announced), connected, requests in flight, requests, errors, rerouted
+        (writes it refused unapplied, sent elsewhere), last_change (time.time()),
+        role_source, last_error."""
         result = {}
         for name, instance in self.pool.items():
             state = instance.state
@@ -428,7 +480,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
                 "address": name, "role": role, "status": instance.box_status,
                 "healthy": state.status is HEALTHY, "connected": not instance.conn.is_closed(),
                 "in_flight": instance.in_flight, "requests": instance.requests,
-                "errors": instance.errors, "last_change": instance.last_change,
+                "errors": instance.errors, "rerouted": instance.rerouted,
+                "last_change": instance.last_change,
                 "role_source": instance.source.name if instance.source else None,
                 "last_error": None if instance.last_error is None else str(instance.last_error),
             }
@@ -544,16 +597,21 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
                     raise
                 changed.wait(remaining)
 
-    def _failed(self, instance, exc, mode, may_resend):
+    def _failed(self, instance, exc, mode, may_resend, method=None):
         """A request on ``instance`` raised ``exc`` (being handled): learn from it,
-        then re-raise it, or return another instance to re-send a read to."""
+        then re-raise it, or return another instance to re-send a read, or a
+        write refused unapplied, to.  ``method``: the request's, when it is no
+        data method's Route (which passes None)."""
         instance.errors += 1
         if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
-            if isinstance(exc, DatabaseError) and exc.code in (ER_READONLY, ER_LOADING):
-                if exc.code == ER_READONLY and instance.state.read_only is False:
+            code = getattr(exc, "code", None) if isinstance(exc, DatabaseError) else None
+            if code in (ER_READONLY, ER_LOADING):
+                if instance.state.read_only is False:
                     # No more writes here until the monitor says otherwise.
                     self._set_state(instance, HEALTHY, True, instance.box_status)
                 instance.wakeup.set()
+            if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
+                return self._reroute_write(instance, exc, mode)
             raise exc
         if isinstance(exc, RequestTimeout):
             raise exc
@@ -571,6 +629,20 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             raise exc
         return other
 
+    def _reroute_write(self, instance, exc, mode):
+        """The instance for a write ``instance`` refused with ``exc`` before
+        applying it: the one holding the role now, waited for at most
+        ``wait_timeout``; else ``exc`` is raised."""
+        try:
+            other = self._wait_for(mode)
+        except PoolTopologyError:
+            raise exc from None
+        if other is instance:
+            raise exc
+        instance.rerouted += 1
+        self.rerouted_writes += 1
+        return other
+
     @staticmethod
     def _drained(instance):
         if not instance.in_flight:
@@ -582,7 +654,7 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         try:
             return getattr(instance.conn, method)(*args, **kwargs)
         except Exception as exc:
-            other = self._failed(instance, exc, mode, may_resend)
+            other = self._failed(instance, exc, mode, may_resend, method)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
@@ -636,11 +708,12 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         try:
             return instance.conn.insert(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
         except Exception as exc:
-            self._failed(instance, exc, mode, False)
+            other = self._failed(instance, exc, mode, False)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
+        return self._send(other, mode, "insert", (space_name, values), dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
@@ -654,11 +727,12 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         try:
             return instance.conn.replace(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
         except Exception as exc:
-            self._failed(instance, exc, mode, False)
+            other = self._failed(instance, exc, mode, False)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
+        return self._send(other, mode, "replace", (space_name, values), dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
@@ -674,11 +748,12 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             return instance.conn.update(space_name, key, op_list, index=index, on_push=on_push,
                                         on_push_ctx=on_push_ctx)
         except Exception as exc:
-            self._failed(instance, exc, mode, False)
+            other = self._failed(instance, exc, mode, False)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
+        return self._send(other, mode, "update", (space_name, key, op_list), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
@@ -694,11 +769,12 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             return instance.conn.upsert(space_name, tuple_value, op_list, index=index,
                                         on_push=on_push, on_push_ctx=on_push_ctx)
         except Exception as exc:
-            self._failed(instance, exc, mode, False)
+            other = self._failed(instance, exc, mode, False)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
+        return self._send(other, mode, "upsert", (space_name, tuple_value, op_list), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     @_routed
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
@@ -713,11 +789,12 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
             return instance.conn.delete(space_name, key, index=index, on_push=on_push,
                                         on_push_ctx=on_push_ctx)
         except Exception as exc:
-            self._failed(instance, exc, mode, False)
+            other = self._failed(instance, exc, mode, False)
         finally:
             instance.in_flight -= 1
             if instance.drained is not None:
                 self._drained(instance)
+        return self._send(other, mode, "delete", (space_name, key), dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
 
     def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
         """``Connection.call``; ``mode`` is required."""

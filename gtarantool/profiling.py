@@ -151,7 +151,11 @@ def _functions(stats, into=None):
 @contextlib.contextmanager
 def profile(path, clock="cpu", per_greenlet=False):
     """Profile the block and save it to ``path`` (see :meth:`Profiler.save`), also when the
-    block raises.  Yields the :class:`Profiler`."""
+    block raises.  Yields the :class:`Profiler`.
+
+    :param path: the callgrind file to write.
+    :param clock: ``"cpu"`` (CPU time per greenlet) or ``"wall"`` (time blocked included).
+    :param per_greenlet: also write one file per greenlet name beside ``path``."""
     profiler = Profiler(clock)
     profiler.start()
     try:
@@ -163,7 +167,13 @@ def profile(path, clock="cpu", per_greenlet=False):
 
 def profile_for(seconds, path, clock="cpu", per_greenlet=False):
     """Profile whatever the other greenlets do for ``seconds`` (this one sleeps), save it
-    and return the paths written.  Run it in its own greenlet to keep serving meanwhile."""
+    and return the paths written.  Run it in its own greenlet to keep serving meanwhile.
+
+    :param seconds: how long to profile.
+    :param path: the callgrind file to write.
+    :param clock: ``"cpu"`` or ``"wall"``, as :func:`profile`'s.
+    :param per_greenlet: also write one file per greenlet name.
+    :returns: the paths of the files written."""
     import gevent
     with profile(path, clock, per_greenlet) as profiler:
         gevent.sleep(seconds)

@@ -77,7 +77,12 @@ class PreparedStatement:
         self._prepared_on = weakref.ref(conn._transport)
 
     def execute(self, params=None):
-        """Run the statement with ``params`` (a sequence or a mapping)."""
+        """Run the statement with ``params`` (a sequence or a mapping).
+
+        :param params: a sequence for ``?`` placeholders or a mapping for ``:name``
+            ones (the names without their colons); ``None`` for none.
+        :returns: the response, as ``Connection.execute``'s.
+        :raises tarantool.error.InterfaceError: the statement was unprepared."""
         if self.stmt_id is None:
             raise InterfaceError("the statement %r was unprepared" % (self.sql,))
         conn = self._conn

@@ -123,7 +123,11 @@ class Stream(ConnectionRequestMethods):
         return StreamPipeline(self)
 
     def execute(self, query, params=None):
-        """SQL in this stream (as ``Connection.execute``)."""
+        """SQL in this stream (as ``Connection.execute``).
+
+        :param query: the SQL text.
+        :param params: a sequence (``?``) or a mapping (``:name``) of values.
+        :returns: the response, with ``affected_row_count`` and ``autoincrement_ids``."""
         if self._conn._encoder is None:
             self._conn._ensure_connected()
         return self._request(REQUEST_TYPE_EXECUTE, sql.execute_body(self._conn, query, params),
@@ -134,7 +138,13 @@ class Stream(ConnectionRequestMethods):
     def begin(self, isolation=None, timeout=None):
         """Begin a transaction (IPROTO_BEGIN).  ``isolation``: "default",
         "read-committed", "read-confirmed", "best-effort", "linearizable" or
-        its number; ``timeout``: seconds after which the server rolls it back."""
+        its number; ``timeout``: seconds after which the server rolls it back.
+
+        :param isolation: the isolation level (``None``: the server's default).
+        :param timeout: seconds (a positive number; ``None``: the server's default).
+        :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+).
+        :raises tarantool.error.InterfaceError: a transaction is open already.
+        :raises ValueError: a bad isolation level or timeout."""
         conn = self._conn
         features.require(conn, features.TRANSACTIONS)
         if self._tx is not None:

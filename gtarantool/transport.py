@@ -31,6 +31,12 @@ and the writer still sends each burst in one call.
 On any failure (socket error, EOF, garbage) the transport closes itself and
 fails every waiter at once; it never reconnects or re-sends: that is the
 connection's decision.
+
+Used in a process forked after it was opened (however forked: see
+``process_token``), a transport gives the parent's socket up before it reads
+or writes a byte: a request raises ``InheritedSocket`` before it is sent or
+registered, and the transport fails as for a lost connection, closing only
+this process's copy of the descriptor (no shutdown, no write).
 """
 import collections
 import errno
@@ -44,6 +50,7 @@ from gevent import Greenlet, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
+from gevent.socket import wait_write
 from tarantool.const import (
     IPROTO_CHUNK,
     IPROTO_DATA,
@@ -74,6 +81,24 @@ _TNT_FRAME_64 = struct.Struct(">BIBHIHQHQ")
 # 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
 _REQUEST_HEADER = struct.Struct(">BIHBHQHI")
 _REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
+
+
+class InheritedSocket(ConnectionClosed):
+    """The transport was opened by the parent of this forked process: nothing of
+    the request was sent (``Transport.request`` raises it before), or, for a
+    request the parent sent before the fork, its reply goes to the parent."""
+
+
+def process_token():
+    """Differs in every process forked since it was taken, and is cheap to take:
+    with ``gtarantool._speedups``, a count that its ``pthread_atfork`` handler
+    bumps in every child (os.fork, multiprocessing, or a fork made from C
+    without Python's hooks, as uWSGI's); without it, ``os.getpid()``, a system
+    call, which is why the Python paths take it only once per request and
+    beside the reader's and writer's own system calls."""
+    if _speedups is not None:
+        return _speedups.fork_generation()
+    return os.getpid()
 
 
 class Stats:
@@ -119,6 +144,8 @@ class Transport:
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
                  decoder=None):
         self._sock = sock
+        self._process = process_token()   # see _inherited
+        self._pid = os.getpid()
         self.stats = stats
         self._decoder = decoder or BodyDecoder()
         self.max_in_flight = max_in_flight
@@ -179,6 +206,8 @@ class Transport:
         """Send request ``code`` with its encoded ``body`` and wait for its reply
         (returned; see the class).  With ``code`` None, ``body`` is a whole frame
         already.  A timeout or kill while waiting discards the reply."""
+        if self._process != process_token():
+            raise self._inherited()
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
@@ -282,6 +311,8 @@ class Transport:
         not queued and not in ``sink.syncs``.  ``header(code, sync, body
         length)``, when given, makes each request's length prefix and header
         (a stream's, with its id)."""
+        if self._process != process_token():
+            raise self._inherited()
         pending = self._pending
         buf = self._wbuf
         pack = _REQUEST_HEADER.pack
@@ -322,6 +353,10 @@ class Transport:
                 except ValueError:
                     self._pass_on()  # it was let in already: the slot goes to the next
                 raise
+        if type(self.error) is InheritedSocket:
+            # In line since before a fork (a copy of the parent's caller, which
+            # goes on there): an error, never a cue to send it again here.
+            raise ConnectionClosed(str(self.error))
         if self.error is not None:
             raise self.error
 
@@ -401,6 +436,9 @@ class Transport:
         buf = self._wbuf
         if not buf or self._sending:
             return
+        if self._process != process_token():
+            self._inherited()
+            return
         queued = len(buf)
         data = b"".join(buf)
         try:
@@ -430,7 +468,6 @@ class Transport:
     def _write_loop(self):
         buf = self._wbuf
         wakeup = self._wakeup
-        sock = self._sock
         stats = self.stats
         try:
             while True:
@@ -447,13 +484,32 @@ class Transport:
                     # itself, and must not do so in the middle of this batch,
                     # nor _flush.
                     self._sending = True
-                    sock.sendall(data)
+                    self._send_all(data)
                     self._sending = False
                     del buf[:queued]
                     stats.send_calls += 1
                     stats.bytes_out += len(data)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
+
+    def _send_all(self, data):
+        """The writer's blocking send: sock.sendall's loop, which looks at the
+        process again after every wait (the writer may be waiting for room
+        when the process forks)."""
+        view = memoryview(data)
+        while view:
+            if self._process != process_token():
+                raise self._inherited()
+            try:
+                sent = os.write(self._fd, view)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(view):
+                if sent == 0:
+                    wait_write(self._fd)
+                view = view[sent:]
+            else:
+                return
 
     # -- the reader greenlet -------------------------------------------------
 
@@ -558,6 +614,9 @@ class Transport:
         Anything else (more replies, part of a frame, an error) resumes the
         reader, which reads on or fails the transport.  (``_speedups.LoneReader``
         in C, when built, for a lone request's reply.)"""
+        if self._process != process_token():   # before any receive: the parent's replies
+            self._inherited()
+            return
         try:
             if self._rlen or self._ready or self._waking or self._queue:
                 more = self._read(lone=True)
@@ -827,6 +886,16 @@ class Transport:
         for glet in (self._reader, self._writer):
             if glet is not current:
                 glet.kill(block=True)
+
+    def _inherited(self):
+        """In a process forked since the transport opened: fail it (once), without
+        reading or writing a byte, and return an ``InheritedSocket``.  (``_fail``
+        closes only this process's descriptor: no shutdown, nothing sent.)"""
+        exc = InheritedSocket("the socket of this connection was opened by process %d: "
+                              "this process was forked from it since" % (self._pid,))
+        if self.error is None:
+            self._fail(exc)
+        return exc
 
     def detach_after_fork(self):
         """In a forked child: make this process's copy of the socket dead without

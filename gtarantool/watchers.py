@@ -15,9 +15,15 @@ has not seen yet, one at a time, then acknowledges; a callback that takes
 long thus sees the newest value next (the server coalesces the changes made
 meanwhile), never an older one.  After a reconnect every key is watched
 again, so each callback gets the current value again.
+
+The connection itself watches ``box.shutdown`` (see ``graceful.py``) as an
+internal watcher: it shares the key's subscription with a user's watcher of
+that key, and, unlike a user's watcher, holds the connection only weakly, so
+a connection dropped without ``close()`` is still collected.
 """
 import logging
 import struct
+import weakref
 
 import gevent
 import msgpack
@@ -38,12 +44,13 @@ log = logging.getLogger(__name__)
 class Watcher:
     """One callback watching one key; returned by ``Connection.watch``."""
 
-    __slots__ = ("key", "callback", "registered", "_seen", "_registry")
+    __slots__ = ("key", "callback", "registered", "internal", "_seen", "_registry")
 
-    def __init__(self, registry, key, callback):
+    def __init__(self, registry, key, callback, internal=False):
         self.key = key
         self.callback = callback
         self.registered = True
+        self.internal = internal  # the connection's own (see graceful.py)
         self._seen = 0            # the version of the key's value it was last called with
         self._registry = registry
 
@@ -73,9 +80,10 @@ class _Key:
 
 class Watchers:
     """A connection's watchers (``conn._watchers``, made by the first ``watch``).
-    While a key is watched, the transport's hooks refer to it and so keep the
-    connection alive (its callbacks may still run) until ``close()`` or the
-    last ``unregister()``.
+    While a user's watcher is registered, the transport's hooks refer to it
+    and so keep the connection alive (its callbacks may still run) until
+    ``close()`` or the last ``unregister()``; the connection's own watchers
+    (``internal``) refer to it weakly.
 
     It owns the runner greenlets and, while the connection is lost and some
     key is watched, a greenlet that reconnects it (nobody else might send a
@@ -84,16 +92,21 @@ class Watchers:
     """
 
     def __init__(self, conn):
-        self._conn = conn
+        self._ref = weakref.ref(conn)
+        self._keep = None         # the connection, while a user's watcher needs it
         self._keys = {}
         self._greenlets = set()
         self._transport = None
         self._reconnector = None
         self._closed = False
 
+    @property
+    def _conn(self):
+        return self._ref()
+
     # -- the API -------------------------------------------------------------
 
-    def watch(self, key, callback):
+    def watch(self, key, callback, internal=False):
         if not isinstance(key, str):
             raise TypeError("a watcher's key must be a str, not %s" % type(key).__name__)
         if not callable(callback):
@@ -105,8 +118,10 @@ class Watchers:
                 self._send(IPROTO_WATCH, key)
             else:
                 self.attach(self._conn._transport)   # watches every key, this one too
-        watcher = Watcher(self, key, callback)
+        watcher = Watcher(self, key, callback, internal)
         state.watchers.append(watcher)
+        if not internal:
+            self._keep = self._conn
         if state.version:   # the value is known: this one gets it now
             self._schedule(state)
         return watcher
@@ -117,6 +132,8 @@ class Watchers:
         if state is None:
             return
         state.watchers.remove(watcher)
+        if not any(not w.internal for s in self._keys.values() for w in s.watchers):
+            self._keep = None
         if not state.watchers:
             del self._keys[watcher.key]
             self._send(IPROTO_UNWATCH, watcher.key)
@@ -132,6 +149,7 @@ class Watchers:
             for watcher in state.watchers:
                 watcher.registered = False
         self._keys.clear()
+        self._keep = None
         self._detach()
         current = getcurrent()
         greenlets = [glet for glet in self._greenlets if glet is not current]
@@ -142,7 +160,7 @@ class Watchers:
     def attach(self, transport):
         """Route ``transport``'s events here and watch every key on it (called
         on every connect: the server forgets a session's watchers)."""
-        if self._closed or not self._keys:
+        if self._closed or not self._keys or self._transport is transport:
             return
         self._detach()
         self._transport = transport
@@ -161,16 +179,20 @@ class Watchers:
         """Queue IPROTO_WATCH/UNWATCH for ``key`` (no reply comes); on a dead
         transport, nothing: the reconnect watches every key again."""
         transport = self._transport
-        if transport is None or not transport.alive:
+        conn = self._conn
+        if transport is None or not transport.alive or conn is None:
             return
-        header = msgpack.packb({0: code, 1: next(self._conn._syncs)})
+        header = msgpack.packb({0: code, 1: next(conn._syncs)})
         body = msgpack.packb({IPROTO_EVENT_KEY: key}, use_bin_type=True)
         transport.post(b"\xce" + struct.pack(">I", len(header) + len(body)) + header + body)
 
     def _on_event(self, sync, body):
         """In the reader: record the key's new value, start its runner."""
+        conn = self._conn
+        if conn is None:
+            return
         try:
-            body = self._conn._decoder.decode(body)
+            body = conn._decoder.decode(body)
             key = body[IPROTO_EVENT_KEY]
         except Exception:  # noqa: BLE001 - one bad event must not kill the connection
             log.exception("undecodable watcher event (sync %d)", sync)
@@ -226,16 +248,20 @@ class Watchers:
 
     def _reconnect(self):
         conn = self._conn
-        delay = max(conn.reconnect_delay, 0.1)
+        delay = max(conn.reconnect_delay, 0.1) if conn is not None else 0
         try:
-            while self._keys and not self._closed:
+            while self._keys and not self._closed and conn is not None:
                 try:
                     conn._ensure_connected()   # connect() calls attach()
                     return
                 except Exception as exc:  # noqa: BLE001 - retried until close()
-                    log.warning("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
-                                conn.host, conn.port, delay, exc)
+                    # (Expected while a server that announced its shutdown restarts.)
+                    level = logging.INFO if conn._graceful.restarting else logging.WARNING
+                    log.log(level, "watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
+                            conn.host, conn.port, delay, exc)
+                    conn = None   # (not held while sleeping: it may be dropped meanwhile)
                     gevent.sleep(delay)
+                    conn = self._conn
                     delay = min(delay * 2, MAX_RECONNECT_DELAY)
         finally:
             self._reconnector = None
@@ -245,10 +271,15 @@ def watch(conn, key, callback):
     """``Connection.watch``: see its docstring."""
     conn._ensure_connected()
     features.require(conn, features.WATCHERS)
-    registry = conn._watchers
-    if registry is None:
-        registry = conn._watchers = Watchers(conn)
-    return registry.watch(key, callback)
+    return registry(conn).watch(key, callback)
+
+
+def registry(conn):
+    """``conn``'s ``Watchers``, made on first use."""
+    watchers = conn._watchers
+    if watchers is None:
+        watchers = conn._watchers = Watchers(conn)
+    return watchers
 
 
 def watch_once(conn, key):

@@ -435,13 +435,17 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned, through_socket=False):
     ``through_socket``: written to its socket instead, for the read watcher's
     callback (the lone reply's path) and the reader to receive."""
     saved = transport._speedups, protocol._speedups
-    if not c_paths:
+    if not c_paths:   # for the whole run: a transport reads them as it goes (process_token)
         transport._speedups = protocol._speedups = None
-    a, b = socket.socketpair()
     try:
-        t = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 1000, LIMIT)
+        return _feed(data, waiters, pieces, c_paths, abandoned, through_socket)
     finally:
         transport._speedups, protocol._speedups = saved
+
+
+def _feed(data, waiters, pieces, c_paths, abandoned, through_socket):
+    a, b = socket.socketpair()
+    t = Transport(gsocket.socket(fileno=os.dup(a.fileno())), Stats(), 1000, LIMIT)
     sender = gsocket.socket(fileno=os.dup(b.fileno()))
     try:
         callers = {}

@@ -258,6 +258,39 @@ def pace(url):
                                            ("unknown", (None,)))}}
 
 
+class ShardedUser(glocust.TarantoolUser):
+    """Calls through gtarantool.Router (tarantool+vshard://) on the storages of
+    tests/test_sharding.py's cluster."""
+    wait_time = constant(0)
+    expected_errors = set()
+
+    @task
+    def put_get(self):
+        router = self.client.connection
+        key = id(self) % 100_000 + self.environment.runner.user_count
+        bucket_id = router.bucket_id_mpcrc32(key)
+        self.client.callro(bucket_id, "kv_get", (bucket_id, key), timeout=5)
+        self.client.callbro(bucket_id, "kv_get", (bucket_id, key), timeout=5)
+        try:
+            self.client.callrw(bucket_id, "kv_fail", ("locust failure",), timeout=5)
+        except glocust.RequestFailed:
+            pass
+        self.client.map_callrw("kv_count", timeout=5)
+
+
+def vshard(url):
+    """tarantool+vshard://: one Router per process; each call named by its function."""
+    env = run([ShardedUser], url, 4, 1.0)
+    out = {"opened": [type(conn).__name__ for conn, _, _ in glocust._opened],
+           "entries": sorted([e.method, e.name, e.num_requests > 0, e.num_failures > 0]
+                             for e in env.stats.entries.values()),
+           "errors": sorted([e.name, StatsError.parse_error(e.error)]
+                            for e in env.stats.errors.values()),
+           "report": glocust.process_report()}
+    glocust._on_quitting(env)
+    return out
+
+
 ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace")
 
 

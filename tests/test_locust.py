@@ -13,11 +13,11 @@ import pytest
 
 from gtarantool.testing.server import TarantoolServer
 
-from .conftest import PASSWORD, USER, _lua
+from .conftest import PASSWORD, USER, _lua, needs_tool
 
 # (importorskip would import Locust here)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                                reason="needs the locust extra: pip install -e .[locust]")
+pytestmark = needs_tool(importlib.util.find_spec("locust") is not None,
+                        "locust (the locust extra: pip install -e .[locust])")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable

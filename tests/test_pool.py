@@ -25,6 +25,7 @@ from gtarantool import ConnectionClosed, Mode
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, RoundRobinStrategy
 
 from .conftest import PASSWORD, USER, _lua
+from .timing import slack
 
 REFRESH = 0.1     # refresh_delay in these tests
 # The data methods gtarantool._pool.Route runs in C (pool.py's are their specification).
@@ -296,6 +297,7 @@ def test_a_wrong_role_error_makes_the_pool_check_at_once(rs):
 
 # -- failures ----------------------------------------------------------------------------
 
+@pytest.mark.timing
 def test_failover_under_load(rs):
     """500 greenlets write and read; kill -9 the master, promote a replica.
 
@@ -364,7 +366,9 @@ def test_failover_under_load(rs):
     print("\nfailover (%s, refresh_delay=%s): first write %.3f s after promotion; "
           "%d writes acked, %d failed, %d reads, %d read errors"
           % (source, refresh, first_write, len(acked), len(failed), reads[0], len(read_errors)))
-    assert first_write < (1.0 if watching else 2 * REFRESH + 1.0)
+    # A loose ceiling: the pool takes the promotion up by itself, in time.  (How
+    # soon is a figure of python -m bench.poolcompare.)
+    assert first_write < slack(3.0) + (0 if watching else 2 * REFRESH), first_write
     # Reads are re-sent once when the connection fails; none needed a second try.
     assert not read_errors
     # Never re-sent: no key reached the survivors twice, and no key whose
@@ -394,6 +398,7 @@ def test_failover_under_load(rs):
           % (len(before), len(lost), received, final, len(after)))
 
 
+@pytest.mark.timing
 def test_instances_down_at_start_join_later(rs):
     """One replica refuses connections, the other is frozen: the pool starts in
     about one connection_timeout (connects run in parallel) and picks both up."""
@@ -407,7 +412,7 @@ def test_instances_down_at_start_join_later(rs):
     finally:
         frozen.signal(signal.SIGCONT)
     with pool:
-        assert took < 0.5 * 2
+        assert took < 0.5 + slack(0.5)
         info = pool.info()
         assert info[name(master)]["role"] == "master"
         assert info[name(down)]["role"] is None and info[name(down)]["last_error"]
@@ -529,7 +534,7 @@ def test_ten_thousand_greenlets_on_a_pool_of_three(rs):
         jobs = [gevent.spawn(work, i) for i in range(10000)]
         gevent.joinall(jobs, timeout=60)
         assert all(job.successful() for job in jobs)
-        assert [job.value for job in jobs[:3]] == [[[0, "x"]], [[1, "x"]], [[2, "x"]]]
+        assert [job.value for job in jobs] == [[[i, "x"]] for i in range(10000)]
         assert sum(i["requests"] for i in pool.info().values()) >= 20000
 
 

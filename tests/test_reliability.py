@@ -1,4 +1,4 @@
-"""Reliability: faults, bad input and overload (issue 5).
+"""Reliability: faults, bad input and overload.
 
 Each test injects one kind of trouble and checks the guarantees: no greenlet
 waits longer than its timeout (or at all, once the connection is known dead),
@@ -33,6 +33,7 @@ from gtarantool.transport import Stats, Transport
 
 from . import fakepeer
 from .conftest import PASSWORD, USER
+from .timing import slack
 
 ER_READONLY = 7
 
@@ -91,10 +92,12 @@ def proxy(server):
 
 # -- the server dies under load -------------------------------------------------
 
+@pytest.mark.timing
 def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
     """1,000 greenlets write while the server is SIGKILLed and restarted from its
-    WAL: every call ends within request_timeout + 1 s, every insert that
-    returned success is in the restarted server, and the same connection object
+    WAL: every call ends within request_timeout + 1 s, every insert and every
+    replace that returned success is in the restarted server (a key's value no
+    older than its last acknowledged replace), and the same connection object
     serves requests again on its own.  (3.x accepts connections while it
     recovers and answers writes "read-only", error 7, until it is done: an
     answer, not a lost write, and only ever after the kill.)"""
@@ -102,6 +105,7 @@ def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
     conn = connect(fresh_server.host, fresh_server.port, request_timeout=timeout,
                    reconnect_max_attempts=3, reconnect_delay=0.1, connection_timeout=2.0)
     acked = []
+    replaced = {}    # worker: (its last acknowledged replace, every replace it sent)
     durations = []
     errors = {}
     ok_after_restart = [0]
@@ -119,7 +123,10 @@ def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
                     conn.insert("tester", (op, "w%d" % n, "x" * 100))
                     acked.append(op)
                 elif op % 8:
+                    last, sent = replaced.setdefault(n, (None, set()))
+                    sent.add(op)
                     conn.replace("kv", ("k%d" % n, op))
+                    replaced[n] = (op, sent)
                 else:
                     conn.select("tester", op - 1)
                 if restarted.is_set():
@@ -149,12 +156,12 @@ def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
     assert wait_until(lambda: ok_after_restart[0] > 1000, 15), errors
     gevent.sleep(0.5)
     stop.set()
-    gevent.joinall(workers, timeout=timeout + 2, raise_error=True)
+    gevent.joinall(workers, timeout=timeout + slack(2), raise_error=True)
     assert all(w.dead for w in workers)
 
     assert acked_before_kill > 1000
     assert errors, "the kill was not noticed"
-    assert max(durations) < timeout + 1.0, (max(durations), errors)
+    assert max(durations) < timeout + slack(1.0), (max(durations), errors)
     assert set(errors) <= {"NetworkError", "ConnectionClosed", "RequestTimeout",
                            "read-only"}, errors
     conn.ping()
@@ -162,14 +169,24 @@ def test_server_killed_under_load_loses_no_acknowledged_write(fresh_server):
     assert conn._transport.in_flight == 0
     stored = {t[0] for t in conn.select("tester", None, iterator="ALL")}
     lost = sorted(set(acked) - stored)
-    print("\nkill -9 under load: %d acknowledged inserts, %d lost, errors %s, max call %.2fs"
-          % (len(acked), len(lost), errors, max(durations)))
+    # A key holds a replace of its worker's no older than the last acknowledged
+    # one (one sent later but not acknowledged may have landed too).
+    values = {t[0]: t[1] for t in conn.select("kv", None, iterator="ALL")}
+    stale = {n: (values.get("k%d" % n), last) for n, (last, sent) in replaced.items()
+             if last is not None and not (values.get("k%d" % n) in sent
+                                          and values["k%d" % n] >= last)}
+    acked_replaces = sum(last is not None for last, _ in replaced.values())
+    print("\nkill -9 under load: %d acknowledged inserts, %d lost; %d keys replaced, %d stale;"
+          " errors %s, max call %.2fs" % (len(acked), len(lost), acked_replaces, len(stale),
+                                         errors, max(durations)))
     assert lost == []
+    assert acked_replaces > 100 and stale == {}
     conn.close()
 
 
 # -- the server freezes ----------------------------------------------------------
 
+@pytest.mark.timing
 def test_server_frozen_requests_time_out_on_time_and_late_replies_are_discarded(
         fresh_server):
     timeout = 0.5
@@ -181,13 +198,13 @@ def test_server_frozen_requests_time_out_on_time_and_late_replies_are_discarded(
         calls = [gevent.spawn(timed, conn.insert, "tester", (next(_ids), "frozen"))
                  for _ in range(50)]
         calls.append(gevent.spawn(timed, conn.call, "sleep_and_return", 0, 1))
-        gevent.joinall(calls, timeout=timeout + 2)
+        gevent.joinall(calls, timeout=timeout + slack(2))
         outcomes = [c.value for c in calls]
     finally:
         fresh_server.signal(signal.SIGCONT)
     for elapsed, value in outcomes:
         assert isinstance(value, RequestTimeout), value
-        assert timeout - 0.05 <= elapsed < timeout + 0.3, elapsed
+        assert timeout - 0.05 <= elapsed < timeout + slack(0.3), elapsed
     assert transport.in_flight == 0
     # The frozen server replies late: every reply is discarded, none leaks.
     assert wait_until(lambda: conn.stats.discarded >= 51, 5), conn.stats
@@ -201,17 +218,18 @@ def test_server_frozen_requests_time_out_on_time_and_late_replies_are_discarded(
 
 # -- network faults through a proxy ----------------------------------------------
 
+@pytest.mark.timing
 def test_proxy_delayed_replies(proxy):
     conn = connect(proxy.host, proxy.port, request_timeout=1.0)
     proxy.delay = 0.3
     elapsed, value = timed(conn.call, "echo", 1)
-    assert value.data == [1] and 0.3 <= elapsed < 1.0
+    assert value.data == [1] and 0.3 <= elapsed < 0.3 + slack(0.7)
     proxy.delay = 1.5
     calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(20)]
     gevent.joinall(calls)
     for c in calls:
         elapsed, value = c.value
-        assert isinstance(value, RequestTimeout) and elapsed < 1.3, c.value
+        assert isinstance(value, RequestTimeout) and elapsed < 1.0 + slack(0.3), c.value
     assert conn._transport.in_flight == 0
     proxy.delay = 0
     assert wait_until(lambda: conn.stats.discarded >= 20, 5)
@@ -219,18 +237,19 @@ def test_proxy_delayed_replies(proxy):
     conn.close()
 
 
+@pytest.mark.timing
 def test_proxy_reset_in_the_middle_of_a_frame(proxy):
     conn = connect(proxy.host, proxy.port, request_timeout=10.0)
     big = "y" * 300_000
     conn.call("echo", "warm")
     proxy.reset_mid_frame()
     calls = [gevent.spawn(timed, conn.call, "echo", big) for _ in range(10)]
-    gevent.joinall(calls, timeout=5)
+    gevent.joinall(calls, timeout=slack(5))
     for c in calls:
         elapsed, value = c.value
         # Failed at once with a network error, not by waiting for the timeout.
         assert isinstance(value, NetworkError) and not isinstance(value, RequestTimeout), value
-        assert elapsed < 2.0
+        assert elapsed < slack(2.0)
     assert proxy.resets == 1
     # The same object reconnects and the stream is in sync again.
     assert conn.call("echo", big).data == [big]
@@ -238,59 +257,71 @@ def test_proxy_reset_in_the_middle_of_a_frame(proxy):
     conn.close()
 
 
+@pytest.mark.timing
 def test_proxy_stops_reading_writer_does_not_block_callers(proxy):
     conn = connect(proxy.host, proxy.port, request_timeout=1.0)
     conn.ping()
     proxy.stop_reading()
     ticks = []
-    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.05)) for _ in range(40)])
+
+    def tick():
+        for _ in range(40):
+            ticks.append(time.monotonic())
+            gevent.sleep(0.05)
+    ticker = gevent.spawn(tick)
     payload = "z" * (1 * MB)
     calls = [gevent.spawn(timed, conn.eval, "return 1", payload) for _ in range(20)]
-    gevent.joinall(calls, timeout=5)
+    gevent.joinall(calls, timeout=slack(5))
     for c in calls:
         elapsed, value = c.value
-        assert isinstance(value, RequestTimeout) and elapsed < 1.4, c.value
-    ticker.join()
-    assert len(ticks) == 40          # the hub never stalled behind the blocked writer
+        assert isinstance(value, RequestTimeout) and elapsed < 1.0 + slack(0.4), c.value
+    ticker.join(timeout=slack(5))
+    assert ticker.dead
+    # The hub never stalled behind the blocked writer: every 50 ms tick came on time.
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) == 40 and max(gaps) < 0.05 + slack(0.15), max(gaps)
     elapsed, value = timed(conn.close)
-    assert elapsed < 1.0 and value is None
+    assert elapsed < slack(1.0) and value is None
     proxy.resume_reading()
     assert conn.call("echo", 7).data == [7]
     conn.close()
 
 
+@pytest.mark.timing
 def test_proxy_half_closed_connection_fails_waiters_at_once(proxy):
     conn = connect(proxy.host, proxy.port, request_timeout=10.0)
     conn.ping()
     calls = [gevent.spawn(timed, conn.call, "sleep_and_return", 1, i) for i in range(10)]
     gevent.sleep(0.1)
     proxy.half_close()           # the client reads EOF; the proxy still reads
-    gevent.joinall(calls, timeout=5)
+    gevent.joinall(calls, timeout=slack(5))
     for c in calls:
         elapsed, value = c.value
         assert isinstance(value, NetworkError) and not isinstance(value, RequestTimeout)
-        assert elapsed < 1.0
+        assert elapsed < slack(1.0)
     assert conn.call("echo", 1).data == [1]      # reconnected
     conn.close()
 
 
+@pytest.mark.timing
 def test_proxy_silent_partition_times_out_and_recovers(proxy):
     conn = connect(proxy.host, proxy.port, request_timeout=0.5)
     conn.ping()
     proxy.blackhole()
     calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(10)]
-    gevent.joinall(calls, timeout=3)
+    gevent.joinall(calls, timeout=slack(3))
     for c in calls:
         elapsed, value = c.value
-        assert isinstance(value, RequestTimeout) and elapsed < 0.8, c.value
+        assert isinstance(value, RequestTimeout) and elapsed < 0.5 + slack(0.3), c.value
     assert conn._transport.in_flight == 0
     elapsed, value = timed(conn.close)
-    assert elapsed < 1.0 and value is None
+    assert elapsed < slack(1.0) and value is None
     proxy.resume()
     assert conn.call("echo", 2).data == [2]
     conn.close()
 
 
+@pytest.mark.timing
 def test_callers_queued_behind_a_slow_reconnect_time_out_on_time(proxy):
     """One caller reconnects into a partition (no greeting for connection_timeout);
     the others queued behind it get RequestTimeout at request_timeout, not later."""
@@ -301,13 +332,17 @@ def test_callers_queued_behind_a_slow_reconnect_time_out_on_time(proxy):
     proxy.reset_all()
     assert wait_until(conn.is_closed, 2)
     calls = [gevent.spawn(timed, conn.call, "echo", i) for i in range(20)]
-    gevent.joinall(calls, timeout=5)
+    gevent.joinall(calls, timeout=slack(5))
     outcomes = [c.value for c in calls]
     reconnector = [o for o in outcomes if not isinstance(o[1], RequestTimeout)]
     queued = [o for o in outcomes if isinstance(o[1], RequestTimeout)]
-    assert len(reconnector) == 1 and isinstance(reconnector[0][1], NetworkError), outcomes
-    assert reconnector[0][0] < 2.0 + 0.5
-    assert len(queued) == 19 and max(e for e, _ in queued) < 0.5 + 0.3, queued
+    # (On 2.10+ the connection's own box.shutdown watcher reconnects it at
+    # once, and every caller may be queued behind that instead.)
+    assert len(reconnector) <= 1, outcomes
+    assert all(isinstance(e, NetworkError) and took < 2.0 + slack(0.5)
+               for took, e in reconnector)
+    assert len(queued) == 20 - len(reconnector), outcomes
+    assert max(e for e, _ in queued) < 0.5 + slack(0.3), queued
     proxy.resume()
     assert conn.call("echo", 3).data == [3]
     conn.close()
@@ -361,6 +396,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_peer_fails_waiters_at_once(case):
     payload, then_close, expected = HOSTILE[case]
@@ -370,15 +406,17 @@ def test_hostile_peer_fails_waiters_at_once(case):
                                   request_timeout=10.0, reconnect_max_attempts=0)
         before = rss()
         calls = [gevent.spawn(timed, conn.call, "f", i) for i in range(n)]
-        gevent.joinall(calls, timeout=5)
+        gevent.joinall(calls, timeout=slack(5))
         outcomes = [c.value for c in calls]
         assert all(c.dead for c in calls), "a waiter hangs"
-        failed = [v for _, v in outcomes if isinstance(v, Exception)]
-        # Every waiter failed promptly (or, for a valid reply, got it) with a clear error.
-        assert len(failed) >= n - 1
-        for elapsed, value in outcomes:
-            assert elapsed < 2.0
-            if isinstance(value, Exception):
+        # Every waiter failed promptly with a clear error, except, for a valid
+        # reply, the first caller (its request went out first: the reply's sync).
+        answered = {i: value.data for i, (_, value) in enumerate(outcomes)
+                    if not isinstance(value, Exception)}
+        assert answered == ({0: [1]} if payload is _valid else {}), outcomes
+        for i, (elapsed, value) in enumerate(outcomes):
+            assert elapsed < slack(2.0)
+            if i not in answered:
                 assert isinstance(value, expected), repr(value)
                 assert not isinstance(value, RequestTimeout)
         assert conn.is_closed()
@@ -439,6 +477,7 @@ def test_bad_reply_body_fails_its_request_only():
         assert not peer.errors
 
 
+@pytest.mark.timing
 def test_huge_but_allowed_length_prefix_allocates_nothing():
     """A length prefix of ~2 GiB under the limit, then a trickle: the reader waits
     for the bytes instead of allocating them; callers time out, memory stays flat."""
@@ -454,10 +493,10 @@ def test_huge_but_allowed_length_prefix_allocates_nothing():
                                   request_timeout=0.5, reconnect_max_attempts=0)
         before = rss()
         elapsed, value = timed(conn.call, "f")
-        assert isinstance(value, RequestTimeout) and elapsed < 1.0
+        assert isinstance(value, RequestTimeout) and elapsed < 0.5 + slack(0.5)
         assert rss() - before < 50 * MB
         elapsed, _ = timed(conn.close)
-        assert elapsed < 1.0
+        assert elapsed < slack(1.0)
 
 
 @pytest.mark.parametrize("greeting,expected", [
@@ -467,6 +506,7 @@ def test_huge_but_allowed_length_prefix_allocates_nothing():
     (b"SSH-2.0-OpenSSH_9.2\r\n", NetworkError),       # short, then silence
     (b"", NetworkError),                              # silence
 ])
+@pytest.mark.timing
 def test_not_a_tarantool_greeting(greeting, expected):
     def handler(peer, sock):
         sock.sendall(greeting)
@@ -476,9 +516,10 @@ def test_not_a_tarantool_greeting(greeting, expected):
         elapsed, value = timed(gtarantool.connect, peer.host, peer.port,
                                connection_timeout=0.5, fetch_schema=False)
         assert isinstance(value, expected), repr(value)
-        assert elapsed < 1.5
+        assert elapsed < 0.5 + slack(1.0)
 
 
+@pytest.mark.timing
 def test_peer_closes_before_greeting():
     def handler(peer, sock):
         sock.sendall(b"Tarantool 2.6")
@@ -486,7 +527,7 @@ def test_peer_closes_before_greeting():
 
     with fakepeer.FakePeer(handler) as peer:
         elapsed, value = timed(gtarantool.connect, peer.host, peer.port, fetch_schema=False)
-        assert isinstance(value, NetworkError) and elapsed < 1.0, repr(value)
+        assert isinstance(value, NetworkError) and elapsed < slack(1.0), repr(value)
 
 
 # -- fuzzing the frame reader -------------------------------------------------
@@ -666,7 +707,7 @@ LOOPS = pytest.mark.parametrize("loop", ["c", "python"])
 
 
 @LOOPS
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frames_and_splits())
 def test_fuzz_frame_reader_any_split_delivers_every_frame_once(loop, case):
     syncs, frames, data, cuts = case
@@ -702,7 +743,7 @@ def corrupted(draw):
 
 
 @LOOPS
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(corrupted(), st.sampled_from([(1 << 31) - 1, 4096]))
 def test_fuzz_frame_reader_corruption_is_a_protocol_error_never_a_misdelivery(loop, case,
                                                                               limit):
@@ -913,69 +954,13 @@ def test_use_from_another_thread_is_refused(conn):
     assert conn.stats.reconnects == 0
 
 
-def test_use_in_forked_child_is_refused_and_parent_keeps_working(conn):
-    conn.ping()
-    calls = [gevent.spawn(conn.call, "sleep_and_return", 0.3, i) for i in range(10)]
-    gevent.sleep(0.05)                # the ten requests are in flight at fork time
-    responses_before = conn.stats.responses
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:                      # the child
-        code = 0
-        try:
-            os.close(r)
-            try:
-                conn.ping()
-                code |= 1
-            except WrongOwner:
-                pass
-            try:
-                conn.call("echo", 1)
-                code |= 2
-            except WrongOwner:
-                pass
-            # The child's copies of the ten waiting greenlets fail here (their
-            # socket copy is detached); do not print their tracebacks.
-            gevent.get_hub().exception_stream = None
-            gevent.sleep(0.6)         # give the copied reader every chance to run
-            try:
-                conn.close()          # allowed: forgets the parent's socket locally
-            except Exception:  # noqa: BLE001
-                code |= 16
-            if conn.stats.responses != responses_before:
-                code |= 4             # the child read the parent's replies
-            if any(c.ready() and c.successful() for c in calls):
-                code |= 8
-            os.write(w, bytes([code]))
-        finally:
-            os._exit(0)
-    os.close(w)
-    gevent.joinall(calls, timeout=5, raise_error=True)
-    assert [c.value.data for c in calls] == [[i] for i in range(10)]
-    got = b""
-    deadline = time.monotonic() + 10
-    while not got and time.monotonic() < deadline:
-        gevent.get_hub().threadpool.apply(lambda: None)
-        got = os.read(r, 1) if _readable(r) else b""
-        gevent.sleep(0.05)
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert got == b"\x00", "child outcome flags %r" % (got,)
-    assert conn.call("echo", "parent").data == ["parent"]
-    assert conn.stats.reconnects == 0
-
-
-def _readable(fd):
-    import select
-    return bool(select.select([fd], [], [], 0)[0])
-
-
+@pytest.mark.timing
 def test_close_fails_in_flight_requests_with_connection_closed(conn):
     calls = [gevent.spawn(timed, conn.call, "sleep_and_return", 1, i) for i in range(10)]
     gevent.sleep(0.1)
     conn.close()
-    gevent.joinall(calls, timeout=2)
+    gevent.joinall(calls, timeout=slack(2))
     for c in calls:
         elapsed, value = c.value
-        assert isinstance(value, ConnectionClosed) and elapsed < 0.5
+        assert isinstance(value, ConnectionClosed) and elapsed < 0.1 + slack(0.4)
     assert conn.call("echo", 1).data == [1]

@@ -8,7 +8,13 @@ import gevent
 import gevent.server
 import msgpack
 import pytest
-from tarantool.const import IPROTO_DATA, IPROTO_REQUEST_TYPE, IPROTO_SCHEMA_ID, IPROTO_SYNC
+from tarantool.const import (
+    IPROTO_DATA,
+    IPROTO_REQUEST_TYPE,
+    IPROTO_SCHEMA_ID,
+    IPROTO_SYNC,
+    IPROTO_TUPLE,
+)
 from tarantool.msgpack_ext.unpacker import ext_hook as tarantool_ext_hook
 
 import gtarantool
@@ -16,6 +22,7 @@ from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol import Response
 
 from .fakepeer import tarantool_frame
+from .timing import slack
 
 # The tests that run a transport, with the reader's C loop and with its Python loop.
 pytestmark = pytest.mark.usefixtures("reader")
@@ -32,8 +39,9 @@ def reply(sync, value):
 
 
 class EchoPeer:
-    """Answers each request with its own sync, writing the byte stream in the
-    pieces ``cut(stream)`` returns.  ``batch`` requests are answered at once."""
+    """Answers each request (an eval or call) with its own arguments under its
+    own sync, writing the byte stream in the pieces ``cut(stream)`` returns.
+    ``batch`` requests are answered at once."""
 
     def __init__(self, greeting_cut=None, cut=None, batch=1, pause=0):
         self.greeting_cut = greeting_cut
@@ -51,7 +59,7 @@ class EchoPeer:
             sock.sendall(piece)
             gevent.sleep(0.001)
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        syncs = []
+        requests = []   # [sync, arguments]: a length, a header, a body each
         while True:
             data = sock.recv(65536)
             if not data:
@@ -59,10 +67,12 @@ class EchoPeer:
             unpacker.feed(data)
             for obj in unpacker:
                 if isinstance(obj, dict) and IPROTO_SYNC in obj:
-                    syncs.append(obj[IPROTO_SYNC])
-            while len(syncs) >= self.batch:
-                stream = b"".join(reply(s, s * 10) for s in syncs[:self.batch])
-                del syncs[:self.batch]
+                    requests.append([obj[IPROTO_SYNC], None])
+                elif isinstance(obj, dict):
+                    requests[-1][1] = obj.get(IPROTO_TUPLE)
+            while len(requests) >= self.batch and requests[self.batch - 1][1] is not None:
+                stream = b"".join(reply(s, args) for s, args in requests[:self.batch])
+                del requests[:self.batch]
                 for piece in self.cut(stream):
                     sock.sendall(piece)
                     gevent.sleep(self.pause)
@@ -73,7 +83,7 @@ class EchoPeer:
 
 def connect(peer):
     return gtarantool.connect("127.0.0.1", peer.port, fetch_schema=False,
-                              request_timeout=5)
+                              request_timeout=slack(5))
 
 
 @pytest.mark.parametrize("cut_at", range(1, 128, 3))
@@ -82,8 +92,7 @@ def test_greeting_split_anywhere(cut_at):
     try:
         c = connect(peer)
         assert c.version_id is not None
-        r = c.eval("ping")
-        assert r.data == [r.sync * 10]
+        assert c.eval("ping", cut_at).data == [[cut_at]]
         c.close()
     finally:
         peer.close()
@@ -96,9 +105,8 @@ def test_reply_split_at_every_byte_boundary():
                         else [data])
         try:
             c = connect(peer)
-            for _ in range(3):
-                r = c.eval("x")
-                assert r.data == [r.sync * 10]
+            for i in range(3):
+                assert c.eval("x", cut_at, i).data == [[cut_at, i]]
             c.close()
         finally:
             peer.close()
@@ -109,9 +117,9 @@ def test_reply_trickled_byte_by_byte():
                     pause=0.001)
     try:
         c = connect(peer)
-        results = gevent.joinall([gevent.spawn(c.eval, "x") for _ in range(8)],
-                                 raise_error=True)
-        assert all(g.value.data == [g.value.sync * 10] for g in results)
+        results = [gevent.spawn(c.eval, "x", i) for i in range(8)]
+        gevent.joinall(results, raise_error=True)
+        assert [g.value.data for g in results] == [[[i]] for i in range(8)]
         assert c.stats.recv_calls > 8
         c.close()
     finally:
@@ -122,11 +130,12 @@ def test_many_replies_in_one_chunk_wake_every_waiter():
     peer = EchoPeer(batch=200)
     try:
         c = connect(peer)
-        results = gevent.joinall([gevent.spawn(c.eval, "x") for _ in range(1000)],
-                                 raise_error=True)
+        results = [gevent.spawn(c.eval, "x", i) for i in range(1000)]
+        gevent.joinall(results, raise_error=True)
         assert sorted(g.value.sync for g in results) == list(range(
             min(g.value.sync for g in results), max(g.value.sync for g in results) + 1))
-        assert all(g.value.data == [g.value.sync * 10] for g in results)
+        # each caller its own reply: the peer echoes every request's arguments
+        assert [g.value.data for g in results] == [[[i]] for i in range(1000)]
         # 1,000 replies arrived in a handful of reads, requests left in few sends.
         assert c.stats.recv_calls <= 50
         assert c.stats.send_calls <= 50
@@ -148,8 +157,7 @@ def test_request_frame_layout():
     try:
         body = msgpack.packb({const.IPROTO_KEY: [1]})
         caller = gevent.spawn(transport.request, 1 << 40, const.REQUEST_TYPE_SELECT, 77, body)
-        gevent.sleep(0.01)
-        data = b.recv(4096)
+        data = _receive_bytes(b, 1)   # (a blocking recv would keep the caller from sending)
         assert data[0] == 0xce
         unpacker = msgpack.Unpacker(strict_map_key=False)
         unpacker.feed(data)
@@ -475,19 +483,25 @@ def _frames(data):
     return frames
 
 
-def _receive(b, count):
-    """The first ``count`` request frames from the peer's end ``b`` (a plain
-    socket: read without blocking, so that the transport's greenlets run)."""
+def _receive_bytes(b, count):
+    """What the peer's end ``b`` (a plain socket) receives until ``count`` whole
+    request frames are in: read without blocking, so that the transport's
+    greenlets run."""
     b.setblocking(False)
     data = b""
-    with gevent.Timeout(5):
+    with gevent.Timeout(slack(5)):
         while len(_frames(data)) < count:
             try:
                 data += b.recv(1 << 20)
             except BlockingIOError:
                 gevent.sleep(0.001)
     b.setblocking(True)
-    return _frames(data)
+    return data
+
+
+def _receive(b, count):
+    """The first ``count`` request frames from the peer's end ``b``, as _frames."""
+    return _frames(_receive_bytes(b, count))
 
 
 def _answer(b, frames):
@@ -694,12 +708,15 @@ def test_a_lone_send_the_socket_cannot_take_is_finished_by_the_writer_in_order(c
 
 @REQUEST_FORMS
 def test_a_failing_lone_send_fails_the_transport_and_its_caller(code, schema):
-    """The peer is gone before the reader noticed: the caller's own send fails,
-    the caller gets the network error, the transport is dead and holds nothing."""
+    """The socket refuses writes while the reader sees nothing (no EOF, no
+    error: only the send path can notice): the caller's own send fails, the
+    caller gets the network error, the transport is dead and holds nothing."""
+    import socket
+
     from tarantool.error import NetworkError
     transport, a, b = _socketpair_transport()
     try:
-        b.close()
+        a.shutdown(socket.SHUT_WR)   # writes fail with EPIPE; b stays open and silent
         with gevent.Timeout(2):
             value = transport.request(7, code, schema,
                                       tarantool_frame(7, b"\x80", 64, 0) if code is None
@@ -710,6 +727,7 @@ def test_a_failing_lone_send_fails_the_transport_and_its_caller(code, schema):
     finally:
         transport.close()
         a.close()
+        b.close()
 
 
 def test_a_lone_caller_that_ends_raising_goes_to_the_hubs_error_handler(monkeypatch):

@@ -158,22 +158,22 @@ def test_watchers_come_back_after_a_restart(fresh_server):
                               password=PASSWORD, reconnect_delay=0.05)
     try:
         seen = []
-        changed = Event()
-
-        def callback(key, value):
-            seen.append(value)
-            changed.set()
-        conn.watch("box.id", callback)
-        conn.watch("restart", lambda key, value: None)
-        wait_for(lambda: seen)
+        restart = []
+        conn.watch("box.id", lambda key, value: seen.append(value))
+        conn.watch("restart", lambda key, value: restart.append(value))
+        wait_for(lambda: seen and restart)
+        assert restart == [None]   # nothing broadcast on it yet
         first = len(seen)
         fresh_server.kill()
         fresh_server.start()
-        # No request of ours: the watchers reconnect by themselves.
-        wait_for(lambda: len(seen) > first, timeout=20)
-        assert seen[-1] == seen[0]   # the current value again
+        # No request of ours: both watchers reconnect by themselves.
+        wait_for(lambda: len(seen) > first and len(restart) > 1, timeout=20)
+        assert seen[-1] == seen[0] and restart == [None, None]   # the current values again
         assert conn.stats.reconnects == 1
+        # and are watching on the new session: a broadcast reaches the second one
         broadcast(conn, "restart", 1)
+        wait_for(lambda: restart[-1] == 1)
+        assert restart == [None, None, 1] and seen[-1] == seen[0]
     finally:
         conn.close()
 
@@ -227,7 +227,7 @@ def test_bad_arguments(conn):
         conn.watch(b"bytes", lambda key, value: None)
     with pytest.raises(TypeError, match="callable"):
         conn.watch("key", None)
-    assert conn._watchers is None or not conn._watchers._keys
+    assert conn._watchers is None or set(conn._watchers._keys) <= {"box.shutdown"}   # (the connection's own)
 
 
 @needs_watchers

@@ -8,10 +8,18 @@ import dataclasses
 import os
 from typing import Dict, Optional
 
+from bench.core import dataset, keys
+
+from bench.core.values import parse_sizes
+
 OPERATIONS = ("insert", "select", "update", "delete")
-WORKLOADS = ("phases", "mix")
-DISTRIBUTIONS = ("uniform", "gaussian")
-DRIVERS = ("gtarantool", "sync", "threads", "asynctnt")
+MIX_OPERATIONS = dataset.RUN_OPERATIONS
+WORKLOADS = ("phases", "mix") + tuple(dataset.PRESETS)
+DISTRIBUTIONS = ("uniform", "gaussian")     # what Locust's users draw keys with
+KEY_DISTRIBUTIONS = keys.DISTRIBUTIONS
+ARRIVALS = ("uniform", "poisson")
+DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "vshard", "router", "router-threads")
+SHARDED_DRIVERS = ("vshard", "router", "router-threads")
 WAL_MODES = ("write", "fsync", "none")
 PASSWORD_ENV = "TARANTOOL_PASSWORD"
 
@@ -26,18 +34,25 @@ class Config:
     greenlets: int = 100
     ops: int = 100_000
     duration: Optional[float] = None
-    size: int = 1536
+    size: int = 1536                # or "LOW-HIGH", "SIZE:WEIGHT,...": bench.core.values
     mix: Dict[str, int] = dataclasses.field(
         default_factory=lambda: {op: 25 for op in OPERATIONS})
-    keys: int = 10_000
+    keys: int = 10_000              # --records: loaded before the run phase of a mix
     distribution: str = "uniform"
     seed: int = 0
+    rate: Optional[float] = None    # open loop: requests/s over all processes
+    arrivals: str = "uniform"
+    call_function: str = dataset.CALL_FUNCTION
+    tx_size: int = 4
+    scan: int = 100
+    page: int = 20
     lazy_errors: bool = False       # gtarantool.connect(lazy_errors=True)
     host: Optional[str] = None
     port: Optional[int] = None
     hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
     pool: bool = False
     instances: int = 1              # throwaway local instances (bench.targets.instances)
+    shards: int = 0                 # a sharded cluster's replica sets (bench.targets.sharded)
     user: Optional[str] = None
     password: Optional[str] = dataclasses.field(default=None, repr=False)
     space: str = "bench"
@@ -51,15 +66,27 @@ class Config:
     profile_greenlets: bool = False
 
     def __post_init__(self):
+        if self.shards and self.driver == "gtarantool":
+            self.driver = "vshard"   # a sharded cluster's gevent client routes by itself
         checks = [
+            (self.shards >= 0, "shards must be >= 0"),
+            ((self.driver in SHARDED_DRIVERS) == bool(self.shards),
+             "--driver vshard, router and router-threads drive a sharded cluster (--shards N), "
+             "and only they do"),
+            (not self.shards or not (self.pool or self.hosts or self.instances > 1),
+             "--shards is not for --pool, --hosts or --instances"),
             (self.driver in DRIVERS, "driver must be one of %s" % ", ".join(DRIVERS)),
             (self.workload in WORKLOADS, "workload must be one of %s" % ", ".join(WORKLOADS)),
-            (self.distribution in DISTRIBUTIONS,
-             "distribution must be one of %s" % ", ".join(DISTRIBUTIONS)),
+            (self.distribution in KEY_DISTRIBUTIONS,
+             "distribution must be one of %s" % ", ".join(KEY_DISTRIBUTIONS)),
+            (self.rate is None or self.rate > 0, "rate must be > 0"),
+            (self.arrivals in ARRIVALS, "arrivals must be one of %s" % ", ".join(ARRIVALS)),
+            (self.tx_size >= 1 and self.scan >= 1 and self.page >= 1,
+             "tx size, scan and page must be >= 1"),
+            (self.keys >= 0, "records must be >= 0"),
             (self.wal in WAL_MODES, "wal must be one of %s" % ", ".join(WAL_MODES)),
             (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
-            (self.ops >= 1 and self.keys >= 1, "ops and keys must be >= 1"),
-            (self.size >= 1, "size must be >= 1"),
+            (self.ops >= 1, "ops must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
             (not self.lazy_errors or self.driver == "gtarantool",
@@ -67,13 +94,17 @@ class Config:
             (self.instances >= 1, "instances must be >= 1"),
             (self.instances == 1 or (self.host is None and self.hosts is None and not self.pool),
              "--instances starts local servers: not with --host, --hosts or --pool"),
-            (set(self.mix) <= set(OPERATIONS) and sum(self.mix.values()) > 0
+            (set(self.mix) <= set(MIX_OPERATIONS) and sum(self.mix.values()) > 0
              and min(self.mix.values()) >= 0, "mix needs non-negative percentages of %s"
-             % ", ".join(OPERATIONS)),
+             % ", ".join(MIX_OPERATIONS)),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        parse_sizes(self.size)
+        if self.workload != "phases":
+            dataset.check_supported([op for op, n in self.mix.items() if n], self.driver,
+                                       self.pool)
 
     @property
     def embedded(self):
@@ -124,17 +155,31 @@ def add_password_arguments(group):
                        help="read the password from the first line of FILE")
 
 
-def parse_mix(text):
+def parse_mix(text, known=OPERATIONS):
     """``"insert=40,select=40,update=10,delete=10"`` -> dict; missing operations get 0."""
     mix = {op: 0 for op in OPERATIONS}
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or name not in OPERATIONS:
+        if not sep or name not in known:
             raise argparse.ArgumentTypeError("expected OP=PERCENT,... with OP in %s, got %r"
-                                             % ("/".join(OPERATIONS), part))
+                                             % ("/".join(known), part))
         mix[name] = int(value)
     return mix
+
+
+def parse_run_mix(text):
+    """``parse_mix`` with every operation of a run phase (call, eval, execute, tx, scan)."""
+    return parse_mix(text, MIX_OPERATIONS)
+
+
+def parse_size(text):
+    """``--size``: an int when it is one, else the text (a range or a weighted list)."""
+    try:
+        parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return int(text) if text.strip().isdigit() else text.strip()
 
 
 def add_arguments(parser, driver=True):
@@ -159,19 +204,40 @@ def add_arguments(parser, driver=True):
     run.add_argument("-d", "--duration", type=float, default=None,
                      help="seconds instead of a count: per phase for 'phases', for the whole "
                           "run for 'mix'")
-    run.add_argument("-s", "--size", type=int, default=d.size,
-                     help="payload bytes per tuple (default %(default)s)")
+    run.add_argument("-s", "--size", type=parse_size, default=d.size,
+                     help="payload bytes per tuple: BYTES, a range LOW-HIGH or a weighted "
+                          "list BYTES:WEIGHT,... (default %(default)s)")
     run.add_argument("-w", "--workload", choices=WORKLOADS, default=d.workload,
                      help="phases: insert, then select, update, delete, OPS each; "
-                          "mix: all four at once in --mix percentages (default %(default)s)")
-    run.add_argument("--mix", type=parse_mix, default=d.mix, metavar="OP=PCT,...",
-                     help="percentages for the mix workload "
-                          "(default insert=25,select=25,update=25,delete=25)")
-    run.add_argument("--keys", type=int, default=d.keys,
-                     help="key range of the mix workload, keys 0..KEYS-1 (default %(default)s)")
-    run.add_argument("--distribution", choices=DISTRIBUTIONS, default=d.distribution,
-                     help="key choice in the mix: uniform, or gaussian around the middle of the "
-                          "range (sigma KEYS/8: a hot centre) (default %(default)s)")
+                          "mix: a load phase of --records, then a run phase in --mix "
+                          "percentages; ycsb-a ... ycsb-f: YCSB's core workloads "
+                          "(docs/loadgen.rst) (default %(default)s)")
+    run.add_argument("--mix", type=parse_run_mix, default=None, metavar="OP=PCT,...",
+                     help="percentages of the run phase, OP one of %s (default "
+                          "insert=25,select=25,update=25,delete=25, or the preset's)"
+                          % ", ".join(MIX_OPERATIONS))
+    run.add_argument("--records", "--keys", dest="keys", type=int, default=d.keys, metavar="N",
+                     help="records the load phase of a mix or preset inserts "
+                          "(default %(default)s)")
+    run.add_argument("--distribution", choices=KEY_DISTRIBUTIONS, default=None,
+                     help="key choice of the run phase: %s (default uniform, or the "
+                          "preset's)" % ", ".join(KEY_DISTRIBUTIONS))
+    run.add_argument("--rate", type=float, default=None,
+                     help="open loop: this many requests per second over all processes, "
+                          "each at its intended time; latency counts from then "
+                          "(default: closed loop, as fast as the greenlets go)")
+    run.add_argument("--arrivals", choices=ARRIVALS, default=d.arrivals,
+                     help="with --rate: evenly spaced, or a Poisson process "
+                          "(default %(default)s)")
+    run.add_argument("--call", dest="call_function", default=d.call_function, metavar="NAME",
+                     help="Lua function the call operation calls with the key "
+                          "(default %(default)s, which the bench defines)")
+    run.add_argument("--tx-size", type=int, default=d.tx_size,
+                     help="updates per transaction of the tx operation (default %(default)s)")
+    run.add_argument("--scan", type=int, default=d.scan,
+                     help="records a scan reads (default %(default)s)")
+    run.add_argument("--page", type=int, default=d.page,
+                     help="records per select of a scan (default %(default)s)")
     run.add_argument("--seed", type=int, default=d.seed,
                      help="random seed; worker i uses SEED+i (default %(default)s)")
     run.add_argument("--lazy-errors", action="store_true",
@@ -192,6 +258,11 @@ def add_arguments(parser, driver=True):
     srv.add_argument("--instances", type=int, default=d.instances,
                      help="start this many throwaway local instances; worker process i drives "
                           "instance i %% N (default %(default)s)")
+    srv.add_argument("--shards", type=int, default=d.shards, metavar="N",
+                     help="a sharded cluster: N throwaway replica sets (a master and a replica "
+                          "each) and a Lua router (Tarantool 2.11+, vshard), or with --host the "
+                          "existing Lua router's cluster; the driver is vshard (routing in the "
+                          "client), router or router-threads (through the Lua router)")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
     add_password_arguments(srv)
     srv.add_argument("--space", default=d.space,
@@ -225,6 +296,11 @@ def from_args(args, **overrides):
     names = {f.name for f in dataclasses.fields(Config)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(overrides)
+    preset = dataset.PRESETS.get(values.get("workload"))
+    if values.get("mix") is None:
+        values["mix"] = dict(preset[0]) if preset else Config().mix
+    if values.get("distribution") is None:
+        values["distribution"] = preset[1] if preset else Config().distribution
     if "password" not in overrides:
         values["password"] = read_password(values.get("password"),
                                            getattr(args, "password_file", None),

@@ -7,7 +7,7 @@
 - the latency distribution: each phase's HDR percentile curve, latency against percentile
   on a log scale of 1/(1 - p), as HdrHistogram's plotter draws it.
 """
-from bench.core.config import OPERATIONS
+from bench.core.config import MIX_OPERATIONS
 
 PERCENTILES = ("p50", "p99", "p99.9")
 TICKS = (0, 90, 99, 99.9, 99.99, 99.999)
@@ -55,10 +55,10 @@ def _lines(ax, segments, label, **style):
 def _throughput(ax, title, results):
     width = results["interval_seconds"]
     intervals = [i for i in results["intervals"] if i["seconds"] >= MIN_COVERED * width]
-    for op, color in zip(OPERATIONS, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+    for op in MIX_OPERATIONS:
         _lines(ax, [[(i["t"] + i["seconds"] / 2, i["operations"][op] / i["seconds"])
                      for i in run if op in i["operations"]] for run in _by_phase(intervals)],
-               op, color=color, marker=".", markersize=3, linewidth=1)
+               op, marker=".", markersize=3, linewidth=1)
     _lines(ax, [[(s["t"], sum(s["rps"].values())) for s in run]
                 for run in _by_phase(results["server_rps"])],
            "server (box.stat)", color="k", linestyle="--", linewidth=0.8)

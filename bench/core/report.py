@@ -1,5 +1,5 @@
 """Text for people: the banner, one line per second, the final report and the compare table."""
-from bench.core.config import OPERATIONS
+from bench.core.config import MIX_OPERATIONS
 
 PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
 
@@ -20,20 +20,23 @@ def banner(config, server):
         amount = "%gs%s" % (config.duration, " per phase" if config.workload == "phases" else "")
     else:
         amount = "%s ops%s" % (_n(config.ops), " per phase" if config.workload == "phases" else "")
-    if config.workload == "mix":
-        workload = "mix %s over %s keys (%s)" % (
-            "/".join("%s %d%%" % (op, config.mix[op]) for op in OPERATIONS if config.mix[op]),
-            _n(config.keys), config.distribution)
+    if config.workload != "phases":
+        workload = "%s: load %s records, then %s (%s keys)" % (
+            config.workload, _n(config.keys),
+            "/".join("%s %d%%" % (op, n) for op, n in config.mix.items() if n),
+            config.distribution)
     else:
         workload = "phases insert, select, update, delete"
-    return ("bench: driver %s, %d procs x %d concurrent, %s, %s, %d-byte payloads\n"
+    if config.rate is not None:
+        amount += ", open loop at %s ops/s (%s arrivals)" % (_n(config.rate), config.arrivals)
+    return ("bench: driver %s, %d procs x %d concurrent, %s, %s, %s-byte payloads\n"
             "server: %s" % (config.driver, config.procs, config.concurrency, workload, amount,
                             config.size, where))
 
 
 def second_line(t, phase, ops, errors, seconds, server_rps):
     """One progress line: counts in second ``t`` as rates over the ``seconds`` that ran."""
-    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in OPERATIONS if ops.get(op)]
+    parts = ["%s %s" % (op, _n(ops[op] / seconds)) for op in MIX_OPERATIONS if ops.get(op)]
     line = "[%4ds] %-6s %8s ops/s  (%s)" % (t, phase, _n(sum(ops.values()) / seconds),
                                            ", ".join(parts))
     if errors:
@@ -47,25 +50,28 @@ def second_line(t, phase, ops, errors, seconds, server_rps):
 def _rows(results):
     """(label, figures) per reported row: one per phase, plus one per operation of a mix."""
     for phase in results["phases"]:
-        if phase["name"] != "mix":
-            yield phase["name"], phase
-            continue
-        yield "mix", phase
-        for op, figures in phase["operations"].items():
-            yield "  " + op, dict(figures, seconds=phase["seconds"])
+        yield phase["name"], phase
+        if len(phase["operations"]) > 1 or phase["name"] not in phase["operations"] \
+                and phase["name"] != "load":
+            for op, figures in phase["operations"].items():
+                yield "  " + op, dict(figures, seconds=phase["seconds"])
 
 
 def final(results):
     """The end-of-run report."""
+    is_open = any("open_loop" in p for p in results["phases"])
     lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s"
              % (("op", "ops", "secs", "ops/s") + PERCENTILES + ("errors",)),
-             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency, ms")]
+             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency from the intended start, ms"
+                                          if is_open else "latency, ms")]
     for label, f in _rows(results):
         latency = f["latency_ms"]
         errors = ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(f["errors"].items()))
         lines.append("%-8s %10s %8.2f %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
             (label, _n(f["ops"]), f["seconds"], _n(f["ops_per_sec"]))
             + tuple(latency[p] for p in PERCENTILES) + (errors or "-",)))
+    if is_open:
+        lines += open_loop_lines(results)
 
     lines += ["", "%-8s %9s %10s %10s %10s %12s %28s" % (
         "op", "client", "ops per", "send/1k", "recv/1k", "server", "box.stat requests"),
@@ -116,6 +122,28 @@ def final(results):
     return "\n".join(lines)
 
 
+def open_loop_lines(results):
+    """Service times and whether each open-loop phase kept its rate."""
+    lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s" % (
+        ("op", "target", "", "achieved") + PERCENTILES + ("schedule",)),
+        "%-8s %10s %8s %10s %44s" % ("", "ops/s", "", "ops/s", "service time (from the send), ms")]
+    for label, f in _rows(results):
+        service = f.get("service_time_ms")
+        if not service:
+            continue
+        loop = f.get("open_loop") or {}
+        if loop:
+            note = ("kept up" if loop["kept_up"] else
+                    "could not keep up: backlog %s at the end, sends up to %.1f ms late"
+                    % (_n(loop["backlog_at_end"]), loop["max_send_lag_ms"]))
+            target, achieved = _n(loop["target_rate"]), _n(loop["achieved_rate"])
+        else:
+            note, target, achieved = "", "", _n(f["ops_per_sec"])
+        lines.append("%-8s %10s %8s %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
+            (label, target, "", achieved) + tuple(service[p] for p in PERCENTILES) + (note,)))
+    return lines
+
+
 def feedback_hint(target, server):
     """Why the server counted more selects than the client sent, when it may be
     its own: with ``feedback_enabled`` (the default) 2.11 and 3.x select once a
@@ -131,9 +159,12 @@ def feedback_hint(target, server):
 def compare_table(runs):
     """The article's table: a row per operation, a column group per driver."""
     drivers = list(runs)
-    head1 = "%-9s" % "" + "".join(" | %-35s" % name for name in drivers)
-    head2 = "%-9s" % "op" + " | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms") \
-        * len(drivers)
+    # Open loop: p99 from the intended start, then the service time's p99 beside it.
+    is_open = any("open_loop" in p for r in runs.values() for p in r["phases"])
+    width = 43 if is_open else 35
+    head1 = "%-9s" % "" + "".join(" | %-*s" % (width, name) for name in drivers)
+    head2 = "%-9s" % "op" + (" | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms")
+                             + (" %7s" % "svc p99" if is_open else "")) * len(drivers)
     lines = [head1, head2, "-" * len(head2)]
     labels = [label for label, _ in _rows(runs[drivers[0]])]
     by_driver = {name: dict(_rows(results)) for name, results in runs.items()}
@@ -142,10 +173,13 @@ def compare_table(runs):
         for name in drivers:
             f = by_driver[name].get(label)
             if f is None:
-                cells.append(" | %35s" % "n/a")
+                cells.append(" | %*s" % (width, "n/a"))
                 continue
             cells.append(" | %9s %7.2f %9s %7.2f" % (
                 _n(f["ops_per_sec"]), f["seconds"], _n(f.get("ops_per_client_cpu_second")),
                 f["latency_ms"]["p99"]))
+            if is_open:
+                service = f.get("service_time_ms")
+                cells.append(" %7s" % ("%.2f" % service["p99"] if service else "-"))
         lines.append("%-9s" % label + "".join(cells))
     return "\n".join(lines)

@@ -14,7 +14,9 @@ import itertools
 import random
 import time
 
+from bench.core import dataset
 from bench.core.config import OPERATIONS
+from bench.core.values import parse_sizes
 
 # The ways a request can come back wrong that the workload itself produces or detects.
 DUPLICATE_KEY = "duplicate_key"
@@ -26,15 +28,19 @@ ER_TUPLE_FOUND = 3  # Tarantool's error code for a duplicate primary key
 
 
 class Payloads:
-    """``payload(key)``: ``size`` bytes that depend on the key, cheap to make and to compare:
-    ``table[key % SPREAD]``."""
+    """``payload(key)``: bytes that depend on the key, cheap to make and to compare:
+    ``table[key % SPREAD]``.  ``size``: bytes, or a range or weighted list of sizes
+    (``bench.core.values``), each of the SPREAD payloads drawn from it."""
 
     SPREAD = 251  # distinct payloads; a prime, so neighbouring keys never share one
 
     def __init__(self, size, seed=0):
         rng = random.Random(seed)
-        base = bytes(rng.getrandbits(8) for _ in range(size + self.SPREAD))
-        self.table = [base[start:start + size] for start in range(self.SPREAD)]
+        sizes = parse_sizes(size).table(self.SPREAD, rng)
+        largest = max(sizes)
+        base = bytes(rng.getrandbits(8) for _ in range(largest + self.SPREAD))
+        self.table = [base[start:start + n] for start, n in enumerate(sizes)]
+        self.SPREAD = len(self.table)
 
     def __call__(self, key):
         return self.table[key % self.SPREAD]
@@ -61,8 +67,10 @@ class Phase:
     or the deadline runs out, then None.  Concurrent callers share it; with greenlets and
     asyncio tasks that is safe as is, threads wrap ``take`` in a lock."""
 
-    def __init__(self, name, items):
+    def __init__(self, name, items, count=None, window=None):
         self.name = name
+        self.count = count      # items it hands out, when known before it starts
+        self.window = window    # the record window of a run phase (bench.core.dataset)
         self._items = iter(items)
         self._deadline = None
         # A C-level call: no Python frame per request in the harness.
@@ -89,8 +97,8 @@ def plan(config, index):
     """Worker ``index``'s phases, as functions ``build(inserted) -> Phase`` called one after
     another: ``inserted`` is how many keys the insert phase handed out, which is what a
     duration-bound select/update/delete phase works on."""
-    if config.workload == "mix":
-        return [lambda inserted: mix(config, index)]
+    if config.workload != "phases":
+        return records_plan(config, index)
     procs = config.procs
     timed = config.duration is not None
 
@@ -102,8 +110,8 @@ def plan(config, index):
         return range(index, index + procs * count, procs)
 
     def insert(inserted):
-        keys = own(None if timed else share(config.ops, index, procs))
-        return Phase("insert", zip(itertools.repeat("insert"), keys))
+        count = None if timed else share(config.ops, index, procs)
+        return Phase("insert", zip(itertools.repeat("insert"), own(count)), count)
 
     def later(op):
         def build(inserted):
@@ -112,30 +120,25 @@ def plan(config, index):
             # phase stops when none are left.
             if timed and op != "delete" and inserted:
                 keys = itertools.cycle(keys)
-            return Phase(op, zip(itertools.repeat(op), keys))
+            return Phase(op, zip(itertools.repeat(op), keys), None if timed else inserted)
         return build
 
     return [insert, later("select"), later("update"), later("delete")]
 
 
-def mix(config, index):
-    """The single phase of the mix workload for worker ``index``."""
-    rng = random.Random(config.seed + index)
-    total = sum(config.mix.values())
-    # A 1,000-slot table turns one random() into a weighted choice of operation.
-    table = []
-    for op in OPERATIONS:
-        table += [op] * round(1000 * config.mix.get(op, 0) / total)
-    keys = config.keys
-    if config.distribution == "uniform":
-        def key():
-            return int(rng.random() * keys)
-    else:
-        centre, sigma = (keys - 1) / 2, keys / 8
+def records_plan(config, index):
+    """A mix or preset: the load phase (worker ``index``'s share of ``config.keys``
+    records), then the run phase over them (``bench.core.dataset``)."""
+    procs = config.procs
+    load = dataset.load_keys(config.keys, index, procs)
+    # Requests that may overtake each other need a guard at the window's ends.
+    guard = config.concurrency if config.driver == "threads" or config.pool else 0
 
-        def key():
-            return min(keys - 1, max(0, int(rng.gauss(centre, sigma) + 0.5)))
-    slots = len(table)
-    draws = itertools.count() if config.duration is not None else range(
-        share(config.ops, index, config.procs))
-    return Phase("mix", ((table[int(rng.random() * slots)], key()) for _ in draws))
+    def run(inserted):
+        count = None if config.duration is not None else share(config.ops, index, procs)
+        items, window = dataset.run_items(
+            {op: n for op, n in config.mix.items() if n}, config.keys, index, procs,
+            config.distribution, config.seed + index, count, config.tx_size, guard)
+        return Phase("run", items, count, window)
+    return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), len(load)),
+            run]

@@ -4,13 +4,19 @@ import importlib.util
 
 from bench.drivers.clients import AsynctntDriver, GeventDriver, SyncDriver, ThreadsDriver
 from bench.drivers.pool import PoolDriver
+from bench.drivers.sharded import RouterDriver, RouterThreadsDriver, VshardDriver
 
 DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
-           "asynctnt": AsynctntDriver}
+           "asynctnt": AsynctntDriver,
+           # --shards: a sharded cluster (bench.targets.sharded)
+           "vshard": VshardDriver, "router": RouterDriver, "router-threads": RouterThreadsDriver}
 
 
 # What each driver imports beyond tarantool-python (uvloop is used when present).
-REQUIRES = {"gtarantool": ("gevent", "gtarantool"), "asynctnt": ("asynctnt",)}
+REQUIRES = {"gtarantool": ("gevent", "gtarantool"), "asynctnt": ("asynctnt",),
+            "vshard": ("gevent", "gtarantool", "crc32c"), "router": ("gevent", "gtarantool",
+                                                                    "crc32c"),
+            "router-threads": ("crc32c",)}
 
 
 def missing(name):

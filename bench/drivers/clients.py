@@ -9,6 +9,7 @@ connection's socket counters (or None), ``close()``.
 Client libraries are imported inside the driver that uses them: gevent only ever gets imported
 in a gtarantool worker process, never in the parent.
 """
+import collections
 import threading
 import time
 
@@ -16,8 +17,11 @@ import msgpack
 import tarantool
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
+from bench.core.openloop import (LockedOpenRecorder, OpenPhase, OpenRecorder, serve_open,
+                                 serve_open_async)
 from bench.core.recorder import LockedRecorder, Recorder
 from bench.core.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
+from bench.drivers import operations
 
 UPDATE_OPS = [("+", 1, 1)]  # counter field (0-based field number, as iproto takes it)
 
@@ -156,17 +160,58 @@ def _unpacker_factory(conn):
     return msgpack.Unpacker(**kwargs)
 
 
+def phase_calls(calls, phase, extra):
+    """``calls`` for ``phase``: a run phase over records (``phase.window``) acknowledges
+    each insert to its window once answered, and adds the operations beyond the four
+    (``extra(ops, window)`` -> ``{op: call}``)."""
+    window = getattr(getattr(phase, "phase", phase), "window", None)
+    if window is None:
+        return calls
+    insert, ack = calls["insert"], window.ack
+
+    def acknowledged(key):
+        rows = insert(key)
+        ack(key)
+        return rows
+    return dict(calls, insert=acknowledged, **extra(window))
+
+
+def async_phase_calls(calls, phase, extra):
+    """``phase_calls`` for coroutines."""
+    window = getattr(getattr(phase, "phase", phase), "window", None)
+    if window is None:
+        return calls
+    insert, ack = calls["insert"], window.ack
+
+    async def acknowledged(key):
+        rows = await insert(key)
+        ack(key)
+        return rows
+    return dict(calls, insert=acknowledged, **extra(window))
+
+
 class Driver:
     recorder_class = Recorder
+    open_recorder_class = OpenRecorder
     # tarantool-python raises exactly this class for an error response; its subclasses
     # (NetworkError, SchemaError, ...) are client-side failures.
     server_error = tarantool.error.DatabaseError
+    kind = "tarantool"      # which calls bench.drivers.operations makes for it
 
     def __init__(self, config, host, port):
         self.config = config
         self.host, self.port = host, port
         self.concurrency = config.concurrency
         self.payloads = Payloads(config.size, config.seed)
+        self.requests = collections.Counter()   # what tx and scan sent, by box.stat name
+
+    def error_kind(self, exc):
+        return error_kind(exc, self.server_error)
+
+    def _calls(self, conn, calls, phase):
+        ops = [op for op, n in self.config.mix.items() if n]
+        return phase_calls(calls, phase, lambda window: operations.extra_calls(
+            self.kind, conn, self.config, window, self.requests, ops))
 
     def _tarantool_connection(self):
         conn = tarantool.Connection(self.host, self.port, user=self.config.user,
@@ -184,9 +229,14 @@ class SyncDriver(Driver):
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
 
     def run(self, phase, recorder, started=None):
+        calls = self._calls(self.conn, self.calls, phase)
         if started is not None:
             started()
-        serve(phase.take, recorder, self.calls, self.payloads, self.server_error)
+        if isinstance(phase, OpenPhase):
+            serve_open(phase.take, recorder, calls, self.payloads, self.error_kind,
+                       time.sleep)
+        else:
+            serve(phase.take, recorder, calls, self.payloads, self.server_error)
 
     def counters(self):
         return self.conn._socket.counters()
@@ -199,6 +249,7 @@ class ThreadsDriver(Driver):
     """tarantool-python, ``greenlets`` threads with a connection each."""
 
     recorder_class = LockedRecorder
+    open_recorder_class = LockedOpenRecorder
 
     def open(self):
         self.conns = [self._tarantool_connection() for _ in range(self.concurrency)]
@@ -209,9 +260,18 @@ class ThreadsDriver(Driver):
         def take():
             with lock:  # a generator must not be resumed by two threads at once
                 return phase.take()
-        threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
-            take, recorder, tarantool_calls(conn, self.config.space, self.payloads),
-            self.payloads, self.server_error)) for i, conn in enumerate(self.conns)]
+
+        def calls(conn):
+            return self._calls(conn, tarantool_calls(conn, self.config.space, self.payloads),
+                               phase)
+        if isinstance(phase, OpenPhase):
+            threads = [threading.Thread(name="worker-%d" % i, target=serve_open, args=(
+                take, recorder, calls(conn), self.payloads, self.error_kind, time.sleep))
+                for i, conn in enumerate(self.conns)]
+        else:
+            threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
+                take, recorder, calls(conn), self.payloads, self.server_error))
+                for i, conn in enumerate(self.conns)]
         if started is not None:
             started()
         for thread in threads:
@@ -234,6 +294,8 @@ class ThreadsDriver(Driver):
 class GeventDriver(Driver):
     """gtarantool: ``greenlets`` greenlets sharing one connection."""
 
+    kind = "gtarantool"
+
     def open(self):
         import gtarantool
         self.conn = gtarantool.connect(self.host, self.port, user=self.config.user,
@@ -247,9 +309,15 @@ class GeventDriver(Driver):
         import gevent
         from gevent.event import Event
         go = Event()
-        greenlets = [gevent.spawn(serve, phase.take, recorder, self.calls, self.payloads,
-                                  self.server_error, go.wait)
-                     for _ in range(self.concurrency)]
+        calls = self._calls(self.client(), self.calls, phase)
+        if isinstance(phase, OpenPhase):
+            greenlets = [gevent.spawn(serve_open, phase.take, recorder, calls,
+                                      self.payloads, self.error_kind, gevent.sleep, go.wait)
+                         for _ in range(self.concurrency)]
+        else:
+            greenlets = [gevent.spawn(serve, phase.take, recorder, calls, self.payloads,
+                                      self.server_error, go.wait)
+                         for _ in range(self.concurrency)]
         for i, glet in enumerate(greenlets):
             glet.name = "worker-%d" % i          # what profiles and tracebacks show
         gevent.sleep(0)   # every worker starts and waits for go
@@ -257,6 +325,10 @@ class GeventDriver(Driver):
             started()
         go.set()
         gevent.joinall(greenlets, raise_error=True)
+
+    def client(self):
+        """What the operations beyond the four are sent on."""
+        return self.conn
 
     def counters(self):
         return self.conn.stats.as_dict()
@@ -267,6 +339,8 @@ class GeventDriver(Driver):
 
 class AsynctntDriver(Driver):
     """asynctnt: ``greenlets`` asyncio tasks on one connection, on uvloop when installed."""
+
+    kind = "asynctnt"
 
     def open(self):
         import asyncio
@@ -294,12 +368,21 @@ class AsynctntDriver(Driver):
     def run(self, phase, recorder, started=None):
         import asyncio
 
+        ops = [op for op, n in self.config.mix.items() if n]
+        calls = async_phase_calls(self.calls, phase, lambda window: operations.extra_calls(
+            self.kind, self.conn, self.config, window, self.requests, ops))
+
         async def main():
             go = asyncio.Event()
-            tasks = [asyncio.ensure_future(serve_async(phase.take, recorder, self.calls,
-                                                       self.payloads, self.server_error,
-                                                       go.wait))
-                     for _ in range(self.concurrency)]
+            if isinstance(phase, OpenPhase):
+                tasks = [asyncio.ensure_future(serve_open_async(
+                    phase.take, recorder, calls, self.payloads, self.error_kind, go.wait))
+                    for _ in range(self.concurrency)]
+            else:
+                tasks = [asyncio.ensure_future(serve_async(phase.take, recorder, calls,
+                                                           self.payloads, self.server_error,
+                                                           go.wait))
+                         for _ in range(self.concurrency)]
             await asyncio.sleep(0)   # every task starts and waits for go
             if started is not None:
                 started()

@@ -24,6 +24,9 @@ class PoolDriver(GeventDriver):
         pool, space, mode = self.pool, self.config.space, gtarantool.Mode[self.select_mode]
         self.calls["select"] = lambda key: pool.select(space, key, mode=mode).data
 
+    def client(self):
+        return self.pool
+
     def counters(self):
         """The connections' counters summed, and the requests each instance got
         (``requests@host:port``)."""

@@ -19,6 +19,8 @@ from collections import defaultdict
 
 SEND_CALLS = ("send", "sendall", "sendto", "sendmsg")
 RECV_CALLS = ("recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg")
+# The transport reads and writes its socket's descriptor with os.readv/os.write.
+FD_CALLS = {"write": "send", "writev": "send", "read": "recv", "readv": "recv"}
 SOCKET_METHOD = re.compile(r"<method '(\w+)' of '_socket\.socket' objects>")
 
 
@@ -116,13 +118,15 @@ class Profile:
                 for fn in functions}
 
     def socket_calls(self):
-        """(send family, recv family) calls on socket objects, counted from the call arcs."""
+        """(send family, recv family) calls on sockets and their descriptors,
+        counted from the call arcs."""
         send = recv = 0
         for fn, n in self.calls().items():
             m = SOCKET_METHOD.search(fn[1])
-            if m and m.group(1) in SEND_CALLS:
+            family = FD_CALLS.get(fn[1]) if fn[0] == "posix" else None
+            if (m and m.group(1) in SEND_CALLS) or family == "send":
                 send += n
-            elif m and m.group(1) in RECV_CALLS:
+            elif (m and m.group(1) in RECV_CALLS) or family == "recv":
                 recv += n
         return send, recv
 

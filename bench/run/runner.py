@@ -15,19 +15,28 @@ import time
 
 import tarantool
 
-from bench.core import hlog, report
-from bench.core.config import OPERATIONS
+from bench.core import hlog, openloop, report
+from bench.core.config import MIX_OPERATIONS, OPERATIONS
+from bench.core.dataset import NEEDS
 from bench.core.recorder import INTERVAL, decode_histogram, new_histogram
 from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
 from bench.run import worker
-from bench.targets import open_target
+from bench.targets import SetupError, open_target
 
-PHASE_NAMES = {"phases": OPERATIONS, "mix": ("mix",)}
+RECORDS_PHASES = ("load", "run")     # a mix or a preset: bench.core.dataset
 SAMPLE_INTERVAL = 1.0   # seconds between box.stat() samples
 MIN_SAMPLE_INTERVAL = 0.25  # shortest interval a server rps is computed over
 PRINT_DELAY = 2         # seconds a per-second line waits for late worker counts
 BARRIER_TIMEOUT = 120.0
-STAT_NAMES = {op: op.upper() for op in OPERATIONS}
+# The box.stat() name of each operation that is one request; tx and scan count theirs
+# themselves (the worker's "requests").  An eval is not compared: the run's own admin
+# connection reads box.stat() with evals.
+STAT_NAMES = {op: op.upper() for op in OPERATIONS + ("call", "execute")}
+COMPOSITE_STATS = ("BEGIN", "COMMIT", "ROLLBACK")
+
+
+def phase_names(config):
+    return OPERATIONS if config.workload == "phases" else RECORDS_PHASES
 
 
 class BenchError(RuntimeError):
@@ -42,6 +51,12 @@ def run(config, target=None, out=None):
     if target is None:
         with open_target(config) as target:
             return run(config, target, out)
+    if config.workload != "phases":
+        for op, (version, _) in NEEDS.items():
+            if config.mix.get(op) and hasattr(target, "supports") \
+                    and not target.supports(version):
+                raise SetupError("operation %s needs Tarantool %s or later; the server is %s"
+                                 % (op, ".".join(map(str, version)), target.version))
     target.prepare(config.space)
     return _Run(config, target, out).execute()
 
@@ -51,6 +66,7 @@ class _Run:
         self.config, self.target, self.out = config, target, out
         self.ticks = collections.defaultdict(
             lambda: (collections.Counter(), collections.Counter()))  # (phase, second) -> ...
+        self.open_ticks = collections.defaultdict(openloop.new_second)
         self.samples = []
         self.t0 = None
         self.t0_epoch = None
@@ -81,7 +97,7 @@ class _Run:
             self._collect("ready")
             if not config.quiet:
                 print(report.banner(config, self.target.describe()), file=self.out, flush=True)
-            phases = [self._phase(name, barrier) for name in PHASE_NAMES[config.workload]]
+            phases = [self._phase(name, barrier) for name in phase_names(config)]
             self._collect("done")
             for proc in self.procs:
                 proc.join(30)
@@ -111,10 +127,12 @@ class _Run:
                     raise BenchError("worker %d exited (code %s) before sending %r"
                                      % (index, self.procs[index].exitcode, kind)) from None
                 if message[0] == "tick":
-                    _, name, second, counts, errors = message
+                    name, second, counts, errors = message[1:5]
                     ops, errs = self.ticks[name, second]
                     ops.update(counts)
                     errs.update(errors)
+                    if len(message) > 5:    # an open-loop phase's latency in that second
+                        openloop.merge_second(self.open_ticks[name, second], message[5])
                 elif message[0] == "error":
                     raise BenchError(message[1])
                 elif message[0] == kind:
@@ -146,9 +164,12 @@ class _Run:
         self.span = (started, max(p["end"] for p in parts))
         self._print_seconds(name, math.inf)
         server_cpu = None if cpu_before is None else cpu_after - cpu_before
-        result = _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0)
+        result = _phase_result(name, parts, stat_before, stat_after, server_cpu, self.t0,
+                               self.config)
         if hasattr(self.target, "address"):
             _check_instances(result, parts, self.addresses, stat_before, stat_after)
+        if hasattr(self.target, "check_phase"):   # per replica set (bench.targets.sharded)
+            self.target.check_phase(result, stat_before, stat_after)
         self.intervals.append((result, _merge_intervals(parts)))
         return result
 
@@ -171,9 +192,12 @@ class _Run:
             ops, errors = self.ticks[name, second]
             # The phase's first and last seconds are partial: a rate over the part it ran.
             covered = min(second + 1, self.span[1]) - max(second, self.span[0])
-            print(report.second_line(second - math.floor(self.t0), phase, ops, errors,
-                                     max(covered, MIN_SAMPLE_INTERVAL),
-                                     self._server_rps(second)), file=self.out, flush=True)
+            line = report.second_line(second - math.floor(self.t0), phase, ops, errors,
+                                      max(covered, MIN_SAMPLE_INTERVAL),
+                                      self._server_rps(second))
+            if (name, second) in self.open_ticks:
+                line += openloop.second_text(self.open_ticks[name, second])
+            print(line, file=self.out, flush=True)
 
     def _server_rps(self, second):
         """Requests/s of the four operations between the samples around ``second``."""
@@ -183,7 +207,7 @@ class _Run:
         if not before or not after:
             return None
         a, b = before[-1], after[0]
-        total = sum(b["stat"][n] - a["stat"][n] for n in STAT_NAMES.values())
+        total = sum(b["stat"].get(n, 0) - a["stat"].get(n, 0) for n in STAT_NAMES.values())
         if total < 0:
             return None  # the server restarted in between
         return total / (b["t"] - a["t"])
@@ -195,14 +219,21 @@ class _Run:
             # A phase's first and last seconds are partial: "covered" is the part it ran.
             start, end = spans[name]
             covered = min(second + 1 - self.t0, end) - max(second - self.t0, start)
-            series.append({"t": second - math.floor(self.t0), "phase": name,
-                           "covered": covered, "ops": dict(ops), "errors": dict(errors)})
+            entry = {"t": second - math.floor(self.t0), "phase": name,
+                     "covered": covered, "ops": dict(ops), "errors": dict(errors)}
+            if (name, second) in self.open_ticks:
+                merged = self.open_ticks[name, second]
+                entry["latency_p99_ms"] = openloop.percentile(merged["latency"], 99)
+                entry["service_time_p99_ms"] = openloop.percentile(merged["service"], 99)
+                entry["send_lag_max_ms"] = merged["lag"] * 1000
+            series.append(entry)
         server_rps = []
-        for name in PHASE_NAMES[self.config.workload]:
+        for name in phase_names(self.config):
             points = _spaced([s for s in self.samples if s["phase"] == name])
             for a, b in zip(points, points[1:]):
-                rps = {op: (b["stat"][n] - a["stat"][n]) / (b["t"] - a["t"])
-                       for op, n in STAT_NAMES.items()}
+                rps = {op: (b["stat"].get(n, 0) - a["stat"].get(n, 0)) / (b["t"] - a["t"])
+                       for op, n in STAT_NAMES.items()
+                       if op in OPERATIONS or self.config.mix.get(op)}
                 if min(rps.values()) >= 0:   # negative across a server restart
                     server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": rps})
         intervals, logged = self._intervals()
@@ -356,8 +387,8 @@ def _check_instances(result, parts, addresses, stat_before, stat_after):
         sent["%s:%s" % (host, port)] += part["connection"]["requests"]
     matches = {}
     for where, requests in sent.items():
-        counted = sum(stat_after["%s@%s" % (n, where)] - stat_before["%s@%s" % (n, where)]
-                      for n in STAT_NAMES.values())
+        counted = sum(stat_after.get("%s@%s" % (n, where), 0)
+                      - stat_before.get("%s@%s" % (n, where), 0) for n in STAT_NAMES.values())
         connection["requests@" + where] = requests
         matches[where] = counted == requests
     server = result["server"]
@@ -365,7 +396,7 @@ def _check_instances(result, parts, addresses, stat_before, stat_after):
     server["match"] = server["match"] and all(matches.values())
 
 
-def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
+def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=None):
     """Merge the workers' results for one phase with the server's counters; times are
     seconds since ``t0``, the start of the first phase."""
     start, end = min(p["start"] for p in parts), max(p["end"] for p in parts)
@@ -392,8 +423,23 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
 
     # Requests the server answered: all but those that failed in the client (network, timeout).
     answered = {op: counts[op] - sum(n for kind, n in errors[op].items() if not _by_server(kind))
-                for op in OPERATIONS}
-    server_requests = {op: stat_after[n] - stat_before[n] for op, n in STAT_NAMES.items()}
+                for op in STAT_NAMES}
+    # What tx and scan sent, request by request.
+    for part in parts:
+        for stat, n in part.get("requests", {}).items():
+            op = stat.lower()
+            answered[op] = answered.get(op, 0) + n
+    # The four always, the rest when this run sent them.
+    names = {op: op.upper() for op in answered if op in OPERATIONS or answered[op]}
+    answered = {op: answered[op] for op in names}
+    server_requests = {op: stat_after.get(n, 0) - stat_before.get(n, 0)
+                       for op, n in names.items()}
+    # box.stat() counts what Lua does too: a call's or an eval's get is a SELECT, and
+    # on 2.10+ every write's own transaction a BEGIN and a COMMIT.  Those are shown,
+    # not compared.
+    lua = counts["call"] or counts["eval"]
+    compared = [op for op in names if op.upper() not in COMPOSITE_STATS
+                and not (op == "select" and lua)]
     client_server_errors = sum(n for kinds in errors.values() for kind, n in kinds.items()
                                if is_server_error(kind))
     server_errors = stat_after["ERROR"] - stat_before["ERROR"]
@@ -412,7 +458,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
             if key in connection:
                 connection[key + "_per_1000_ops"] = 1000 * connection[key] / ops if ops else None
 
-    return {
+    result = {
         "name": name,
         "start": start - t0,
         "end": end - t0,
@@ -431,7 +477,7 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
                                for series, by_op in by_series.items()
                                if series != "latency" and op in by_op},
                             "errors": dict(errors[op])}
-                       for op in OPERATIONS if counts[op]},
+                       for op in MIX_OPERATIONS if counts[op]},
         "client_cpu_seconds": cpu,
         "client_system_seconds": system,
         "ops_per_client_cpu_second": _rate(ops, cpu),
@@ -441,13 +487,22 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0):
             "client_requests": answered,
             "errors": server_errors,
             "client_errors": client_server_errors,
-            "match": server_requests == answered and server_errors == client_server_errors,
+            "match": all(server_requests[op] == answered[op] for op in compared)
+            and server_errors == client_server_errors,
+            "compared": compared,
             # box.stat starts again from zero when the server restarts mid-phase.
             "restarted": any(stat_after[n] < stat_before[n] for n in stat_before),
             "cpu_seconds": server_cpu,
             # --pool: each instance's box.stat counts, "SELECT@host:port"
             "instances": {key: stat_after[key] - stat_before[key] for key in stat_after
-                          if key.split("@")[0] in STAT_NAMES.values() and "@" in key
+                          if key.split("@")[0] in names.values() and "@" in key
                           and stat_after[key] != stat_before.get(key, 0)},
         },
     }
+    if all("open_loop" in p for p in parts):
+        # Open loop: latency_ms counts from the intended start, service_time_ms from the send.
+        result["open_loop"], result["service_time_ms"], service = openloop.phase_figures(
+            parts, config.rate, config.arrivals, ops, seconds, latency_ms)
+        for op, figures in result["operations"].items():
+            figures["service_time_ms"] = service.get(op)
+    return result

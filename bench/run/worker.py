@@ -13,6 +13,7 @@ import traceback
 
 from bench import drivers
 from bench.core import workloads
+from bench.core.openloop import OpenPhase, Schedule
 from bench.profiling import workers as profiling
 
 BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
@@ -30,6 +31,12 @@ def main(index, config, host, port, pipe, barrier):
         inserted = 0
         for build in workloads.plan(config, index):
             phase = build(inserted)
+            if config.rate is not None and phase.name != "load":
+                # Open loop: the phase's requests at their intended times (a load phase
+                # fills the space as fast as it can).
+                phase = OpenPhase(phase, Schedule(
+                    config.rate, config.procs, index, config.arrivals, config.seed + index,
+                    count=phase.count, duration=config.duration))
             barrier.wait(BARRIER_TIMEOUT)
             result = measure(driver, phase, config, pipe.send, profile)
             profile.ops += sum(result["counts"].values())
@@ -50,12 +57,16 @@ def main(index, config, host, port, pipe, barrier):
 
 def measure(driver, phase, config, send, profile):
     """Run one phase and return its figures; client CPU covers all threads of the process."""
-    recorder = driver.recorder_class(phase.name, send)
+    is_open = isinstance(phase, OpenPhase)
+    recorder = (driver.open_recorder_class if is_open else driver.recorder_class)(
+        phase.name, send)
+    requests_before = dict(driver.requests)
     counters_before = driver.counters()
     system_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     cpu_before = time.process_time()
     start = time.monotonic()
-    phase.start(config.duration)
+    # A load phase inserts its records whatever the duration of the run phase.
+    phase.start(None if phase.name == "load" else config.duration)
     # The measured section: profiling (--profile) resumes right before this call and pauses
     # right after it, so profiles hold the requests (and the connection's open and close).
     with profile.section():
@@ -72,7 +83,17 @@ def measure(driver, phase, config, send, profile):
         # a high-water mark is not a difference
         if "max_in_flight" in counters_after:
             connection["max_in_flight"] = counters_after["max_in_flight"]
+    extra = {}
+    if is_open:
+        extra = {"service_histograms": recorder.service_histograms(),
+                 "open_loop": phase.figures(), "max_lag": recorder.max_lag,
+                 "last_send": recorder.last_send}
     return {
+        **extra,
+        # Requests the composite operations (tx, scan) sent, by box.stat name.
+        "requests": {name: n - requests_before.get(name, 0)
+                     for name, n in driver.requests.items()
+                     if n != requests_before.get(name, 0)},
         "phase": phase.name,
         "start": start,
         "end": end,

@@ -59,6 +59,9 @@ def main(argv=None):
           % (config.workload, config.procs, config.greenlets, config.size,
              "%gs per phase" % config.duration if config.duration else
              "{:,} ops per phase".format(config.ops)))
+    if config.rate is not None:
+        print("open loop at {:,g} ops/s ({} arrivals): p99 from the intended start, "
+              "svc p99 from the send\n".format(config.rate, config.arrivals))
     print(report.compare_table(runs))
     if config.json:
         with open(config.json, "w") as f:

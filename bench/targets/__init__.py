@@ -7,6 +7,7 @@ used as asked raises :class:`SetupError`."""
 from bench.targets.instances import open_instances_target
 from bench.targets.replicaset import open_pool_target
 from bench.targets.server import SetupError, Target, open_server_target
+from bench.targets.sharded import open_sharded_target
 
 __all__ = ["SetupError", "Target", "open_target"]
 
@@ -18,6 +19,8 @@ def open_target(config):
     :returns: a context manager; its target is closed (and what it started stopped) on exit.
     :raises SetupError: the server cannot be reached or set up as asked.
     """
+    if config.shards:
+        return open_sharded_target(config)
     if config.pool:
         return open_pool_target(config)
     if config.instances > 1 or config.hosts:

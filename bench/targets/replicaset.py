@@ -57,9 +57,11 @@ class PoolTarget:
 
     def prepare(self, space):
         self._master().prepare(space)
+        # The replicas' schema once they have the space: a replica's schema read half
+        # way through applying it would name an index of a space it does not know yet.
+        self.settle()
         for member in self.members:
             member.admin.flush_schema()
-        self.settle()
 
     def settle(self, timeout=30.0):
         """Wait until every replica has applied the master's writes (before a phase:

@@ -10,7 +10,7 @@ import os
 
 import tarantool
 
-from gtarantool.testing.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer, binary_version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PREPARE_LUA = os.path.join(HERE, "prepare.lua")
@@ -21,6 +21,16 @@ EMBEDDED_LUA = """
 box.schema.user.grant('guest', 'read,write,execute', 'universe', nil, {if_not_exists = true})
 assert(loadfile(%r))(%r)
 """
+
+
+def version_tuple(text):
+    """``"2.11.9-0-g..."`` -> ``(2, 11, 9)``."""
+    numbers = []
+    for part in str(text).split("-")[0].split("."):
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
 
 
 class SetupError(RuntimeError):
@@ -64,6 +74,10 @@ class Target:
                     "box.schema.user.grant(%r, 'execute', 'universe')"
                     % (self.user, self.user)) from exc
             raise
+
+    def supports(self, version):
+        """True when the server is at least ``version``, e.g. ``(2, 10)``."""
+        return version_tuple(self.version) >= version
 
     def prepare(self, space):
         """Create ``space`` if it is missing, then empty it."""
@@ -111,7 +125,11 @@ def open_server_target(config):
         finally:
             target.close()
         return
-    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal)
+    # A transaction spans requests: memtx lets it yield between them only under MVCC.
+    mvcc = config.workload != "phases" and config.mix.get("tx", 0) > 0 \
+        and binary_version() >= (2, 10)
+    server = TarantoolServer(EMBEDDED_LUA % (PREPARE_LUA, config.space), wal_mode=config.wal,
+                             cfg={"memtx_use_mvcc_engine": True} if mvcc else None)
     try:
         server.start()
         target = Target(server.host, server.port, config, server)

@@ -38,7 +38,7 @@ def test_hosts_existing_instances():
         hosts = ",".join("%s:%s" % (s.host, s.port) for s in servers)
         results = runner.run(Config(hosts=hosts, workload="mix", keys=500,
                                     **dict(SMALL, procs=2)))
-        phase, = results["phases"]
+        load, phase = results["phases"]
         assert phase["ops"] == SMALL["ops"]
         assert phase["server"]["match"], phase["server"]
         assert set(phase["server"]["instances_match"]) == {

@@ -35,27 +35,27 @@ def read_log(path):
 def test_hlog_holds_every_request_by_interval_and_operation(tmp_path):
     path = str(tmp_path / "run.hlog")
     started = time.time()
-    results = runner.run(Config(workload="mix", duration=1.0, keys=10**12, hlog=path, **SMALL))
+    results = runner.run(Config(workload="mix", duration=1.0, hlog=path, **SMALL))
     lines, start = read_log(path)
     assert started - 1 <= start <= time.time()
-    (phase,) = results["phases"]
+    phases = results["phases"]   # (the mix's load phase, then the mix)
     untagged = [line for line in lines if line[0] is None]
     # a second of intervals of INTERVAL seconds, each within the run and in time order
-    assert len(untagged) >= 1.0 / INTERVAL
+    assert len([line for line in untagged if line[1] >= phases[-1]["start"]]) >= 1.0 / INTERVAL
     assert all(0 <= s < e and e - s <= INTERVAL + 1e-3 for _, s, e, _ in untagged)
     assert [s for _, s, _, _ in untagged] == sorted(s for _, s, _, _ in untagged)
     whole = new_histogram()
     for _, _, _, hist in untagged:
         whole.add(hist)
-    assert whole.get_total_count() == phase["ops"]
-    # the log's histograms are the report's: the same percentiles
-    assert whole.get_value_at_percentile(99) / 1000 == phase["latency_ms"]["p99"]
-    assert whole.get_max_value() / 1000 == phase["latency_ms"]["max"]
+    assert whole.get_total_count() == results["totals"]["ops"]
+    # the log's histograms are the report's
+    assert whole.get_max_value() / 1000 == max(p["latency_ms"]["max"] for p in phases)
     by_op = collections.Counter()
     for tag, _, _, hist in lines:
         if tag is not None:
             by_op[tag] += hist.get_total_count()
-    assert by_op == {op: f["ops"] for op, f in phase["operations"].items()}
+    assert by_op == sum((collections.Counter({op: f["ops"] for op, f in p["operations"].items()})
+                         for p in phases), collections.Counter())
 
 
 def test_json_intervals_and_percentile_curves(tmp_path):

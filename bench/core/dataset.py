@@ -1,0 +1,176 @@
+"""Workloads over loaded records (``--records N``): a load phase, then a run phase whose
+reads, updates and deletes address records that exist and whose inserts create new ones.
+
+Worker ``w`` of ``P`` owns the keys ``w, w+P, w+2P, ...``: the load phase inserts its share
+of keys ``0..N-1``, and in the run phase it keeps a window of live records, its sequence
+numbers ``[lo, hi)`` (key = ``w + P * seq``): inserts append at ``hi``, deletes drop the
+oldest record at ``lo`` (so a delete never hits a missing key while a later read still
+aims at it), every other operation picks a record in the window with the key distribution
+(``bench.core.keys``).  No two workers touch one record, so an error that remains is a real
+one, counted as it is.  With P processes each one's distribution covers its own share,
+so a zipfian run has P hottest keys, one per process.
+
+``PRESETS`` maps YCSB's core workloads A-F to Tarantool operations (``--workload ycsb-a``).
+"""
+import itertools
+import random
+
+from bench.core import keys as distributions
+
+# What each operation of a run phase sends; "requests" per operation for box.stat.
+RUN_OPERATIONS = ("insert", "select", "update", "delete", "call", "eval", "execute", "tx",
+                  "scan")
+CALL_FUNCTION = "bench_get"   # what the call operation calls by default (prepare.lua)
+# Tarantool features by operation: (server version, driver support).
+NEEDS = {"tx": ((2, 10), ("gtarantool", "asynctnt")),
+         "scan": ((2, 11), ("gtarantool",))}
+
+# YCSB core workloads as mixes of this bench's operations, with their key distribution.
+# F's read-modify-write maps to Tarantool's update, which reads, modifies and writes the
+# record on the server in one request; E's scans are paginated selects.
+PRESETS = {
+    "ycsb-a": ({"select": 50, "update": 50}, "zipfian"),       # update heavy
+    "ycsb-b": ({"select": 95, "update": 5}, "zipfian"),        # read mostly
+    "ycsb-c": ({"select": 100}, "zipfian"),                    # read only
+    "ycsb-d": ({"select": 95, "insert": 5}, "latest"),         # read latest
+    "ycsb-e": ({"scan": 95, "insert": 5}, "zipfian"),          # short ranges
+    "ycsb-f": ({"select": 50, "update": 50}, "zipfian"),       # read-modify-write
+}
+PRESET_TEXT = {
+    "ycsb-a": "update heavy: 50% select, 50% update, zipfian",
+    "ycsb-b": "read mostly: 95% select, 5% update, zipfian",
+    "ycsb-c": "read only: 100% select, zipfian",
+    "ycsb-d": "read latest: 95% select, 5% insert, latest",
+    "ycsb-e": "short ranges: 95% scan (paginated select), 5% insert, zipfian",
+    "ycsb-f": "read-modify-write: 50% select, 50% update (the server's own "
+              "read-modify-write), zipfian",
+}
+
+
+class Unsupported(ValueError):
+    """An operation this client cannot send; the message says which clients can."""
+
+
+def check_supported(ops, driver, pool=False):
+    """Raise :class:`Unsupported` when ``driver`` cannot send one of ``ops``."""
+    name = "pool" if pool else driver
+    for op in ops:
+        if op in NEEDS and name not in NEEDS[op][1]:
+            raise Unsupported("operation %s needs the %s driver%s, not %s" % (
+                op, " or ".join(NEEDS[op][1]), "s" if len(NEEDS[op][1]) > 1 else "",
+                "--pool" if pool else driver))
+
+
+
+def share(total, index, procs):
+    """Worker ``index``'s part of ``total`` split as evenly as possible over ``procs``."""
+    return total // procs + (1 if index < total % procs else 0)
+
+
+def load_keys(records, index, procs):
+    """The keys worker ``index`` inserts in the load phase: its share of 0..records-1."""
+    return range(index, records, procs)
+
+
+class Window:
+    """One worker's live records in the run phase, and what each operation addresses.
+
+    Reads, updates and deletes address only acknowledged records: an insert handed out
+    becomes readable once :meth:`ack` says its answer came (YCSB's acknowledged counter),
+    since a read that overtook it would find nothing.
+
+    :param records: records loaded over all workers
+    :param index: this worker
+    :param procs: all workers
+    :param pick: ``pick(lo, hi)`` from :func:`bench.core.keys.chooser`
+    :param tx_size: records a ``tx`` writes (consecutive in the window)
+    :param guard: records kept out of reach of reads at either end of the window while it
+        is larger than twice that: for clients whose requests may overtake each other
+        (the threads driver's connections; a pool's reads on replicas, which apply an
+        insert after the master answered it), so a read does not meet a record being
+        deleted or not there yet
+    """
+
+    def __init__(self, records, index, procs, pick, tx_size=1, guard=0):
+        self.index, self.procs = index, procs
+        self.lo = 0
+        self.hi = self.acked = share(records, index, procs)
+        self._early = set()      # acknowledged above ``acked``, out of order
+        self.pick = pick
+        self.tx_size = tx_size
+        self.guard = guard
+
+    def key(self, seq):
+        return self.index + self.procs * seq
+
+    def ack(self, key):
+        """The insert of ``key`` was answered: records up to the first unanswered one
+        become readable."""
+        seq = (key - self.index) // self.procs
+        if seq != self.acked:
+            self._early.add(seq)
+            return
+        self.acked += 1
+        early = self._early
+        while self.acked in early:
+            early.discard(self.acked)
+            self.acked += 1
+
+    def next(self, op):
+        """The key ``op`` addresses (for ``tx``, its first), updating the window;
+        None when the window cannot serve it (no acknowledged live record)."""
+        if op == "insert":
+            seq = self.hi
+            self.hi += 1
+            return self.key(seq)
+        if self.acked <= self.lo:
+            return None
+        if op == "delete":
+            seq = self.lo
+            self.lo += 1
+            return self.key(seq)
+        lo, hi = self.lo, self.acked
+        if hi - lo > 2 * self.guard:
+            lo, hi = lo + self.guard, hi - self.guard
+        if op == "tx":
+            # The transaction's first record; it updates the next ones too
+            # (bench.drivers.operations.tx_keys), so it starts low enough for them all.
+            return self.key(self.pick(lo, max(lo + 1, hi - self.tx_size + 1)))
+        return self.key(self.pick(lo, hi))
+
+
+def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
+              guard=0, **params):
+    """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
+    without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
+    with no live record left) is drawn again.
+
+    :raises ValueError: an unknown operation or distribution
+    """
+    unknown = set(mix) - set(RUN_OPERATIONS)
+    if unknown:
+        raise ValueError("unknown operations %s; known: %s"
+                         % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
+    rng = random.Random(seed)
+    window = Window(records, index, procs,
+                    distributions.chooser(distribution, rng, **params), tx_size, guard)
+    total = sum(mix.values())
+    table = []
+    for op in RUN_OPERATIONS:
+        table += [op] * round(1000 * mix.get(op, 0) / total)
+    slots = len(table)
+    random_ = rng.random
+
+    def items():
+        draws = itertools.count() if count is None else range(count)
+        for _ in draws:
+            for _attempt in range(100):
+                op = table[int(random_() * slots)]
+                key = window.next(op)
+                if key is not None:
+                    break
+            else:
+                raise ValueError("the mix cannot go on: no live record left to %s "
+                                 "(load more --records or insert more)" % op)
+            yield op, key
+    return items(), window

@@ -1,0 +1,108 @@
+"""The operations beyond insert/select/update/delete, per client: ``call``, ``eval``, SQL
+``execute``, a transaction of k updates (``tx``) and a paginated ``scan``.
+
+``extra_calls(kind, conn, config, window, requests)`` returns ``{op: call(key) -> rows}``
+for the operations the mix asks for; each returns rows whose first is the record at
+``key``, so the worker checks every answer as it checks a select.  Operations that send
+more than one request count them in ``requests`` (a ``collections.Counter`` of
+``box.stat()`` names) as their answers come, so the run can compare with the server.
+
+``kind`` is "tarantool" (tarantool-python and gtarantool: ``.data`` on a response),
+"gtarantool" (also streams and pagination) or "asynctnt" (coroutines).
+"""
+from bench.core.dataset import CALL_FUNCTION
+
+EVAL_LUA = "local space, key = ... return box.space[space]:get(key)"
+SELECT_SQL = 'SELECT * FROM "%s" WHERE "id" = ?'
+UPDATE_OPS = [("+", 1, 1)]
+
+
+def tx_keys(window, key):
+    """The keys a transaction starting at ``key`` updates: ``key`` and the next live
+    records of the window, at most ``window.tx_size``."""
+    seq = (key - window.index) // window.procs
+    top = min(window.acked, seq + window.tx_size)
+    return [window.key(s) for s in range(seq, top)]
+
+
+def extra_calls(kind, conn, config, window, requests, ops):
+    """``{op: function(key) -> rows}`` for the operations of ``ops`` beyond the four."""
+    space = config.space
+    function = getattr(config, "call_function", CALL_FUNCTION)
+    sql = SELECT_SQL % space
+    scan, page = getattr(config, "scan", 100), getattr(config, "page", 20)
+    calls = {}
+    if kind == "asynctnt":
+        return _asynctnt_calls(conn, space, function, sql, window, requests, ops)
+    if "call" in ops:
+        calls["call"] = lambda key: conn.call(function, key).data
+    if "eval" in ops:
+        calls["eval"] = lambda key: conn.eval(EVAL_LUA, space, key).data
+    if "execute" in ops:
+        calls["execute"] = lambda key: conn.execute(sql, [key]).data
+    if "tx" in ops:
+        def tx(key):
+            stream = conn.stream()
+            requests["BEGIN"] += 1      # counted as sent: the server counts one it refuses
+            stream.begin()
+            rows = None
+            try:
+                for k in tx_keys(window, key):
+                    requests["UPDATE"] += 1
+                    data = stream.update(space, k, UPDATE_OPS).data
+                    if rows is None:
+                        rows = data
+            except BaseException:
+                if stream.in_transaction:
+                    requests["ROLLBACK"] += 1
+                    stream.rollback()
+                raise
+            requests["COMMIT"] += 1
+            stream.commit()
+            return rows
+        calls["tx"] = tx
+    if "scan" in ops:
+        def scan_(key):
+            requests["SELECT"] += 1
+            resp = conn.select(space, key, iterator="GE", limit=page, fetch_pos=True)
+            rows, got, position = resp.data, len(resp.data), resp.position
+            while got < scan and position is not None:
+                requests["SELECT"] += 1
+                resp = conn.select(space, key, iterator="GE", limit=min(page, scan - got),
+                                   after=position, fetch_pos=True)
+                got += len(resp.data)
+                position = resp.position
+            return rows
+        calls["scan"] = scan_
+    return calls
+
+
+def _asynctnt_calls(conn, space, function, sql, window, requests, ops):
+    calls = {}
+    if "call" in ops:
+        calls["call"] = lambda key: conn.call(function, [key])
+    if "eval" in ops:
+        calls["eval"] = lambda key: conn.eval(EVAL_LUA, [space, key])
+    if "execute" in ops:
+        calls["execute"] = lambda key: conn.execute(sql, [key])
+    if "tx" in ops:
+        async def tx(key):
+            stream = conn.stream()
+            requests["BEGIN"] += 1      # counted as sent: the server counts one it refuses
+            await stream.begin()
+            rows = None
+            try:
+                for k in tx_keys(window, key):
+                    requests["UPDATE"] += 1
+                    data = await stream.update(space, [k], UPDATE_OPS)
+                    if rows is None:
+                        rows = data
+            except BaseException:
+                requests["ROLLBACK"] += 1
+                await stream.rollback()
+                raise
+            requests["COMMIT"] += 1
+            await stream.commit()
+            return rows
+        calls["tx"] = tx
+    return calls

@@ -1,0 +1,132 @@
+"""Workloads over loaded records on a real server: the load phase leaves exactly N, the
+run phase's mix has no accidental errors, the presets and the extra operations run."""
+import json
+
+import pytest
+import tarantool
+
+from bench.__main__ import main as bench_main
+from bench.core.config import Config
+from bench.core.dataset import PRESETS
+from gtarantool.testing.server import TarantoolServer, binary_version
+
+GRANT = "box.schema.user.grant('guest', 'read,write,execute,create', 'universe')"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = TarantoolServer(GRANT)
+    srv.start()
+    yield srv
+    srv.cleanup()
+
+
+def run(server, tmp_path, *args):
+    path = tmp_path / "out.json"
+    assert bench_main(["--host", server.host, "--port", str(server.port), "-q",
+                       "--json", str(path), "--greenlets", "10"] + list(args)) == 0
+    return json.loads(path.read_text())
+
+
+def space_len(server):
+    conn = tarantool.Connection(server.host, server.port)
+    try:
+        return conn.eval("return box.space.bench:len()").data[0]
+    finally:
+        conn.close()
+
+
+def test_load_phase_leaves_exactly_n_records(server, tmp_path):
+    results = run(server, tmp_path, "--workload", "mix", "--mix", "select=100",
+                  "--records", "1234", "--procs", "2", "--ops", "500")
+    load, phase = results["phases"]
+    assert load["ops"] == 1234 and load["server"]["requests"]["insert"] == 1234
+    assert space_len(server) == 1234
+    assert phase["errors"] == {} and phase["server"]["match"]
+
+
+def test_default_mix_has_no_accidental_errors(server, tmp_path, capsys):
+    results = run(server, tmp_path, "--workload", "mix", "--records", "300", "--procs", "2",
+                  "--ops", "4000", "--distribution", "zipfian")
+    phase = results["phases"][1]
+    assert set(phase["operations"]) == {"insert", "select", "update", "delete"}
+    assert phase["errors"] == {} and results["totals"]["errors"] == 0
+    server_counts = phase["server"]["requests"]
+    assert phase["server"]["match"]
+    # The space holds what was loaded, inserted and not deleted.
+    assert space_len(server) == 300 + server_counts["insert"] - server_counts["delete"]
+    out = capsys.readouterr().out
+    assert "  insert" in out and "server counts equal the client's" in out
+
+
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"ycsb-e"}))
+def test_presets_run_without_errors(server, tmp_path, preset):
+    results = run(server, tmp_path, "--workload", preset, "--records", "200", "--ops", "600")
+    phase = results["phases"][1]
+    assert set(phase["operations"]) == {op for op, n in PRESETS[preset][0].items() if n}
+    assert phase["errors"] == {} and phase["server"]["match"]
+    assert results["config"]["distribution"] == PRESETS[preset][1]
+
+
+def test_call_eval_execute_and_value_sizes(server, tmp_path):
+    results = run(server, tmp_path, "--workload", "mix", "--records", "200", "--ops", "900",
+                  "--mix", "call=30,eval=30,execute=30,insert=10", "--size", "10:3,2000:1")
+    phase = results["phases"][1]
+    assert set(phase["operations"]) == {"call", "eval", "execute", "insert"}
+    assert phase["errors"] == {} and phase["server"]["match"]
+    assert phase["server"]["requests"]["call"] == phase["operations"]["call"]["ops"]
+
+
+def test_range_sizes_reach_the_server(server, tmp_path):
+    run(server, tmp_path, "--workload", "mix", "--mix", "select=100", "--records", "500",
+        "--ops", "10", "--size", "100-300")
+    conn = tarantool.Connection(server.host, server.port)
+    try:
+        sizes = conn.eval("local r = {} for _, t in box.space.bench:pairs() do "
+                          "r[#r + 1] = #t[3] end return r").data[0]
+    finally:
+        conn.close()
+    assert min(sizes) >= 100 and max(sizes) <= 300 and len(set(sizes)) > 20
+
+
+needs_2_10 = pytest.mark.skipif(binary_version() < (2, 10),
+                                reason="transactions over streams need Tarantool 2.10+")
+needs_2_11 = pytest.mark.skipif(binary_version() < (2, 11),
+                                reason="pagination (after/fetch_pos) needs Tarantool 2.11+")
+
+
+@needs_2_10
+@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt"])
+def test_transactions(tmp_path, driver):
+    # The embedded server: it turns MVCC on for a mix with transactions.
+    path = tmp_path / "out.json"
+    assert bench_main(["--driver", driver, "--workload", "mix", "--mix", "tx=50,select=50",
+                       "--records", "2000", "--ops", "400", "--greenlets", "4", "--tx-size",
+                       "3", "-q", "--json", str(path)]) == 0
+    phase = json.loads(path.read_text())["phases"][1]
+    tx = phase["operations"]["tx"]
+    # Conflicts between concurrent transactions are real errors, counted as they are.
+    assert set(tx["errors"]) <= {"server_error_97"}
+    assert phase["server"]["match"]
+    answered = phase["server"]["client_requests"]
+    assert answered["begin"] == tx["ops"]
+    assert answered["update"] >= 3 * (tx["ops"] - sum(tx["errors"].values()))
+
+
+@needs_2_11
+def test_paginated_scan(server, tmp_path):
+    results = run(server, tmp_path, "--workload", "ycsb-e", "--records", "500", "--ops", "200",
+                  "--scan", "50", "--page", "20")
+    phase = results["phases"][1]
+    assert phase["errors"] == {} and phase["server"]["match"]
+    scans = phase["operations"]["scan"]["ops"]
+    # Three pages for 50 records, fewer near the end of the key range.
+    selects = phase["server"]["requests"]["select"]
+    assert 2 * scans < selects <= 3 * scans
+
+
+def test_operations_the_client_or_server_cannot_send(server):
+    with pytest.raises(ValueError, match="needs the gtarantool or asynctnt driver"):
+        Config(workload="mix", mix={"tx": 1}, driver="sync")
+    with pytest.raises(ValueError, match="scan needs the gtarantool driver"):
+        Config(workload="mix", mix={"scan": 1}, driver="asynctnt")
