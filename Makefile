@@ -68,6 +68,9 @@ BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZ
 # make capacity: a mix over loaded records unless WORKLOAD is given
 CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
 	--workload $(if $(filter command line environment,$(origin WORKLOAD)),$(WORKLOAD),mix)
+# HLOG=run.hlog: the latencies as an HdrHistogram interval log
+HLOG ?=
+BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
 .PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz docs clean

@@ -43,7 +43,7 @@ def main(argv=None):
 
 
 def write_outputs(config, results):
-    """--json and --plot."""
+    """--json and --plot; says where --hlog went."""
     if config.json:
         with open(config.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -51,6 +51,8 @@ def write_outputs(config, results):
     if config.plot:
         plot.draw({config.driver: results}, config.plot)
         print("wrote %s" % config.plot)
+    if config.hlog:   # (the runner wrote it)
+        print("wrote %s" % config.hlog)
 
 
 if __name__ == "__main__":

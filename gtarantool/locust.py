@@ -14,7 +14,9 @@ sends gtarantool requests and reports each one to Locust.
         def get(self):
             self.client.select("bench", 42)
 
-and ``locust --host tarantool://user:secret@10.0.0.5:3301 ...``.
+and ``locust --host tarantool://user@10.0.0.5:3301 ...`` with the password in the
+environment variable ``TARANTOOL_PASSWORD`` (a password in the URL works too: each
+process takes it out of the host Locust shows and reports, and keeps it to connect).
 
 A sharded cluster: ``--host tarantool+vshard://user:secret@router:3301`` opens a
 ``gtarantool.Router`` configured from that Lua router (calls go straight to the
@@ -117,12 +119,16 @@ def error_name(exc):
 
 
 VSHARD_SCHEME = "tarantool+vshard"   # a Lua router's address: gtarantool.Router
+PASSWORD_ENV = "TARANTOOL_PASSWORD"
+_passwords = {}   # a host URL as Locust shows it (password taken out) -> the password
 
 
 def parse_host(url):
-    """``tarantool://[user:password@]host:port[,host:port...][?option=value&...]``
+    """``tarantool://[user[:password]@]host:port[,host:port...][?option=value&...]``
     -> ``(addresses, user, password, options)``; ``addresses`` is a list of
-    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers."""
+    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers.  With a
+    user and no password in the URL, the password is the one :func:`hide_password` took
+    out of this URL in this process, else ``$TARANTOOL_PASSWORD``, else None."""
     if not url:
         raise ValueError("no host: run locust with --host tarantool://host:port")
     parsed = urllib.parse.urlsplit(url)
@@ -141,8 +147,27 @@ def parse_host(url):
     options = {}
     for key, value in urllib.parse.parse_qsl(parsed.query):
         options[key] = float(value) if key.endswith(("_timeout", "_delay")) else value
-    return (addresses, urllib.parse.unquote(user) or None,
-            urllib.parse.unquote(password) or None, options)
+    user, password = urllib.parse.unquote(user) or None, urllib.parse.unquote(password) or None
+    if user and not password:
+        password = _passwords.get(url) or os.environ.get(PASSWORD_ENV) or None
+    return addresses, user, password, options
+
+
+def hide_password(url):
+    """``url`` without its password, which :func:`parse_host` of the returned URL still
+    finds in this process: what Locust may show, log and write to its reports.
+
+    :param url: a ``tarantool://`` URL, or None.
+    :returns: the URL without ``:password`` (unchanged when it has none).
+    """
+    parsed = urllib.parse.urlsplit(url or "")
+    if parsed.scheme not in ("tarantool", VSHARD_SCHEME) or not parsed.password:
+        return url
+    credentials, _, hosts = parsed.netloc.rpartition("@")
+    shown = urllib.parse.urlunsplit(parsed._replace(
+        netloc="%s@%s" % (credentials.partition(":")[0], hosts)))
+    _passwords[shown] = urllib.parse.unquote(parsed.password)
+    return shown
 
 
 def open_connection(url, **options):
@@ -641,6 +666,11 @@ def _on_unreachable(environment, msg, **_kwargs):
 
 @events.init.add_listener
 def _on_init(environment, **_kwargs):
+    # The host Locust shows (web UI, HTML report, what a master sends its workers) keeps
+    # no password; this process keeps it to connect.
+    environment.host = hide_password(environment.host)
+    if getattr(environment.parsed_options, "host", None):
+        environment.parsed_options.host = hide_password(environment.parsed_options.host)
     runner = environment.runner
     if runner is None:
         return

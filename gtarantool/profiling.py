@@ -209,7 +209,9 @@ def _write_callgrind(funcs, path, clock="cpu", desc=()):
     event, label = ("CPU_us", "CPU") if clock == "cpu" else ("Wall_us", "Wall")
     lines = ["# callgrind format", "version: 1",
              "creator: gtarantool.profiling (yappi %s)" % _yappi_version(),
-             "pid: %d" % os.getpid(), "cmd: %s" % " ".join(sys.argv), "part: 1"]
+             # the program alone: its arguments may hold a password
+             "pid: %d" % os.getpid(), "cmd: %s" % (sys.argv[0] if sys.argv else ""),
+             "part: 1"]
     lines += ["desc: %s" % d for d in desc]
     lines += ["positions: line",
               "event: %s : %s time in microseconds" % (event, label),

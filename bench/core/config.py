@@ -5,6 +5,7 @@
 """
 import argparse
 import dataclasses
+import os
 from typing import Dict, Optional
 
 from bench.core import dataset, keys
@@ -20,11 +21,13 @@ ARRIVALS = ("uniform", "poisson")
 DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "vshard", "router", "router-threads")
 SHARDED_DRIVERS = ("vshard", "router", "router-threads")
 WAL_MODES = ("write", "fsync", "none")
+PASSWORD_ENV = "TARANTOOL_PASSWORD"
 
 
 @dataclasses.dataclass
 class Config:
-    """Everything one run needs; ``as_dict()`` goes into the JSON report unchanged."""
+    """Everything one run needs; ``as_dict()`` goes into the JSON report (without the
+    password, which no output holds)."""
     driver: str = "gtarantool"
     workload: str = "phases"
     procs: int = 1
@@ -51,12 +54,13 @@ class Config:
     instances: int = 1              # throwaway local instances (bench.targets.instances)
     shards: int = 0                 # a sharded cluster's replica sets (bench.targets.sharded)
     user: Optional[str] = None
-    password: Optional[str] = None
+    password: Optional[str] = dataclasses.field(default=None, repr=False)
     space: str = "bench"
     wal: str = "write"
     quiet: bool = False
     json: Optional[str] = None
     plot: Optional[str] = None
+    hlog: Optional[str] = None
     profile: Optional[str] = None
     profile_clock: str = "cpu"
     profile_greenlets: bool = False
@@ -116,7 +120,39 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self):
-        return dataclasses.asdict(self)
+        """Every field but the password, for reports."""
+        values = dataclasses.asdict(self)
+        del values["password"]
+        return values
+
+
+def read_password(password=None, password_file=None, user=None):
+    """The password of ``--password``, else of ``--password-file`` (its first line), else of
+    ``$TARANTOOL_PASSWORD`` when a user is named.
+
+    :returns: the password, or None.
+    :raises ValueError: both the option and the file are given, or the file cannot be read.
+    """
+    if password is not None and password_file is not None:
+        raise ValueError("--password and --password-file: give one of them")
+    if password_file is not None:
+        try:
+            with open(password_file) as f:
+                return f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError("cannot read --password-file: %s" % exc) from None
+    if password is None and user:
+        return os.environ.get(PASSWORD_ENV) or None
+    return password
+
+
+def add_password_arguments(group):
+    """``--password`` and ``--password-file`` (:func:`read_password` reads them)."""
+    group.add_argument("--password",
+                       help="its password (shows in the process list: better "
+                            "--password-file or $%s)" % PASSWORD_ENV)
+    group.add_argument("--password-file", metavar="FILE",
+                       help="read the password from the first line of FILE")
 
 
 def parse_mix(text, known=OPERATIONS):
@@ -228,7 +264,7 @@ def add_arguments(parser, driver=True):
                           "existing Lua router's cluster; the driver is vshard (routing in the "
                           "client), router or router-threads (through the Lua router)")
     srv.add_argument("--user", help="user name on the existing server (default guest)")
-    srv.add_argument("--password", help="its password")
+    add_password_arguments(srv)
     srv.add_argument("--space", default=d.space,
                      help="space to use; created when missing and allowed (default %(default)s)")
     srv.add_argument("--wal", choices=WAL_MODES, default=d.wal,
@@ -240,7 +276,11 @@ def add_arguments(parser, driver=True):
     out.add_argument("--json", metavar="FILE",
                      help="write every figure, the per-second series and the configuration")
     out.add_argument("--plot", metavar="FILE.png",
-                     help="draw ops/s over time per operation (needs matplotlib)")
+                     help="draw throughput and latency percentiles (p50, p99, p99.9) over "
+                          "time, and the latency distribution (needs matplotlib)")
+    out.add_argument("--hlog", metavar="FILE",
+                     help="write the latencies as an HdrHistogram interval log (what "
+                          "HistogramLogProcessor reads; values in microseconds)")
 
     prof = parser.add_argument_group("profiling")
     prof.add_argument("--profile", metavar="DIR",
@@ -261,6 +301,10 @@ def from_args(args, **overrides):
         values["mix"] = dict(preset[0]) if preset else Config().mix
     if values.get("distribution") is None:
         values["distribution"] = preset[1] if preset else Config().distribution
+    if "password" not in overrides:
+        values["password"] = read_password(values.get("password"),
+                                           getattr(args, "password_file", None),
+                                           values.get("user"))
     if values.get("port") is not None and values.get("host") is None:
         values["host"] = "127.0.0.1"
     if values.get("host") is not None and values.get("port") is None:

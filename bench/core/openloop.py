@@ -152,7 +152,7 @@ class OpenRecorder(Recorder):
 
     def record_open(self, op, intended, t0, t1, error):
         if t1 >= self.next_tick:
-            self.flush(t1)
+            self._next_interval(t1)
         if t0 > self.last_send:
             self.last_send = t0
         lag = t0 - intended
@@ -165,26 +165,25 @@ class OpenRecorder(Recorder):
         self._second_service[_bucket(service_us)] += 1
         if lag > self._second_lag:
             self._second_lag = lag
-        self.second[op] += 1
+        self.interval[op] += 1
         if error is not None:
             self.errors[op, error] += 1
-            self._second_errors[error] += 1
+            self._interval_errors[error] += 1
 
-    def flush(self, now=None):
-        if self.second or self._second_errors:
-            self._send(("tick", self.phase, self.next_tick - 1, dict(self.second),
+    def _send_second(self):
+        """The second's tick, with its latency and service time buckets and largest lag."""
+        if self._second or self._second_errors:
+            self._send(("tick", self.phase, self._second_of, dict(self._second),
                         dict(self._second_errors),
                         {"latency": dict(self._second_latency),
                          "service": dict(self._second_service),
                          "lag": self._second_lag}))
-            self.counts.update(self.second)
-            self.second.clear()
+            self._second.clear()
             self._second_errors.clear()
             self._second_latency.clear()
             self._second_service.clear()
             self.max_lag = max(self.max_lag, self._second_lag)
             self._second_lag = 0.0
-        self.next_tick = math.floor(now if now is not None else time.monotonic()) + 1
 
     def service_histograms(self):
         """op -> encoded HDR histogram of its service times in microseconds."""

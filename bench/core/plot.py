@@ -1,8 +1,17 @@
-"""``--plot``: ops/s over time per operation, one panel per run, server rps dashed; an
-open-loop run adds each second's p99 from the intended start and from the send."""
+"""``--plot``: one row of three panels per run (per driver for ``bench.compare``).
+
+- throughput over time: requests per second of each operation in intervals of
+  ``interval_seconds`` (the server's box.stat rate dashed, once a second);
+- latency over time: p50, p99 and p99.9 of every operation per interval (log scale), a
+  second series of times (``service_time``) dashed beside it;
+- the latency distribution: each phase's HDR percentile curve, latency against percentile
+  on a log scale of 1/(1 - p), as HdrHistogram's plotter draws it.
+"""
 from bench.core.config import MIX_OPERATIONS
 
-MIN_COVERED = 0.2  # seconds
+PERCENTILES = ("p50", "p99", "p99.9")
+TICKS = (0, 90, 99, 99.9, 99.99, 99.999)
+MIN_COVERED = 0.5   # share of an interval a phase must cover for a throughput point
 
 
 def draw(runs, path):
@@ -11,32 +20,93 @@ def draw(runs, path):
     import matplotlib
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
-    for ax, (title, results) in zip(axes[:, 0], runs.items()):
-        for op in MIX_OPERATIONS:
-            # Rates over the part of each second the phase ran; slivers are noise.
-            points = [(s["t"], s["ops"][op] / s["covered"]) for s in results["series"]
-                      if op in s["ops"] and s["covered"] >= MIN_COVERED]
-            if points:
-                ax.plot(*zip(*points), label=op, marker=".")
-        server = [(s["t"], sum(s["rps"].values())) for s in results["server_rps"]]
-        if server:
-            ax.plot(*zip(*server), "k--", linewidth=0.8, label="server rps")
-        ax.set_title(title)
-        ax.set_ylabel("ops/s")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize="small")
-        latency = [(s["t"], s["latency_p99_ms"], s["service_time_p99_ms"])
-                   for s in results["series"] if s.get("latency_p99_ms") is not None]
-        if latency:
-            right = ax.twinx()
-            t, intended, service = zip(*latency)
-            right.plot(t, intended, "r-", linewidth=1, label="p99 from the intended start")
-            right.plot(t, service, "r:", linewidth=1, label="p99 service time")
-            right.set_ylabel("ms")
-            right.set_ylim(bottom=0)
-            right.legend(loc="upper right", fontsize="small")
-    axes[-1, 0].set_xlabel("seconds")
+    from matplotlib.ticker import FormatStrFormatter
+
+    fig, axes = plt.subplots(len(runs), 3, figsize=(16, 3.8 * len(runs)), squeeze=False)
+    for row, (title, results) in zip(axes, runs.items()):
+        _throughput(row[0], title, results)
+        _latency(row[1], results)
+        row[1].yaxis.set_major_formatter(FormatStrFormatter("%g"))   # not 2x10^1
+        _distribution(row[2], results)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _by_phase(entries):
+    """``entries`` (intervals or server samples) split where the phase changes: a line
+    does not bridge the pause between two phases."""
+    runs = []
+    for entry in entries:
+        if not runs or runs[-1][0]["phase"] != entry["phase"]:
+            runs.append([])
+        runs[-1].append(entry)
+    return runs
+
+
+def _lines(ax, segments, label, **style):
+    """One line per segment of ``[(x, y), ...]``, labelled once."""
+    for segment in segments:
+        if segment:
+            ax.plot(*zip(*segment), label=label, **style)
+            label = None
+
+
+def _throughput(ax, title, results):
+    width = results["interval_seconds"]
+    intervals = [i for i in results["intervals"] if i["seconds"] >= MIN_COVERED * width]
+    for op in MIX_OPERATIONS:
+        _lines(ax, [[(i["t"] + i["seconds"] / 2, i["operations"][op] / i["seconds"])
+                     for i in run if op in i["operations"]] for run in _by_phase(intervals)],
+               op, marker=".", markersize=3, linewidth=1)
+    _lines(ax, [[(s["t"], sum(s["rps"].values())) for s in run]
+                for run in _by_phase(results["server_rps"])],
+           "server (box.stat)", color="k", linestyle="--", linewidth=0.8)
+    ax.set_title("%s: requests/s per %g s" % (title, width))
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("ops/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+
+
+def _series(results):
+    """The series of times the run recorded, ``latency`` first."""
+    names = {key[:-3] for i in results["intervals"] for key in i if key.endswith("_ms")}
+    return sorted(names, key=lambda name: (name != "latency", name))
+
+
+def _latency(ax, results):
+    for series in _series(results):
+        style = "-" if series == "latency" else "--"
+        for percentile, color in zip(PERCENTILES, ("tab:green", "tab:orange", "tab:red")):
+            _lines(ax, [[(i["t"] + i["seconds"] / 2, i[series + "_ms"][percentile])
+                         for i in run if series + "_ms" in i]
+                        for run in _by_phase(results["intervals"])],
+                   "%s %s" % (series.replace("_", " "), percentile), linestyle=style,
+                   color=color, marker=".", markersize=3, linewidth=1)
+    ax.set_title("latency over time")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper right", fontsize="small")
+
+
+def _distribution(ax, results):
+    for phase in results["phases"]:
+        for series, points in sorted(phase.get("percentiles_ms", {}).items()):
+            # the maximum (100%) has no place on a 1/(1-p) axis
+            points = [(1 / (1 - p / 100), ms) for p, ms in points if p < 100]
+            if points:
+                ax.plot(*zip(*points), "-" if series == "latency" else "--", linewidth=1,
+                        label=phase["name"] if series == "latency"
+                        else "%s %s" % (phase["name"], series.replace("_", " ")))
+    ax.set_xscale("log")
+    ax.set_xticks([1 / (1 - p / 100) for p in TICKS])
+    ax.set_xticklabels(["%g%%" % p for p in TICKS])
+    ax.set_title("latency by percentile")
+    ax.set_xlabel("percentile")
+    ax.set_ylabel("ms")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left", fontsize="small")

@@ -1,10 +1,21 @@
 """Per-operation counts, errors and latencies of one worker's phase, and HDR histogram helpers.
 
-The hot path only bumps dict counters: a latency is counted per whole microsecond and turned
-into an HDR histogram once, when the phase ends (``HdrHistogram.record_value`` costs ~1 us per
-call here, ten times the dict update).  Once a second the counts of the second that just
-ended go to the parent through ``send``.
+The hot path only bumps dict counters: a latency is counted per whole microsecond in the
+current interval's dict and turned into HDR histograms once, when the phase ends
+(``HdrHistogram.record_value`` costs ~1 us per call here, ten times the dict update).
+Intervals are ``INTERVAL`` seconds long on a grid of the monotonic clock (the same clock in
+every process, so the parent merges the workers' intervals by their index).  When an
+interval ends its latencies are put aside as two arrays per operation until the phase
+ends, and when a whole second of the clock ends its counts go to the parent through
+``send`` (a ``tick``; once a second, since a message costs more than the arrays).
+
+A recorder keeps one dict per *series* of times (``SERIES``): ``latency`` is what every
+driver records; a second series (for example ``service_time``, from the actual send when
+``latency`` runs from the intended start) is another attribute of the same shape named in
+``SERIES``, filled by the driver beside ``latency``; everything downstream (histograms,
+intervals, the JSON's ``<series>_ms``, ``--hlog`` tags, the plot) follows ``SERIES``.
 """
+import array
 import collections
 import math
 import threading
@@ -13,6 +24,7 @@ import time
 from hdrh.histogram import HdrHistogram
 
 LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS = 1, 3_600_000_000, 3
+INTERVAL = 0.2   # seconds: --hlog's and the plot's intervals
 
 
 def new_histogram():
@@ -26,56 +38,128 @@ def decode_histogram(encoded):
     return merged
 
 
+def interval_index(t, interval=INTERVAL):
+    """The index of the interval holding monotonic time ``t``."""
+    return math.floor(t / interval)
+
+
 class Recorder:
     """Collects one phase.  ``record(op, t0, t1, error)`` after every request: times from
     ``time.monotonic()``, ``error`` None or the kind of error.
 
     ``drivers.serve`` does what ``record`` does for a correct answer itself, on ``latency``
-    and ``second``, while ``t1 < next_tick``; ``shared`` recorders (threads) forbid that."""
+    and ``interval``, while ``t1 < next_tick``; ``shared`` recorders (threads) forbid that.
+    """
 
     shared = False
+    SERIES = ("latency",)
 
-    def __init__(self, phase, send):
+    def __init__(self, phase, send, interval=INTERVAL):
+        """:param phase: the phase's name, in every ``tick``.
+        :param send: called with each ``tick`` message.
+        :param interval: the intervals' length in seconds (``INTERVAL``, which the runner's
+            merge of the workers' intervals assumes)."""
         self.phase = phase
         self._send = send
+        self._length = interval
         self.counts = collections.Counter()
         self.errors = collections.Counter()          # (op, kind) -> n
-        self.latency = collections.defaultdict(dict)  # op -> {microseconds: n}
-        self.second = collections.Counter()
+        self.latency = collections.defaultdict(dict)  # op -> {microseconds: n}, this interval
+        self.interval = collections.Counter()         # op -> requests, this interval
+        self._interval_errors = collections.Counter()
+        self._second = collections.Counter()          # op -> requests, not sent yet
         self._second_errors = collections.Counter()
-        self.next_tick = math.floor(time.monotonic()) + 1
+        self._second_of = None                        # the whole second they belong to
+        self._done = []   # [(interval index, {series: {op: (microseconds, counts) arrays}})]
+        self._built = None   # the same as HDR histograms, built once the phase is over
+        self._index = interval_index(time.monotonic(), interval)
+        self.next_tick = (self._index + 1) * interval
 
     def record(self, op, t0, t1, error):
         if t1 >= self.next_tick:
-            self.flush(t1)
+            self._next_interval(t1)
         us = int((t1 - t0) * 1e6)
         latency = self.latency[op]
         latency[us] = latency.get(us, 0) + 1
-        self.second[op] += 1
+        self.interval[op] += 1
         if error is not None:
             self.errors[op, error] += 1
-            self._second_errors[error] += 1
+            self._interval_errors[error] += 1
 
     def flush(self, now=None):
-        """Send the counts since the last flush, stamped with the whole second of the
-        monotonic clock (the same clock in every process) they belong to."""
-        if self.second or self._second_errors:
-            self._send(("tick", self.phase, self.next_tick - 1,
-                        dict(self.second), dict(self._second_errors)))
-            self.counts.update(self.second)
-            self.second.clear()
+        """End the current interval and send every count not sent yet (the phase is over)."""
+        self._next_interval(now if now is not None else time.monotonic())
+        self._send_second()
+
+    def _send_second(self):
+        """Send the counts of the second the last interval belonged to, stamped with that
+        whole second of the monotonic clock."""
+        if self._second or self._second_errors:
+            self._send(("tick", self.phase, self._second_of, dict(self._second),
+                        dict(self._second_errors)))
+            self._second.clear()
             self._second_errors.clear()
-        self.next_tick = math.floor(now if now is not None else time.monotonic()) + 1
+
+    def _next_interval(self, now):
+        """End the current interval (put its latencies aside) and start the one holding
+        ``now``; a second that is over goes to the parent."""
+        if self.interval or self._interval_errors:
+            self._second_of = math.floor(self._index * self._length)
+            self._second.update(self.interval)
+            self._second_errors.update(self._interval_errors)
+            self.counts.update(self.interval)
+            self.interval.clear()
+            self._interval_errors.clear()
+            kept = {}
+            for name in self.SERIES:
+                times = getattr(self, name)
+                kept[name] = {op: (array.array("q", d.keys()), array.array("q", d.values()))
+                              for op, d in times.items() if d}
+                for op in list(times):   # (the same outer dict: serve holds it)
+                    times[op] = {}
+            self._done.append((self._index, kept))
+        self._index = interval_index(now, self._length)
+        self.next_tick = (self._index + 1) * self._length
+        if math.floor(self._index * self._length) != self._second_of:
+            self._send_second()
+
+    def merged(self, series="latency"):
+        """op -> {microseconds: n} over the whole phase (after :meth:`flush`)."""
+        out = collections.defaultdict(collections.Counter)
+        for _, kept in self._done:
+            for op, (values, counts) in kept.get(series, {}).items():
+                out[op].update(dict(zip(values, counts)))
+        return out
 
     def histograms(self):
-        """op -> encoded HDR histogram of its latencies in microseconds."""
-        out = {}
-        for op, latency in self.latency.items():
-            hist = new_histogram()
-            for us, n in latency.items():
-                hist.record_value(max(us, LOWEST_US), n)
-            out[op] = hist.encode()
-        return out
+        """``{series: {op: encoded HDR histogram}}`` of the whole phase (microseconds)."""
+        whole = {name: collections.defaultdict(new_histogram) for name in self.SERIES}
+        for _, hists in self._interval_histograms():
+            for name, by_op in hists.items():
+                for op, hist in by_op.items():
+                    whole[name][op].add(hist)
+        return {name: {op: hist.encode() for op, hist in by_op.items()}
+                for name, by_op in whole.items()}
+
+    def intervals(self):
+        """``[[interval index, {series: {op: encoded HDR histogram}}], ...]``."""
+        return [[index, {name: {op: hist.encode() for op, hist in by_op.items()}
+                         for name, by_op in hists.items()}]
+                for index, hists in self._interval_histograms()]
+
+    def _interval_histograms(self):
+        if self._built is None:
+            self._built = []
+            for index, kept in self._done:
+                hists = {}
+                for name, by_op in kept.items():
+                    hists[name] = {}
+                    for op, (values, counts) in by_op.items():
+                        hist = hists[name][op] = new_histogram()
+                        for us, n in zip(values, counts):
+                            hist.record_value(max(us, LOWEST_US), n)
+                self._built.append((index, hists))
+        return self._built
 
 
 class LockedRecorder(Recorder):
@@ -83,8 +167,8 @@ class LockedRecorder(Recorder):
 
     shared = True
 
-    def __init__(self, phase, send):
-        super().__init__(phase, send)
+    def __init__(self, phase, send, interval=INTERVAL):
+        super().__init__(phase, send, interval)
         self._lock = threading.Lock()
 
     def record(self, op, t0, t1, error):

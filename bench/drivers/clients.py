@@ -39,10 +39,10 @@ def serve(take, recorder, calls, payloads, server_error, go=None):
     (after ``go()`` returns, when given).
 
     This loop's cost is part of every driver's figures, so the usual case (a correct answer
-    within the recorder's current second) is checked and counted here, without calls; the
+    within the recorder's current interval) is checked and counted here, without calls; the
     rest goes through ``check`` and ``recorder.record``."""
     clock = time.monotonic
-    record, latency, second = recorder.record, recorder.latency, recorder.second
+    record, latency, interval = recorder.record, recorder.latency, recorder.interval
     shared = recorder.shared
     expected, spread = payloads.table, payloads.SPREAD
     if go is not None:
@@ -66,7 +66,7 @@ def serve(take, recorder, calls, payloads, server_error, go=None):
         us = int((t1 - t0) * 1e6)
         counts = latency[op]
         counts[us] = counts.get(us, 0) + 1
-        second[op] += 1
+        interval[op] += 1
 
 
 async def serve_async(take, recorder, calls, payloads, server_error, go=None):
@@ -74,7 +74,7 @@ async def serve_async(take, recorder, calls, payloads, server_error, go=None):
     the two would put a Python call back on every request, and a coroutine wrapping it
     would put a frame on every resumption: hence ``go`` here too)."""
     clock = time.monotonic
-    record, latency, second = recorder.record, recorder.latency, recorder.second
+    record, latency, interval = recorder.record, recorder.latency, recorder.interval
     expected, spread = payloads.table, payloads.SPREAD
     if go is not None:
         await go()
@@ -97,7 +97,7 @@ async def serve_async(take, recorder, calls, payloads, server_error, go=None):
         us = int((t1 - t0) * 1e6)
         counts = latency[op]
         counts[us] = counts.get(us, 0) + 1
-        second[op] += 1
+        interval[op] += 1
 
 
 def tarantool_calls(conn, space, payloads):

@@ -28,8 +28,10 @@ import re
 import statistics
 import subprocess
 import sys
+import urllib.parse
 
-from bench.core.config import DISTRIBUTIONS, Config
+from bench.core.config import (DISTRIBUTIONS, PASSWORD_ENV, Config, add_password_arguments,
+                               read_password)
 from bench.core.workloads import Payloads
 from bench.targets import SetupError, open_target
 from gtarantool.testing.server import free_port
@@ -54,7 +56,7 @@ def parse_args(argv):
     parser.add_argument("--host", help="an existing server, host:port (default: a "
                                        "throwaway local one)")
     parser.add_argument("--user")
-    parser.add_argument("--password")
+    add_password_arguments(parser)
     parser.add_argument("--space", default="bench")
     parser.add_argument("--mix", default="insert=25,select=25,update=25,delete=25")
     parser.add_argument("--keys", type=int, default=Config().keys)
@@ -75,7 +77,23 @@ def parse_args(argv):
                              "one Locust process with USERS/PROCS users and of its no-op, "
                              "counted over its requests N to 2N")
     parser.add_argument("locust_args", nargs="*", help="more Locust options (after --)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.password = read_password(args.password, args.password_file, args.user)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def child_env(args):
+    """The environment of the processes this one starts: the password goes to them in
+    ``$TARANTOOL_PASSWORD``, never on a command line (which the process list shows and
+    this command prints)."""
+    env = dict(os.environ)
+    env.pop(PASSWORD_ENV, None)
+    if args.password:
+        env[PASSWORD_ENV] = args.password
+    return env
 
 
 def _host_port(text):
@@ -86,8 +104,10 @@ def _host_port(text):
     return (host, int(port)) if sep else (text, 3301)
 
 
-def locust_url(target, user, password):
-    auth = "%s:%s@" % (user, password or "") if user else ""
+def locust_url(target, user):
+    """The ``--host`` URL of ``target``: without a password, which Locust's processes
+    read from ``$TARANTOOL_PASSWORD`` (:func:`child_env`)."""
+    auth = "%s@" % urllib.parse.quote(user, safe="") if user else ""
     return "tarantool://%s%s:%s" % (auth, target.host, target.port)
 
 
@@ -120,7 +140,7 @@ def run_locust(args, url, out):
     if args.noop:
         cmd.append("--bench-noop")
     print("$ " + " ".join(cmd), flush=True)
-    code = subprocess.run(cmd + list(args.locust_args), cwd=ROOT).returncode
+    code = subprocess.run(cmd + list(args.locust_args), cwd=ROOT, env=child_env(args)).returncode
     try:
         with open(report) as f:
             return code, json.load(f)
@@ -217,7 +237,7 @@ def main(argv=None):
     try:
         with open_target(config) as target:
             target.prepare(args.space)
-            url = locust_url(target, args.user, args.password)
+            url = locust_url(target, args.user)
             cost = connect_cost(target, args.user, args.password)
             before = target.stat()
             code, report = run_locust(args, url, args.out)
@@ -250,11 +270,11 @@ def reconcile_noop(report):
     return lines, True
 
 
-def _rate(cmd, report):
+def _rate(cmd, report, env):
     """Run ``cmd``; from the JSON it writes, requests per client CPU second,
     the share of them the server answered with an error and the median
     worker's busy share (both None for make bench, which does not say)."""
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     with open(report) as f:
         data = json.load(f)
@@ -293,7 +313,7 @@ def compare(args):
             str(args.procs), "-t", args.duration, "--space", args.space, "--mix", args.mix,
             "--keys", str(args.keys), "--size", str(args.size), "--distribution",
             args.distribution, "--stop-timeout", args.stop_timeout, "--out", out]
-    for name in ("host", "user", "password"):
+    for name in ("host", "user"):
         if getattr(args, name):
             base += ["--" + name, getattr(args, name)]
     kinds = {
@@ -305,7 +325,8 @@ def compare(args):
                        "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
                        "--json", os.path.join(out, "bench.json")]
                       + (["--host", _host_port(args.host)[0], "--port",
-                          str(_host_port(args.host)[1])] if args.host else []),
+                          str(_host_port(args.host)[1])] if args.host else [])
+                      + (["--user", args.user] if args.user else []),
     }
     rates = {kind: [] for kind in kinds}
     busy = {kind: [] for kind in kinds}
@@ -314,7 +335,7 @@ def compare(args):
         for kind, cmd in kinds.items():
             report = os.path.join(out, "bench.json" if kind == "make bench"
                                   else "bench-report.json")
-            rate, error_share, busy_now = _rate(cmd, report)
+            rate, error_share, busy_now = _rate(cmd, report, child_env(args))
             rates[kind].append(rate)
             if kind == "locust":
                 errors.append(error_share)
@@ -374,7 +395,8 @@ def count(args, n, url, noop):
                "--mix", args.mix, "--keys", str(args.keys), "--size", str(args.size),
                "--distribution", args.distribution] + (["--noop"] if noop else [])
     try:
-        run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                             env=child_env(args))
     except FileNotFoundError:
         raise SystemExit("--instructions needs valgrind (make install puts it in)") from None
     collected = re.search(r"Collected : (\d+)", run.stderr)
@@ -400,7 +422,7 @@ def instructions(args):
     counts = {}
     try:
         with open_target(config) as target:
-            url = locust_url(target, args.user, args.password)
+            url = locust_url(target, args.user)
             for kind, noop in (("locust", False), ("locust --noop", True)):
                 runs = []
                 for n in (args.instructions, 2 * args.instructions):

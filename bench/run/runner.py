@@ -15,10 +15,10 @@ import time
 
 import tarantool
 
-from bench.core import openloop, report
+from bench.core import hlog, openloop, report
 from bench.core.config import MIX_OPERATIONS, OPERATIONS
 from bench.core.dataset import NEEDS
-from bench.core.recorder import decode_histogram, new_histogram
+from bench.core.recorder import INTERVAL, decode_histogram, new_histogram
 from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
 from bench.run import worker
 from bench.targets import SetupError, open_target
@@ -69,6 +69,8 @@ class _Run:
         self.open_ticks = collections.defaultdict(openloop.new_second)
         self.samples = []
         self.t0 = None
+        self.t0_epoch = None
+        self.intervals = []   # (phase result, {interval index: {series: {op: histogram}}})
         self.span = None  # (start, end) of the running phase, monotonic
         self.printed = set()
 
@@ -152,7 +154,7 @@ class _Run:
         barrier.wait(BARRIER_TIMEOUT)
         started = time.monotonic()
         if self.t0 is None:
-            self.t0 = started
+            self.t0, self.t0_epoch = started, time.time()
         self.samples.append({"t": started - self.t0, "phase": name, "stat": stat_before})
         self.span = (started, math.inf)
         parts = self._collect("phase", name)
@@ -168,6 +170,7 @@ class _Run:
             _check_instances(result, parts, self.addresses, stat_before, stat_after)
         if hasattr(self.target, "check_phase"):   # per replica set (bench.targets.sharded)
             self.target.check_phase(result, stat_before, stat_after)
+        self.intervals.append((result, _merge_intervals(parts)))
         return result
 
     def _sample(self, phase, stat=None):
@@ -233,6 +236,9 @@ class _Run:
                        if op in OPERATIONS or self.config.mix.get(op)}
                 if min(rps.values()) >= 0:   # negative across a server restart
                     server_rps.append({"t": round(b["t"], 3), "phase": name, "rps": rps})
+        intervals, logged = self._intervals()
+        if self.config.hlog:
+            hlog.write(self.config.hlog, self.t0_epoch, logged)
         ops = sum(p["ops"] for p in phases)
         seconds = sum(p["seconds"] for p in phases)
         cpu = sum(p["client_cpu_seconds"] for p in phases)
@@ -248,9 +254,56 @@ class _Run:
                 "server_counts_match": all(p["server"]["match"] for p in phases),
             },
             "series": series,
+            "interval_seconds": INTERVAL,
+            "intervals": intervals,
             "gaps": outages(series),
             "server_rps": server_rps,
         }
+
+    def _intervals(self):
+        """Every phase's intervals: figures for the JSON and the plot (``t`` and ``seconds``:
+        the part of the interval the phase ran, from the start of the first phase), and
+        ``(start, end, {tag: histogram})`` for :func:`bench.core.hlog.write`: tag None is
+        every operation's latency, ``op`` one operation's, ``series`` and ``series.op``
+        another series of times (``Recorder.SERIES``)."""
+        figures, logged = [], []
+        for phase, merged in self.intervals:
+            start, end = phase["start"] + self.t0, phase["end"] + self.t0
+            for index in sorted(merged):
+                # (a worker may start a hair before the parent's clock: no negative times)
+                lo = max(index * INTERVAL - self.t0, start - self.t0, 0.0)
+                hi = max(min((index + 1) * INTERVAL, end) - self.t0, lo + 1e-3)
+                entry = {"t": round(lo, 4), "seconds": round(hi - lo, 4), "phase": phase["name"]}
+                tagged = {}
+                for series, by_op in sorted(merged[index].items()):
+                    total = new_histogram()
+                    for hist in by_op.values():
+                        total.add(hist)
+                    entry[series + "_ms"] = latency_ms(total)
+                    base = None if series == "latency" else series
+                    tagged[base] = total
+                    for op, hist in sorted(by_op.items()):
+                        tagged[op if base is None else "%s.%s" % (base, op)] = hist
+                    if base is None:
+                        entry["ops"] = total.get_total_count()
+                        entry["operations"] = {op: hist.get_total_count()
+                                               for op, hist in by_op.items()}
+                figures.append(entry)
+                logged.append((lo, hi, tagged))
+        return figures, logged
+
+
+def _merge_intervals(parts):
+    """The workers' intervals of one phase merged: ``{index: {series: {op: histogram}}}``."""
+    merged = {}
+    for part in parts:
+        for index, by_series in part["intervals"]:
+            slot = merged.setdefault(index, {})
+            for series, by_op in by_series.items():
+                for op, encoded in by_op.items():
+                    slot.setdefault(series, {}).setdefault(op, new_histogram()).add(
+                        decode_histogram(encoded))
+    return merged
 
 
 def _answered(ops, errors):
@@ -308,6 +361,19 @@ def latency_ms(hist):
     return figures
 
 
+# The percentile curve's points: 1/(1-p) evenly spaced on a log scale, 0% to 99.999%.
+CURVE = [100 * (1 - 10 ** (-k / 10)) for k in range(51)]
+
+
+def percentile_curve(hist):
+    """``[[percentile, milliseconds], ...]`` from 0 to 99.999% and the maximum (100), what
+    HdrHistogram's percentile distribution plots."""
+    if not hist.get_total_count():
+        return []
+    points = [[round(p, 4), hist.get_value_at_percentile(p) / 1000] for p in CURVE]
+    return points + [[100.0, hist.get_max_value() / 1000]]
+
+
 def _check_instances(result, parts, addresses, stat_before, stat_after):
     """Many instances: each one's box.stat requests against the requests of the
     workers that drove it (their connections' counters); the phase matches only
@@ -337,16 +403,20 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
     seconds = end - start
     counts = collections.Counter()
     errors = collections.defaultdict(collections.Counter)
-    hists = collections.defaultdict(new_histogram)
+    by_series = collections.defaultdict(lambda: collections.defaultdict(new_histogram))
     for part in parts:
         counts.update(part["counts"])
         for op, kind, n in part["errors"]:
             errors[op][kind] += n
-        for op, encoded in part["histograms"].items():
-            hists[op].add(decode_histogram(encoded))
-    everything = new_histogram()
-    for hist in hists.values():
-        everything.add(hist)
+        for series, by_op in part["histograms"].items():
+            for op, encoded in by_op.items():
+                by_series[series][op].add(decode_histogram(encoded))
+    everything = {}   # series -> every operation's histogram
+    for series, by_op in by_series.items():
+        everything[series] = new_histogram()
+        for hist in by_op.values():
+            everything[series].add(hist)
+    hists = by_series["latency"]
     ops = sum(counts.values())
     cpu = sum(p["cpu_seconds"] for p in parts)
     system = sum(p["cpu_system_seconds"] for p in parts)
@@ -395,10 +465,18 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
         "seconds": seconds,
         "ops": ops,
         "ops_per_sec": _rate(ops, seconds),
-        "latency_ms": latency_ms(everything),
+        "latency_ms": latency_ms(everything.get("latency", new_histogram())),
+        # (and "<series>_ms" of every other series of times the recorder keeps)
+        **{series + "_ms": latency_ms(hist) for series, hist in everything.items()
+           if series != "latency"},
+        "percentiles_ms": {series: percentile_curve(hist) for series, hist in everything.items()},
         "errors": dict(sum(errors.values(), collections.Counter())),
         "operations": {op: {"ops": counts[op], "ops_per_sec": _rate(counts[op], seconds),
-                            "latency_ms": latency_ms(hists[op]), "errors": dict(errors[op])}
+                            "latency_ms": latency_ms(hists[op]),
+                            **{series + "_ms": latency_ms(by_op[op])
+                               for series, by_op in by_series.items()
+                               if series != "latency" and op in by_op},
+                            "errors": dict(errors[op])}
                        for op in MIX_OPERATIONS if counts[op]},
         "client_cpu_seconds": cpu,
         "client_system_seconds": system,

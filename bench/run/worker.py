@@ -101,6 +101,7 @@ def measure(driver, phase, config, send, profile):
         "cpu_system_seconds": system,   # the kernel's part of cpu_seconds
         "counts": dict(recorder.counts),
         "errors": [[op, kind, n] for (op, kind), n in recorder.errors.items()],
-        "histograms": recorder.histograms(),
+        "histograms": recorder.histograms(),   # {series: {op: encoded}}
+        "intervals": recorder.intervals(),
         "connection": connection,
     }

@@ -2,6 +2,7 @@
 server, then one table: a row per operation, a column group per driver."""
 import argparse
 import json
+import os
 import sys
 
 from bench import drivers as clients
@@ -44,8 +45,8 @@ def main(argv=None):
             for name in drivers:
                 print("\n== %s" % name, flush=True)
                 runs[name] = runner.run(config.replace(
-                    driver=name, lazy_errors=config.lazy_errors and name == "gtarantool"),
-                    target)
+                    driver=name, lazy_errors=config.lazy_errors and name == "gtarantool",
+                    hlog=per_driver(config.hlog, name)), target)
                 print(report.final(runs[name]), flush=True)
     except KeyboardInterrupt:
         print("\ninterrupted; the server and the workers are stopped", file=sys.stderr)
@@ -69,7 +70,18 @@ def main(argv=None):
     if config.plot:
         plot.draw(runs, config.plot)
         print("wrote %s" % config.plot)
+    for name in runs:
+        if config.hlog:
+            print("wrote %s" % per_driver(config.hlog, name))
     return 0
+
+
+def per_driver(path, driver):
+    """``--hlog run.hlog`` -> ``run-gtarantool.hlog``: one log per driver."""
+    if path is None:
+        return None
+    stem, ext = os.path.splitext(path)
+    return "%s-%s%s" % (stem, driver, ext)
 
 
 if __name__ == "__main__":

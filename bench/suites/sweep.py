@@ -84,7 +84,7 @@ def child(driver_name, greenlets, ops, size, host, port, space, out):
             raise SystemExit("%s G=%d %s: %s" % (driver_name, greenlets, op,
                                                  dict(recorder.errors)))
         cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
-        latency = recorder.latency[op]
+        latency = recorder.merged()[op]
         total = sum(latency.values())
         figures = {"ops_per_sec": ops / (t1 - t0), "ops_per_client_cpu_second": ops / cpu,
                    "p50_ms": _percentile(latency, total, 0.5) / 1000,

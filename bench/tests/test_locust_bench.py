@@ -145,7 +145,7 @@ def test_instructions_child_runs_the_users_until_n_requests(bench_server):
         assert len(target.admin.select("bench")) == 0   # (a key range the mix never fills)
         locust_run.fill_half(target, "bench", 10, 16)
         assert sorted(t[0] for t in target.admin.select("bench")) == [0, 2, 4, 6, 8]
-        url = locust_run.locust_url(target, None, None)
+        url = locust_run.locust_url(target, None)
         made = {}
         for noop in (False, True):
             before = target.stat()
