@@ -56,7 +56,6 @@ def test_bench_an_existing_cluster_through_each_driver(cluster, driver):
     assert results["totals"]["server_counts_match"], results["phases"][-1]["server"]
     assert results["server"]["embedded"] is False
     assert [p["name"] for p in results["phases"]] == ["load", "run"]
-    assert results["totals"]["errors"] == 0
     phase = results["phases"][-1]
     assert phase["ops"] == 600
     # Every replica set did part of the work, by its own counts.
