@@ -357,7 +357,11 @@ class Connection(RequestMethods, tarantool.Connection):
                         self._connect_error = exc
                         raise
                     attempt += 1
-                    gevent.sleep(self.reconnect_delay)
+                    # (A pool's connections have reconnect_delay 0: a restarting
+                    # server refuses at once, and retrying at once spins the CPU
+                    # the server needs to start.)
+                    gevent.sleep(max(self.reconnect_delay, graceful.RETRY_DELAY)
+                                 if patient else self.reconnect_delay)
             return self._transport
         finally:
             self._lock.release()
