@@ -345,6 +345,10 @@ class Connection(RequestMethods, tarantool.Connection):
                         else time.monotonic() + self.request_timeout)
             if patient and deadline is None:
                 deadline = time.monotonic() + graceful.patience(self)
+            # (A pool's connections have reconnect_delay 0: a restarting server
+            # refuses at once, and retrying at once spins the CPU it needs to start.)
+            delay = (max(self.reconnect_delay, graceful.RETRY_DELAY) if patient
+                     else self.reconnect_delay)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
                 try:
@@ -352,16 +356,12 @@ class Connection(RequestMethods, tarantool.Connection):
                 except NetworkError as exc:
                     if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
-                            and time.monotonic() + self.reconnect_delay > deadline):
+                            and time.monotonic() + delay > deadline):
                         self._connect_failures += 1
                         self._connect_error = exc
                         raise
                     attempt += 1
-                    # (A pool's connections have reconnect_delay 0: a restarting
-                    # server refuses at once, and retrying at once spins the CPU
-                    # the server needs to start.)
-                    gevent.sleep(max(self.reconnect_delay, graceful.RETRY_DELAY)
-                                 if patient else self.reconnect_delay)
+                    gevent.sleep(delay)
             return self._transport
         finally:
             self._lock.release()
