@@ -1,9 +1,6 @@
-"""One real Tarantool for the whole test session, started from Debian's binary;
-the ``reader`` switch between the C and Python hot paths; and two rules for CI
-(``CI`` set in the environment): a test marked ``timing`` (a wall-clock bound,
-see tests/timing.py) runs once more before it counts as failed, and a test
-that needs a tool ``make install`` installs (``needs_tool``) fails, instead of
-skipping, where the tool is missing."""
+"""One real Tarantool for the whole test session, started from Debian's binary,
+and the ``reader`` switch between the C and Python hot paths.  The rules for CI
+(``timing``, ``needs_tool``) are in the checkout's top ``conftest.py``."""
 import os
 
 import pytest
@@ -57,10 +54,6 @@ def pytest_addoption(parser):
                           "instead of comparing (after a wire change that is meant)")
 
 
-def in_ci():
-    return bool(os.environ.get("CI"))
-
-
 def needs_tool(available, what):
     """Marks a test that needs ``what`` (a tool ``make install`` installs).
 
@@ -71,14 +64,6 @@ def needs_tool(available, what):
     return pytest.mark.needs_tool(available=bool(available), what=what)
 
 
-def pytest_configure(config):
-    # (the rerun below is pytest-rerunfailures' flaky marker: without the plugin
-    # a timing test would fail at its first overrun, silently stricter)
-    if in_ci() and not config.pluginmanager.hasplugin("rerunfailures"):
-        raise pytest.UsageError("CI is set: the timing tests' rerun needs "
-                                "pytest-rerunfailures (pip install -e .[test])")
-
-
 def pytest_collection_modifyitems(config, items):
     wanted = config.getoption("--reader")
     if wanted:
@@ -86,21 +71,6 @@ def pytest_collection_modifyitems(config, items):
                 and item.callspec.params.get("reader", wanted) != wanted]
         config.hook.pytest_deselected(items=drop)
         items[:] = [item for item in items if item not in drop]
-    if in_ci():
-        # A busy CI host overruns a wall-clock bound now and then: one more run,
-        # with fresh function fixtures, before it counts as failed.
-        for item in items:
-            if item.get_closest_marker("timing") and not item.get_closest_marker("flaky"):
-                item.add_marker(pytest.mark.flaky(reruns=1))
-
-
-def pytest_runtest_setup(item):
-    for mark in item.iter_markers("needs_tool"):
-        if not mark.kwargs["available"]:
-            message = "%s is missing (make install installs it)" % mark.kwargs["what"]
-            if in_ci():
-                pytest.fail("CI is set: " + message, pytrace=False)
-            pytest.skip(message)
 
 
 @pytest.fixture(params=["c", "python"])

@@ -17,8 +17,8 @@ from bench.targets.server import EMBEDDED_LUA, PREPARE_LUA, Target
 from gtarantool.testing.server import TarantoolServer, free_port
 
 # (importorskip would import Locust here)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                                reason="needs the locust extra: pip install -e .[locust]")
+pytestmark = pytest.mark.needs_tool(available=importlib.util.find_spec("locust") is not None,
+                                   what="locust (the locust extra)")
 
 # Keys drawn from 10**15: no duplicate inserts, so a run has no server errors at
 # all and the tests can say so (expected errors have tests of their own).

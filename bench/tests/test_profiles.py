@@ -1,6 +1,7 @@
 """--profile DIR: each worker's callgrind files (whole and per greenlet) read by
 callgrind_annotate and by ``bench.profiling.callgrind`` alike, and ``python -m bench.profile
 compare``'s table of two drivers' profiles."""
+import importlib.util
 import os
 import re
 import shutil
@@ -14,9 +15,10 @@ from bench.profiling.callgrind import main as profile_main
 
 from .conftest import PASSWORD, USER
 
-pytest.importorskip("yappi")
-needs_annotate = pytest.mark.skipif(shutil.which("callgrind_annotate") is None,
-                                    reason="callgrind_annotate (Debian package valgrind) missing")
+pytestmark = pytest.mark.needs_tool(available=importlib.util.find_spec("yappi") is not None,
+                                   what="yappi (the profile extra)")
+needs_annotate = pytest.mark.needs_tool(available=shutil.which("callgrind_annotate") is not None,
+                                        what="callgrind_annotate (Debian package valgrind)")
 
 
 def check_file(path):

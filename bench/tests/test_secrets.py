@@ -96,8 +96,8 @@ def test_bench_outputs_hold_no_password(server, tmp_path, password_file, source)
     assert len(os.listdir(out)) >= 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                    reason="needs the locust extra: pip install -e .[locust]")
+@pytest.mark.needs_tool(available=importlib.util.find_spec("locust") is not None,
+                        what="locust (the locust extra)")
 def test_locust_outputs_hold_no_password(server, tmp_path, password_file):
     """make locust with --password-file, and Locust itself with the password in --host:
     its HTML report shows the host without it; the users still authenticate."""
