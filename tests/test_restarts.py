@@ -370,6 +370,40 @@ def test_a_connection_closed_by_the_servers_idle_timeout_comes_back_by_itself(sr
             admin.eval("box.internal.session.idle_timeout_reset()")
 
 
+def test_callers_arriving_while_a_reconnect_authenticates_wait_for_it(srv):
+    """The server drops the socket ten times under callers that keep arriving:
+    those in flight fail (the socket is gone), but none is sent on the next
+    socket before its authentication, where it would run as guest (who may
+    not write to ``t``)."""
+    conn = connect(srv, request_timeout=5)
+    errors, stop = [], []
+
+    def caller(i):
+        n = 0
+        while not stop:
+            n += 1
+            try:
+                conn.replace("t", (i, n))
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+            gevent.sleep(0.0005 * (i % 7))   # (so that callers arrive at any moment)
+
+    callers = [gevent.spawn(caller, i) for i in range(50)]
+    try:
+        with connect(srv, fetch_schema=False) as admin:
+            for drop in range(10):
+                sid = conn.eval("return box.session.id()").data[0]
+                admin.call("drop_session", sid)
+                wait_until(lambda: conn.stats.reconnects > drop)
+                gevent.sleep(0.02)
+    finally:
+        stop.append(True)
+        gevent.joinall(callers, timeout=10)
+        conn.close()
+    refused = [exc for exc in errors if not isinstance(exc, (NetworkError, ConnectionClosed))]
+    assert not refused, refused[:3]
+
+
 def test_an_idle_connection_the_server_dropped_serves_the_next_request(srv):
     conn = connect(srv)
     sid = conn.eval("return box.session.id()").data[0]
