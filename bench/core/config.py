@@ -103,8 +103,12 @@ class Config:
                 raise ValueError(message)
         parse_sizes(self.size)
         if self.workload != "phases":
-            dataset.check_supported([op for op, n in self.mix.items() if n], self.driver,
-                                       self.pool)
+            used = [op for op, n in self.mix.items() if n]
+            dataset.check_supported(used, self.driver, self.pool)
+            beyond = sorted(set(used) - set(OPERATIONS))
+            if self.shards and beyond:
+                raise ValueError("a sharded cluster's drivers send %s only, not %s"
+                                 % (", ".join(OPERATIONS), ", ".join(beyond)))
 
     @property
     def embedded(self):

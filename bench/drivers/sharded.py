@@ -82,6 +82,10 @@ class VshardDriver(GeventDriver):
             return call
         self.calls = {op: make(op) for op in FUNCTIONS}
 
+    def client(self):
+        """The router (a sharded run sends the four operations only)."""
+        return self.router
+
     def counters(self):
         """The connections' counters summed, and the requests sent to each replica set
         (``requests@rs``)."""
