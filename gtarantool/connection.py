@@ -18,7 +18,7 @@ import gevent
 import gevent.lock
 import gevent.socket
 import tarantool
-from gevent import Timeout
+from gevent import Timeout, getcurrent
 from gevent.monkey import get_original
 from tarantool.const import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING, SSL_TRANSPORT
 from tarantool.error import (
@@ -75,7 +75,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
-    "_watchers", "_stream_ids", "_graceful",
+    "_watchers", "_stream_ids", "_graceful", "_handshaking",
 )
 
 
@@ -144,6 +144,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._watchers = None                    # watchers.Watchers, made by the first watch()
         self._stream_ids = itertools.count(1)
         self._graceful = graceful.State(self)   # announced shutdowns, see graceful.py
+        self._handshaking = None                 # (greenlet, transport) while connect() authenticates
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -186,16 +187,21 @@ class Connection(RequestMethods, tarantool.Connection):
                 self.connect_basic()
                 greeting = self._read_greeting()
                 self._socket.settimeout(None)
-                self._transport = Transport(self._socket, self.stats, self.max_in_flight,
-                                            self.max_response_size,
-                                            name="tarantool-%s" % (self.port,),
-                                            decoder=self._decoder)
+                transport = Transport(self._socket, self.stats, self.max_in_flight,
+                                      self.max_response_size, name="tarantool-%s" % (self.port,),
+                                      decoder=self._decoder)
                 # A connection dropped without close() must not leave its reader
                 # and writer greenlets (and socket) behind.
-                self._finalizer = weakref.finalize(self, _abandoned, self._transport,
-                                                   self._owner)
+                self._finalizer = weakref.finalize(self, _abandoned, transport, self._owner)
                 self.connected = True
-                self._handshake(greeting)
+                # Only this greenlet's requests (IPROTO_ID, AUTH) use the socket
+                # before it is authenticated: another caller's would run as guest.
+                self._handshaking = (getcurrent(), transport)
+                try:
+                    self._handshake(greeting)
+                finally:
+                    self._handshaking = None
+                    self._transport = transport
                 # (Before the schema's round trips: the first event and its
                 # acknowledgement are through when connect() returns.)
                 self._graceful.connected(self, self._connected_once)
@@ -328,6 +334,9 @@ class Connection(RequestMethods, tarantool.Connection):
         transport = self._transport
         if transport is not None and transport.error is None:
             return transport
+        handshaking = self._handshaking
+        if handshaking is not None and handshaking[0] is getcurrent():
+            return handshaking[1]   # connect()'s own requests
         # Callers queued behind a reconnect wait for it at most request_timeout,
         # and fail at once if it fails instead of each retrying in turn.
         failures = self._connect_failures
@@ -345,6 +354,10 @@ class Connection(RequestMethods, tarantool.Connection):
                         else time.monotonic() + self.request_timeout)
             if patient and deadline is None:
                 deadline = time.monotonic() + graceful.patience(self)
+            # (A pool's connections have reconnect_delay 0: a restarting server
+            # refuses at once, and retrying at once spins the CPU it needs to start.)
+            delay = (max(self.reconnect_delay, graceful.RETRY_DELAY) if patient
+                     else self.reconnect_delay)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
                 try:
@@ -352,12 +365,12 @@ class Connection(RequestMethods, tarantool.Connection):
                 except NetworkError as exc:
                     if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
-                            and time.monotonic() + self.reconnect_delay > deadline):
+                            and time.monotonic() + delay > deadline):
                         self._connect_failures += 1
                         self._connect_error = exc
                         raise
                     attempt += 1
-                    gevent.sleep(self.reconnect_delay)
+                    gevent.sleep(delay)
             return self._transport
         finally:
             self._lock.release()
@@ -386,6 +399,9 @@ class Connection(RequestMethods, tarantool.Connection):
         for attempt in range(SCHEMA_RETRIES + 1):
             data = bytes(request)   # a fresh sync and the current schema version
             transport = self._transport
+            if transport is None and self._handshaking is not None \
+                    and self._handshaking[0] is getcurrent():
+                transport = self._handshaking[1]   # connect()'s authentication
             if transport is None:
                 raise ConnectionClosed("connection is closed")
             value = self._wait(transport, request.sync, None, data)

@@ -45,6 +45,8 @@ DML = frozenset((REQUEST_TYPE_INSERT, REQUEST_TYPE_REPLACE, REQUEST_TYPE_UPDATE,
 # delivers replies with no hook to call, and this runs only during a shutdown.
 DRAIN_CHECK = 0.005
 DEFAULT_PATIENCE = 10.0
+# Seconds between connect attempts to a server that announced its shutdown, at least.
+RETRY_DELAY = 0.05
 
 
 def patience(conn):

@@ -7,15 +7,19 @@ replica set with a switchover through the pool.  Servers are stopped and
 started from gevent's thread pool (or polled), so the hub keeps running.
 """
 import inspect
+import json
+import os
 import signal
 import time
 
 import gevent
+import gevent.os
 import pytest
 from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
-from gtarantool import ConnectionClosed, Mode, RequestTimeout
+from gtarantool import ConnectionClosed, Mode, RequestTimeout, graceful
+from gtarantool.connection import Connection
 from gtarantool.pool import ConnectionPool
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import TarantoolServer, binary_version
@@ -155,6 +159,100 @@ def test_graceful_restart_under_load(srv):
     conn.close()
 
 
+def _forked_load(conn, pool, stop_fd, report_fd):
+    """In a forked child: greenlets writing and reading through the inherited
+    ``conn`` and ``pool`` until ``stop_fd`` reaches EOF; then the errors they
+    saw and the connect attempts the child made, as JSON on ``report_fd``."""
+    status = 1
+    try:
+        gevent.get_hub().exception_stream = None   # (copies of the parent's greenlets)
+        attempts = [0]
+        connect_tcp = Connection.connect_tcp
+
+        def counted(self):
+            attempts[0] += 1
+            return connect_tcp(self)
+
+        Connection.connect_tcp = counted
+        errors, done = [], [0]
+        stop = gevent.spawn(gevent.os.nb_read, stop_fd, 1)
+
+        def run(i):
+            n = 0
+            while not stop.ready():
+                n += 1
+                try:
+                    conn.replace("t", (i, n))
+                    pool.select("t", i, mode=Mode.ANY)
+                    done[0] += 1
+                except Exception as exc:  # noqa: BLE001 - reported to the parent
+                    errors.append(repr(exc))
+                    gevent.sleep(0.05)
+
+        gevent.joinall([gevent.spawn(run, i) for i in range(10)], timeout=60)
+        os.write(report_fd, json.dumps({"errors": errors[:10], "failed": len(errors),
+                                        "done": done[0], "attempts": attempts[0]}).encode())
+        status = 0
+    finally:
+        os._exit(status)
+
+
+@needs_shutdown
+def test_a_forked_childs_connections_come_back_after_graceful_restarts(srv):
+    """A child forked after the parent used a connection and a pool (whose
+    connections retry with ``reconnect_delay`` 0) uses both through three
+    graceful restarts: no caller sees an error, and while the server is down
+    the child retries every ``graceful.RETRY_DELAY``, not in a loop that takes
+    the CPU the restarting server needs (which made workers of a preforking
+    server miss their ``request_timeout``)."""
+    conn = connect(srv, request_timeout=5)
+    pool = ConnectionPool([{"host": srv.host, "port": srv.port}], user=USER, password=PASSWORD,
+                          request_timeout=5, wait_timeout=5)
+    conn.ping()
+    pool.ping(mode=Mode.ANY)
+    stop_r, stop_w = os.pipe()
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(stop_w)
+        os.close(report_r)
+        gevent.os.make_nonblocking(stop_r)
+        _forked_load(conn, pool, stop_r, report_w)
+    os.close(stop_r)
+    os.close(report_w)
+    down = 0.0
+    try:
+        gevent.sleep(0.3)   # the child adopted both and is under way
+        for _ in range(3):
+            started = time.monotonic()
+            terminate(srv)
+            in_thread(srv.start)
+            down += time.monotonic() - started
+            gevent.sleep(0.3)
+    finally:
+        os.close(stop_w)
+        gevent.os.make_nonblocking(report_r)
+        data = b""
+        with gevent.Timeout(30):
+            while True:
+                chunk = gevent.os.nb_read(report_r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        os.close(report_r)
+        _, status = os.waitpid(pid, 0)
+        pool.close()
+        conn.close()
+    assert status == 0
+    child = json.loads(data.decode())
+    assert child["failed"] == 0, child["errors"]
+    assert child["done"] > 0
+    # Two connections (the connection, the pool's), each retrying at most once
+    # per RETRY_DELAY while the server is down, plus one connect per restart.
+    bound = 2 * (down / graceful.RETRY_DELAY + 3) * 2
+    assert child["attempts"] <= bound, (child["attempts"], down)
+
+
 @needs_shutdown
 def test_a_write_waits_while_the_restarted_server_becomes_writable(srv):
     """Restarted read-only but not configured so (here: election_mode=manual, a
@@ -270,6 +368,40 @@ def test_a_connection_closed_by_the_servers_idle_timeout_comes_back_by_itself(sr
     finally:
         with connect(srv, fetch_schema=False) as admin:
             admin.eval("box.internal.session.idle_timeout_reset()")
+
+
+def test_callers_arriving_while_a_reconnect_authenticates_wait_for_it(srv):
+    """The server drops the socket ten times under callers that keep arriving:
+    those in flight fail (the socket is gone), but none is sent on the next
+    socket before its authentication, where it would run as guest (who may
+    not write to ``t``)."""
+    conn = connect(srv, request_timeout=5)
+    errors, stop = [], []
+
+    def caller(i):
+        n = 0
+        while not stop:
+            n += 1
+            try:
+                conn.replace("t", (i, n))
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+            gevent.sleep(0.0005 * (i % 7))   # (so that callers arrive at any moment)
+
+    callers = [gevent.spawn(caller, i) for i in range(50)]
+    try:
+        with connect(srv, fetch_schema=False) as admin:
+            for drop in range(10):
+                sid = conn.eval("return box.session.id()").data[0]
+                admin.call("drop_session", sid)
+                wait_until(lambda: conn.stats.reconnects > drop)
+                gevent.sleep(0.02)
+    finally:
+        stop.append(True)
+        gevent.joinall(callers, timeout=10)
+        conn.close()
+    refused = [exc for exc in errors if not isinstance(exc, (NetworkError, ConnectionClosed))]
+    assert not refused, refused[:3]
 
 
 def test_an_idle_connection_the_server_dropped_serves_the_next_request(srv):
