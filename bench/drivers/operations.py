@@ -64,11 +64,14 @@ def extra_calls(kind, conn, config, window, requests, ops):
     if "scan" in ops:
         def scan_(key):
             requests["SELECT"] += 1
-            resp = conn.select(space, key, iterator="GE", limit=page, fetch_pos=True)
+            limit = min(page, scan)
+            resp = conn.select(space, key, iterator="GE", limit=limit, fetch_pos=True)
             rows, got, position = resp.data, len(resp.data), resp.position
-            while got < scan and position is not None:
+            # A page shorter than asked for is the end of the key range.
+            while got < scan and position is not None and len(resp.data) == limit:
                 requests["SELECT"] += 1
-                resp = conn.select(space, key, iterator="GE", limit=min(page, scan - got),
+                limit = min(page, scan - got)
+                resp = conn.select(space, key, iterator="GE", limit=limit,
                                    after=position, fetch_pos=True)
                 got += len(resp.data)
                 position = resp.position

@@ -199,7 +199,9 @@ def test_bench_keeps_running_through_a_server_restart():
 
         def restart():
             # Once the run phase is under way (the load phase only inserts).
-            admin = tarantool.Connection(srv.host, srv.port, user="loader", password="pw")
+            # No schema: the run's load phase creates its space while this connects.
+            admin = tarantool.Connection(srv.host, srv.port, user="loader", password="pw",
+                                         fetch_schema=False)
             try:
                 while admin.eval("return box.stat().SELECT.total").data[0] == 0:
                     time.sleep(0.05)
