@@ -1,0 +1,508 @@
+"""The pool itself: :class:`ConnectionPool` (``tarantool.ConnectionPool``'s API)
+and :class:`Instance`, one replica set member with its connection and counters.
+
+Requests go to an instance the strategy picks for their mode; a request that
+fails because the instance is gone or has the wrong role wakes its monitor; a
+write refused before it changed anything (``NOT_APPLIED``) is routed again to
+the instance now holding the role.  With the C extension ``gtarantool._pool``,
+the six data methods run as ``_pool.Route`` objects; the Python methods here
+are their specification and the path without the extension.
+"""
+import functools
+import itertools
+import time
+
+import gevent
+import gevent.event
+from tarantool.connection_pool import InstanceState, Mode, Status
+from tarantool.const import (
+    POOL_INSTANCE_RECONNECT_DELAY,
+    POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
+    POOL_REFRESH_DELAY,
+    SOCKET_TIMEOUT,
+)
+from tarantool.error import (
+    ConfigurationError,
+    DatabaseError,
+    NetworkError,
+    PoolTopologyError,
+)
+from tarantool.mesh_connection import prepare_address
+from tarantool.utils import ENCODING_DEFAULT
+
+from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
+from gtarantool.errors import ConnectionClosed, RequestTimeout
+from gtarantool.pool.roles import monitor
+from gtarantool.pool.strategies import ANY, MODES, RO, RW, RoundRobinStrategy
+from gtarantool.protocol import NO_LIMIT
+
+try:
+    from gtarantool import _pool
+except ImportError:   # built without a C compiler, or Python < 3.10: the Python methods
+    _pool = None
+
+__all__ = ["ConnectionPool", "Instance"]
+
+HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
+
+ER_READONLY = 7
+ER_LOADING = 116
+# Errors Tarantool raises for a single-statement write before it changes
+# anything (the statement is refused, or its transaction rolled back before
+# the WAL): read-only, still loading, and (synchronous spaces) the queue of
+# synchronous transactions owned by no instance or another one.
+ER_UNCOMMITTED_FOREIGN_SYNC_TXNS = 214
+ER_SYNC_QUEUE_UNCLAIMED = 227
+ER_SYNC_QUEUE_FOREIGN = 228
+NOT_APPLIED = frozenset((ER_READONLY, ER_LOADING, ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
+                         ER_SYNC_QUEUE_UNCLAIMED, ER_SYNC_QUEUE_FOREIGN))
+WRITES = frozenset(("insert", "replace", "update", "upsert", "delete"))
+
+# The crud methods and the mode each takes by default (tarantool-python's).
+CRUD_METHODS = (
+    "crud_insert", "crud_insert_object", "crud_insert_many", "crud_insert_object_many",
+    "crud_get", "crud_update", "crud_delete", "crud_replace", "crud_replace_object",
+    "crud_replace_many", "crud_replace_object_many", "crud_upsert", "crud_upsert_object",
+    "crud_upsert_many", "crud_upsert_object_many", "crud_select", "crud_min", "crud_max",
+    "crud_len", "crud_storage_info", "crud_count", "crud_stats", "crud_unflatten_rows",
+    "crud_truncate",
+)
+# Requests that change nothing: with retry_reads, the only ones re-sent.
+READS = frozenset(("select", "ping", "crud_get", "crud_select", "crud_min", "crud_max",
+                   "crud_len", "crud_storage_info", "crud_count", "crud_stats"))
+
+
+# -- the pool ----------------------------------------------------------------------
+
+def _routed(method):
+    """``method`` as a ``gtarantool._pool.Route`` (see ``_pool.c``): the usual call
+    in C, any other through ``method``.  ``inspect.signature`` and ``help`` see
+    ``method`` (the Route's ``__wrapped__``)."""
+    if _pool is None:
+        return method
+    code = method.__code__
+    return _pool.Route(method.__name__, method, method.__kwdefaults__["mode"], MODES,
+                       code.co_argcount - len(method.__defaults__ or ()), code.co_argcount,
+                       method.__name__ in READS)
+
+
+class _Counted:
+    """What a request reads and writes on its instance (``gtarantool._pool.Counted``
+    in C, where the data methods' Routes use them as C fields)."""
+
+    __slots__ = ("conn", "drained", "in_flight", "requests")
+
+
+class Instance(_pool.Counted if _pool is not None else _Counted):
+    """One replica set member: its connection, role and counters (see ``info()``)."""
+
+    __slots__ = ("name", "addr", "state", "errors", "rerouted", "last_change", "box_status",
+                 "last_error",
+                 "source", "wakeup", "checked", "monitor")
+
+    def __init__(self, name, addr, conn):
+        self.name, self.addr, self.conn = name, addr, conn
+        self.state = InstanceState(UNHEALTHY, None)
+        self.in_flight = self.requests = self.errors = 0
+        self.rerouted = 0            # writes it refused unapplied, sent to another instance
+        self.last_change = None      # time.time() of the last change of state
+        self.box_status = None       # box.info.status as last seen
+        self.last_error = None       # why the instance is unavailable
+        self.source = None           # RolePoll or RoleWatch, set by the first check that connects
+        self.wakeup = gevent.event.Event()    # check now (a request saw a wrong role)
+        self.checked = gevent.event.Event()   # the first check is done
+        self.monitor = None
+        self.drained = None          # an Event while remove() waits for in-flight requests
+
+
+class ConnectionPool(_pool.Picks if _pool is not None else object):
+    """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
+    ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
+    ``eval``, ``execute`` and ``ping`` need a mode) and errors
+    (``tarantool.error.PoolTopologyError`` when no instance fits), plus:
+
+    :param wait_timeout: seconds a call waits for an instance of the right role
+        to appear (e.g. during a failover) before PoolTopologyError; 0 fails at once.
+    :param retry_reads: re-send a read (``select``, ``ping``, ``crud`` reads)
+        once to another instance when the connection failed before its reply.
+        Writes, ``call``, ``eval`` and ``execute`` are never re-sent.
+    :param request_timeout, max_in_flight, lazy_errors: per connection, as in
+        :class:`gtarantool.Connection`.
+
+    ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
+    authenticating and learning the role.  Instances that are down at start are
+    connected later, every ``refresh_delay`` until they answer.
+    """
+
+    def __init__(self, addrs, user=None, password=None, socket_timeout=SOCKET_TIMEOUT,
+                 reconnect_max_attempts=POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
+                 reconnect_delay=POOL_INSTANCE_RECONNECT_DELAY, connect_now=True,
+                 encoding=ENCODING_DEFAULT, call_16=False,
+                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT,
+                 strategy_class=RoundRobinStrategy, refresh_delay=POOL_REFRESH_DELAY,
+                 fetch_schema=True, *, wait_timeout=0, retry_reads=False,
+                 request_timeout=None, max_in_flight=None, lazy_errors=False):
+        if not isinstance(addrs, list) or not addrs:
+            raise ConfigurationError("addrs must be non-empty list")
+        if not (isinstance(wait_timeout, (int, float)) and wait_timeout >= 0):
+            raise ConfigurationError("wait_timeout must be a number of seconds >= 0, not %r"
+                                     % (wait_timeout,))
+        self._options = dict(user=user, password=password, socket_timeout=socket_timeout,
+                             reconnect_max_attempts=reconnect_max_attempts,
+                             reconnect_delay=reconnect_delay, encoding=encoding,
+                             call_16=call_16, connection_timeout=connection_timeout,
+                             fetch_schema=fetch_schema, request_timeout=request_timeout,
+                             lazy_errors=lazy_errors)
+        if max_in_flight is not None:
+            self._options["max_in_flight"] = max_in_flight
+        self.refresh_delay = refresh_delay
+        self.connection_timeout = connection_timeout
+        self.wait_timeout = wait_timeout
+        self.retry_reads = retry_reads
+        self.pool = {}
+        self.rerouted_writes = 0   # writes refused unapplied and sent to another instance
+        self.strategy = strategy_class(self.pool)
+        self._next = ()
+        self._closed = True
+        self._topology_changed = gevent.event.Event()
+        for addr in addrs:
+            self._new_instance(addr)
+        if connect_now:
+            self.connect()
+
+    # -- membership ---------------------------------------------------------------
+
+    def _new_instance(self, addr):
+        if isinstance(addr, str):
+            host, _, port = addr.rpartition(":")
+            addr = {"host": host or "127.0.0.1", "port": int(port)}
+        addr, error = prepare_address(addr)
+        if addr is None:
+            raise ConfigurationError(error)
+        name = (addr["socket_fd"] if addr["socket_fd"] is not None
+                else "%s:%s" % (addr["host"], addr["port"]))
+        if name in self.pool:
+            raise ConfigurationError("%s is already in the pool" % (name,))
+        extra = {key: addr[key] for key in ("transport", "auth_type") if addr.get(key)}
+        conn = Connection(addr["host"], addr["port"], socket_fd=addr["socket_fd"],
+                          connect_now=False, **extra, **self._options)
+        instance = self.pool[name] = Instance(name, addr, conn)
+        self._reroute()
+        return instance
+
+    def connect(self):
+        """Start every instance's monitor and wait for each one's first check
+        (at most ``connection_timeout`` each, in parallel).  Never raises for an
+        instance that is down: it is connected later."""
+        self._closed = False
+        for instance in self.pool.values():
+            self._start(instance)
+        gevent.wait([instance.checked for instance in self.pool.values()])
+
+    def _start(self, instance):
+        if instance.monitor is None:
+            instance.monitor = gevent.spawn(monitor, self, instance)
+            instance.monitor.name = "pool-monitor-%s" % (instance.name,)
+
+    def add(self, addr):
+        """Add an instance (a dict as in ``addrs``, or ``"host:port"``); returns its
+        name once its first check is done (it may be unavailable: it is retried).
+
+        :raises tarantool.error.ConfigurationError: a bad address, or one in the pool already."""
+        if self._closed:
+            raise ConnectionClosed("the pool is closed")
+        instance = self._new_instance(addr)
+        self._start(instance)
+        instance.checked.wait()
+        return instance.name
+
+    def remove(self, name, timeout=10):
+        """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
+        for its requests in flight, then close its connection.
+
+        :raises KeyError: no instance has that name."""
+        instance = self.pool.pop(name)
+        self._reroute()
+        self._changed()
+        if instance.in_flight:
+            instance.drained = gevent.event.Event()
+            instance.drained.wait(timeout)
+        self._stop(instance)
+
+    def _stop(self, instance):
+        if instance.monitor is not None:
+            instance.monitor.kill()
+            instance.monitor = None
+        if instance.source is not None:
+            instance.source.close()
+        instance.conn.close()
+
+    def close(self):
+        """Close every connection and kill (and join) every monitor greenlet;
+        callers waiting for an instance get ConnectionClosed."""
+        self._closed = True
+        for instance in list(self.pool.values()):
+            self._stop(instance)
+            self._set_state(instance, UNHEALTHY, None, None)
+        self._changed()
+
+    def is_closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def info(self):
+        """Per instance name: address, role ('master', 'replica' or None when
+        unavailable), status (box.info.status as last seen, or 'shutdown' once
+        announced), connected, requests in flight, requests, errors, rerouted
+        (writes it refused unapplied, sent elsewhere), last_change (time.time()),
+        role_source, last_error."""
+        result = {}
+        for name, instance in self.pool.items():
+            state = instance.state
+            role = None
+            if state.status is HEALTHY:
+                role = "replica" if state.read_only else "master"
+            result[name] = {
+                "address": name, "role": role, "status": instance.box_status,
+                "healthy": state.status is HEALTHY, "connected": not instance.conn.is_closed(),
+                "in_flight": instance.in_flight, "requests": instance.requests,
+                "errors": instance.errors, "rerouted": instance.rerouted,
+                "last_change": instance.last_change,
+                "role_source": instance.source.name if instance.source else None,
+                "last_error": None if instance.last_error is None else str(instance.last_error),
+            }
+        return result
+
+    # -- roles ----------------------------------------------------------------------------
+
+    def _set_state(self, instance, status, read_only, box_status):
+        instance.box_status = box_status
+        if status is HEALTHY:
+            instance.last_error = None
+        if instance.state.status is status and instance.state.read_only == read_only:
+            return
+        instance.state = InstanceState(status, read_only)
+        instance.last_change = time.time()
+        if self.pool.get(instance.name) is instance:
+            self._reroute()
+            self._changed()
+
+    def _changed(self):
+        # Wake every caller waiting for an instance of some role (wait_timeout).
+        changed, self._topology_changed = self._topology_changed, gevent.event.Event()
+        changed.set()
+
+    # -- routing ----------------------------------------------------------------------
+
+    def _reroute(self):
+        """Membership or a role changed: tell the strategy, and rebuild ``_next``,
+        the iterator of picks of each mode by ``mode._value_``: with the default
+        strategy, a rotation over the instances themselves (the cheapest pick
+        there is), else the strategy's picks through ``_pick``.  (Iterators, so
+        that the C Routes take the next pick with no Python call.)"""
+        self.strategy.update()
+        table = [None] * 6
+        if type(self.strategy) is RoundRobinStrategy:
+            self.strategy.build()
+            any_, rw, ro = (itertools.cycle([self.pool[key] for key in keys]) if keys else None
+                            for keys in (self.strategy.any, self.strategy.rw, self.strategy.ro))
+            table[1:] = [any_, rw, ro, rw or ro, ro or rw]
+        # (_pick never returns the sentinel None: iter() makes it an endless iterator.)
+        self._next = tuple(picker or iter(functools.partial(self._pick, mode), None)
+                           for mode, picker in zip((ANY,) + MODES, table))
+
+    def _route(self, mode):
+        try:
+            picks = self._next[mode._value_]
+        except AttributeError:
+            raise ValueError("Unexpected mode %r" % (mode,)) from None
+        return next(picks)
+
+    def _pick(self, mode):
+        """The strategy's pick (or, when no instance fits, a wait of ``wait_timeout``)."""
+        try:
+            return self.pool[self.strategy.getnext(mode)]
+        except PoolTopologyError:
+            return self._wait_for(mode)
+
+    def _wait_for(self, mode):
+        deadline = time.monotonic() + self.wait_timeout
+        while True:
+            if self._closed:
+                raise ConnectionClosed("the pool is closed")
+            changed = self._topology_changed
+            try:
+                return self.pool[self.strategy.getnext(mode)]
+            except PoolTopologyError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                changed.wait(remaining)
+
+    def _failed(self, instance, exc, mode, may_resend, method=None):
+        """A request on ``instance`` raised ``exc`` (being handled): learn from it,
+        then re-raise it, or return another instance to re-send a read, or a
+        write refused unapplied, to.  ``method``: the request's, when it is no
+        data method's Route (which passes None)."""
+        instance.errors += 1
+        if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
+            code = getattr(exc, "code", None) if isinstance(exc, DatabaseError) else None
+            if code in (ER_READONLY, ER_LOADING):
+                if instance.state.read_only is False:
+                    # No more writes here until the monitor says otherwise.
+                    self._set_state(instance, HEALTHY, True, instance.box_status)
+                instance.wakeup.set()
+            if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
+                return self._reroute_write(instance, exc, mode)
+            raise exc
+        if isinstance(exc, RequestTimeout):
+            raise exc
+        if instance.conn.is_closed() and self.pool.get(instance.name) is instance:
+            instance.last_error = exc
+            self._set_state(instance, UNHEALTHY, None, None)
+            instance.wakeup.set()
+        if not (may_resend and self.retry_reads and mode is not RW):
+            raise exc
+        try:
+            other = self.pool[self.strategy.getnext(mode)]
+        except PoolTopologyError:
+            raise exc from None
+        if other is instance:
+            raise exc
+        return other
+
+    def _reroute_write(self, instance, exc, mode):
+        """The instance for a write ``instance`` refused with ``exc`` before
+        applying it: the one holding the role now, waited for at most
+        ``wait_timeout``; else ``exc`` is raised."""
+        try:
+            other = self._wait_for(mode)
+        except PoolTopologyError:
+            raise exc from None
+        if other is instance:
+            raise exc
+        instance.rerouted += 1
+        self.rerouted_writes += 1
+        return other
+
+    @staticmethod
+    def _drained(instance):
+        if not instance.in_flight:
+            instance.drained.set()
+
+    def _send(self, instance, mode, method, args, kwargs, may_resend):
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return getattr(instance.conn, method)(*args, **kwargs)
+        except Exception as exc:
+            other = self._failed(instance, exc, mode, may_resend, method)
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None:
+                self._drained(instance)
+        return self._send(other, mode, method, args, kwargs, False)
+
+    def _request(self, mode, method, *args, **kwargs):
+        return self._send(self._route(mode), mode, method, args, kwargs, method in READS)
+
+    # The data methods.  With the C extension, gtarantool._pool.Route does what
+    # each does for the usual call (positional arguments, at most mode=) and
+    # passes any other call to it: these are its specification, and the path
+    # without the extension.  A ``mode`` that is no tarantool.Mode fails in
+    # _route with ValueError.
+
+    @_routed
+    def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
+               iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
+        """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
+        return self._request(mode, "select", space_name, key, offset=offset, limit=limit,
+                             index=index, iterator=iterator, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    @_routed
+    def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.insert`` (default mode RW)."""
+        return self._request(mode, "insert", space_name, values, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    @_routed
+    def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.replace`` (default mode RW)."""
+        return self._request(mode, "replace", space_name, values, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    @_routed
+    def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
+               on_push_ctx=None):
+        """``Connection.update`` (default mode RW)."""
+        return self._request(mode, "update", space_name, key, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
+
+    @_routed
+    def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
+               on_push_ctx=None):
+        """``Connection.upsert`` (default mode RW)."""
+        return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
+
+    @_routed
+    def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
+        """``Connection.delete`` (default mode RW)."""
+        return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
+        """``Connection.call``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "call", func_name, *args, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def eval(self, expr, *args, mode=None, on_push=None, on_push_ctx=None):
+        """``Connection.eval``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "eval", expr, *args, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
+
+    def ping(self, notime=False, *, mode=None):
+        """``Connection.ping``; ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "ping", notime)
+
+    def execute(self, query, params=None, *, mode=None):
+        """``Connection.execute`` (SQL); ``mode`` is required."""
+        if mode is None:
+            raise ValueError("Please, specify 'mode' keyword argument")
+        return self._request(mode, "execute", query, params)
+
+    def pipeline(self, mode=RW):
+        """A :class:`gtarantool.Pipeline` on one instance picked by ``mode`` (default
+        RW).  Its requests bypass the pool: no retry, no per-instance counts."""
+        return self._route(mode).conn.pipeline()
+
+    def transaction(self, isolation=None, timeout=None):
+        """``with pool.transaction() as tx:`` an interactive transaction on the
+        read-write instance (see ``Connection.transaction``; Tarantool 2.10+ with
+        ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it."""
+        return self._route(RW).conn.transaction(isolation, timeout)
+
+
+def _crud_method(name):
+    def method(self, *args, mode=ANY):
+        return self._request(mode, name, *args)
+    method.__name__ = name
+    method.__doc__ = "``Connection.%s`` (default mode ANY, as tarantool-python)." % name
+    return method
+
+
+for _name in CRUD_METHODS:
+    setattr(ConnectionPool, _name, _crud_method(_name))
+del _name
