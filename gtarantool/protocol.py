@@ -10,8 +10,12 @@ filled exactly as ``Response.__init__`` fills them.
 import operator
 
 import msgpack
+from tarantool import request as tarantool_request
+from tarantool import response as tarantool_response
 from tarantool.const import (
     IPROTO_DATA,
+    IPROTO_ERROR,
+    IPROTO_ERROR_24,
     IPROTO_INDEX_ID,
     IPROTO_ITERATOR,
     IPROTO_KEY,
@@ -20,8 +24,6 @@ from tarantool.const import (
     IPROTO_OPS,
     IPROTO_SPACE_ID,
     IPROTO_TUPLE,
-    IPROTO_ERROR,
-    IPROTO_ERROR_24,
     ITERATOR_ALL,
     ITERATOR_BITSET_ALL_NOT_SET,
     ITERATOR_BITSET_ALL_SET,
@@ -37,8 +39,6 @@ from tarantool.const import (
     REQUEST_TYPE_ERROR,
     REQUEST_TYPE_UPSERT,
 )
-from tarantool import request as tarantool_request
-from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 from tarantool.types import BoxError, decode_box_error
@@ -46,11 +46,11 @@ from tarantool.types import BoxError, decode_box_error
 from gtarantool.errors import ProtocolError
 
 try:
-    from gtarantool import _speedups   # the hot paths in C (see setup.py)
+    from gtarantool import _speedups  # the hot paths in C (see setup.py)
 except ImportError:   # built without a compiler: the same paths run in Python
     _speedups = None
 try:
-    from gtarantool import _encoder    # Encoder.join in C
+    from gtarantool import _encoder  # Encoder.join in C
 except ImportError:
     _encoder = None
 

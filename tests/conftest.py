@@ -7,7 +7,6 @@ import pytest
 
 import gtarantool
 from gtarantool import protocol, transport
-
 from gtarantool.testing.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -122,7 +122,7 @@ class LeastInFlightStrategy(RoundRobinStrategy):
         self._turn += 1
         start = self._turn % len(keys)
         pool = self.pool
-        best = None
+        best = least = None
         for key in keys[start:] + keys[:start]:
             load = pool[key].in_flight
             if best is None or load < least:
