@@ -34,7 +34,7 @@ def _percentile_fields(self, stats_entry, use_current=False):
 
 def _percentile_line(self):
     """Locust's console percentile row, to 0.01 ms instead of whole ms."""
-    import locust.stats as stats   # (imported by whoever switched the buckets on)
+    import locust.stats as stats  # (imported by whoever switched the buckets on)
     if not self.num_requests:
         raise ValueError("Can't calculate percentile on url with no successful requests")
     # (As Locust's: the first column is the first percentile, the last the count.)

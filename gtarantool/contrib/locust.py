@@ -54,6 +54,7 @@ import logging
 import os
 import time
 import urllib.parse
+from typing import Dict, FrozenSet, List
 
 import gevent
 import msgpack
@@ -120,7 +121,8 @@ def error_name(exc):
 
 VSHARD_SCHEME = "tarantool+vshard"   # a Lua router's address: gtarantool.Router
 PASSWORD_ENV = "TARANTOOL_PASSWORD"
-_passwords = {}   # a host URL as Locust shows it (password taken out) -> the password
+# a host URL as Locust shows it (password taken out) -> the password
+_passwords: Dict[str, str] = {}
 
 
 def parse_host(url):
@@ -222,10 +224,11 @@ def _queued_seconds():
 
 
 _counters = _Counters()
-_shared = {}         # this process's connections by URL: AsyncResult
-_opened = []         # every connection this process opened: (conn, requests, responses at open)
-_user_scoped = []    # connections of connection_scope = "user", closed at test_stop
-_unreachable = []    # this process already reported that the server is unreachable
+_shared: Dict[tuple, AsyncResult] = {}         # this process's connections by URL: AsyncResult
+# every connection this process opened: (conn, requests, responses at open)
+_opened: List[tuple] = []
+_user_scoped: List[object] = []    # connections of connection_scope = "user", closed at test_stop
+_unreachable: List[Exception] = []    # this process already reported that the server is unreachable
 
 
 def _forget_after_fork():
@@ -472,7 +475,7 @@ def _routed(method):
 
 for _method in ("callrw", "callro", "callbro", "callre", "callbre"):
     setattr(TarantoolClient, _method, _routed(_method))
-TarantoolClient.map_callrw = _reported("map_callrw")
+setattr(TarantoolClient, "map_callrw", _reported("map_callrw"))
 
 
 class _Space:
@@ -531,8 +534,8 @@ class TarantoolUser(User):
     """
     abstract = True
     connection_scope = "process"
-    expected_errors = frozenset()
-    connection_options = {}
+    expected_errors: FrozenSet[int] = frozenset()
+    connection_options: Dict[str, object] = {}
 
     def __init__(self, environment):
         super().__init__(environment)

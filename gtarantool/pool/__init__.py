@@ -14,7 +14,9 @@ below is importable from ``gtarantool.pool``.
 """
 from tarantool.connection_pool import Mode
 
-from gtarantool.pool.connection_pool import ConnectionPool, Instance, _pool
+from gtarantool.pool.connection_pool import ConnectionPool
+from gtarantool.pool.connection_pool import Instance as Instance  # the class of pool.pool values
+from gtarantool.pool.connection_pool import _pool as _pool  # None without the C extension
 from gtarantool.pool.roles import RolePoll, RoleWatch
 from gtarantool.pool.strategies import LeastInFlightStrategy, RoundRobinStrategy
 

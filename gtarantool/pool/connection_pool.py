@@ -11,10 +11,12 @@ are their specification and the path without the extension.
 import functools
 import itertools
 import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional
 
 import gevent
 import gevent.event
-from tarantool.connection_pool import InstanceState, Mode, Status
+from tarantool.connection_pool import InstanceState, Status
 from tarantool.const import (
     POOL_INSTANCE_RECONNECT_DELAY,
     POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
@@ -33,9 +35,10 @@ from tarantool.utils import ENCODING_DEFAULT
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool.roles import monitor
-from gtarantool.pool.strategies import ANY, MODES, RO, RW, RoundRobinStrategy
+from gtarantool.pool.strategies import ANY, MODES, RW, RoundRobinStrategy
 from gtarantool.protocol import NO_LIMIT
 
+_pool: Optional[ModuleType]
 try:
     from gtarantool import _pool
 except ImportError:   # built without a C compiler, or Python < 3.10: the Python methods
@@ -93,7 +96,15 @@ class _Counted:
     __slots__ = ("conn", "drained", "in_flight", "requests")
 
 
-class Instance(_pool.Counted if _pool is not None else _Counted):
+if TYPE_CHECKING or _pool is None:
+    _CountedBase = _Counted
+    _PicksBase = object
+else:
+    _CountedBase = _pool.Counted
+    _PicksBase = _pool.Picks
+
+
+class Instance(_CountedBase):
     """One replica set member: its connection, role and counters (see ``info()``)."""
 
     __slots__ = ("name", "addr", "state", "errors", "rerouted", "last_change", "box_status",
@@ -115,7 +126,7 @@ class Instance(_pool.Counted if _pool is not None else _Counted):
         self.drained = None          # an Event while remove() waits for in-flight requests
 
 
-class ConnectionPool(_pool.Picks if _pool is not None else object):
+class ConnectionPool(_PicksBase):
     """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
     ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
     ``eval``, ``execute`` and ``ping`` need a mode) and errors
