@@ -34,12 +34,6 @@ An error code in ``expected_errors`` is a success: the call returns the error
 reply as tarantool-python does with ``error=False`` (``return_code``,
 ``return_message``, no data) and the task goes on.
 
-Locust pauses between a user's tasks with ``gevent.sleep(wait_time())``; for a
-zero wait that is one pass through gevent's hub, so that other users run.  A
-task whose request got a reply has made that pass already (a reply comes only
-through the hub), and a ``TarantoolUser`` goes straight on to its next task
-(every other wait, and a task without a reply, pauses as Locust does).
-
 One connection per worker process (``connection_scope = "process"``, the
 default), opened by the first user that needs it, after Locust forks its
 workers; ``connection_scope = "user"`` gives each user its own.  A server that
