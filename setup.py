@@ -3,7 +3,7 @@
 The hot paths in C (the request's, the reader's loops, request bodies, the
 pool's data methods) are optional: without a C compiler, or on a Python they do
 not support, the build skips them, says so, and transport.py, protocol.py and
-pool.py run the same paths in Python.
+the pool package run the same paths in Python.
 """
 import sys
 

@@ -1,6 +1,6 @@
 /* ConnectionPool's data methods (select, insert, replace, update, upsert,
  * delete) in C, for the call nearly every request makes: positional arguments
- * and at most mode=.  pool.py's Python methods are their specification; a
+ * and at most mode=.  connection_pool.py's Python methods are their specification; a
  * Route does what its Python method does, without the Python frame, the
  * keyword arguments passed on at their defaults and the counters as Python
  * ints, which together made a request through the pool dearer than on a plain
@@ -28,7 +28,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #if PY_VERSION_HEX < 0x030A0000
-/* setup.py marks the extension optional: older Pythons run pool.py's methods. */
+/* setup.py marks the extension optional: older Pythons run connection_pool.py's methods. */
 #error "needs Python 3.10 or later (Py_NewRef, PyModule_AddObjectRef)"
 #endif
 #include <structmember.h>
@@ -147,7 +147,7 @@ static PyTypeObject PicksType = {
 typedef struct {
     PyObject_HEAD
     PyObject *name;               /* the Connection method, e.g. "select" */
-    PyObject *python;             /* pool.py's method: the specification, and any other call */
+    PyObject *python;             /* connection_pool.py's method: the specification, and any other call */
     PyObject *mode;               /* the default mode */
     PyObject *modes;              /* the tarantool.Mode members by value - 1 */
     Py_ssize_t min_args, max_args;   /* positional arguments, the pool's included */
@@ -359,7 +359,7 @@ static PyGetSetDef Route_getset[] = {
 
 static PyMemberDef Route_members[] = {
     /* inspect.signature() and help() follow __wrapped__ to the Python method */
-    {"__wrapped__", T_OBJECT, offsetof(Route, python), READONLY, "pool.py's method"},
+    {"__wrapped__", T_OBJECT, offsetof(Route, python), READONLY, "connection_pool.py's method"},
     {"__name__", T_OBJECT, offsetof(Route, name), READONLY, NULL},
     {NULL, 0, 0, 0, NULL}
 };
@@ -419,7 +419,7 @@ static PyTypeObject RouteType = {
 static struct PyModuleDef pool_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gtarantool._pool",
-    .m_doc = "pool.py's data methods in C (optional: pool.py does the same without it).",
+    .m_doc = "connection_pool.py's data methods in C (optional: connection_pool.py does the same without it).",
     .m_size = -1,
 };
 

@@ -13,7 +13,8 @@ from locust.env import Environment
 from locust.stats import StatsError
 
 import gtarantool
-from gtarantool import locust as glocust
+import gtarantool.locust
+from gtarantool.contrib import locust as glocust
 
 
 def run(user_classes, url, users, seconds):
@@ -243,19 +244,23 @@ def pauses(url):
 
 
 def pace(url):
-    """A local run's own report (its busy share), and the pace lines for given
-    busy shares."""
+    """A local run's own report: its busy share."""
     glocust._forget_after_fork()
     env = run([Pinger], url, 5, 0.5)
     report = glocust.worker_reports(env)["local"]
     glocust._forget_after_fork()
     return {"report": {key: report[key] for key in ("cpu_seconds", "wall_seconds",
-                                                     "queued_seconds", "busy")},
-            "lines": {name: glocust.pace_lines({str(i): {"busy": share}
-                                                for i, share in enumerate(shares)})
-                      for name, shares in (("waiting", (0.4, 0.3, 0.9)),
-                                           ("busy", (0.96, 0.97, 0.95)),
-                                           ("unknown", (None,)))}}
+                                                     "queued_seconds", "busy")}}
+
+
+def imports(url):
+    """What importing the integration (and its alias) did to Locust."""
+    alias = gtarantool.locust
+    return {"alias": sorted(name for name in alias.__all__
+                            if getattr(alias, name) is getattr(glocust, name)),
+            "all": sorted(glocust.__all__),
+            "bucket_module": locust.stats.bucket_response_time.__module__,
+            "percentile_module": locust.stats.StatsEntry.percentile.__module__}
 
 
 class ShardedUser(glocust.TarantoolUser):
@@ -291,7 +296,7 @@ def vshard(url):
     return out
 
 
-ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace")
+ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace", "imports")
 
 
 if __name__ == "__main__":

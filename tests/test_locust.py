@@ -1,4 +1,4 @@
-"""gtarantool.locust against real servers.
+"""gtarantool.contrib.locust (and its alias gtarantool.locust) against real servers.
 
 Locust runs in child processes only (tests/locust_cases.py, the locust
 command): importing it monkey-patches the interpreter, which the rest of the
@@ -126,17 +126,19 @@ def test_several_instances_share_one_pool_per_process(server):
                                                        "instances answered"]], got["dead"]
 
 
-def test_pace_lines_say_when_the_server_set_the_pace(cases):
+def test_process_report_says_how_busy_the_process_was(cases):
     """A process's busy share: its CPU seconds and seconds waiting for a CPU over
-    the run's; the median worker's below 90% says the workers waited for
-    replies."""
-    report, lines = cases["pace"]["report"], cases["pace"]["lines"]
+    the run's wall-clock seconds."""
+    report = cases["pace"]["report"]
     assert 0 < report["busy"] <= 1 and report["queued_seconds"] >= 0
     assert report["busy"] == pytest.approx(
         min(1, (report["cpu_seconds"] + report["queued_seconds"]) / report["wall_seconds"]))
-    assert lines["waiting"][0] == ("gtarantool: 3 worker processes busy 40% of the run "
-                                   "(median; running or waiting for a CPU)")
-    assert "60% waiting for replies" in lines["waiting"][1] and len(lines["waiting"]) == 2
-    assert lines["busy"] == ["gtarantool: 3 worker processes busy 96% of the run (median; "
-                             "running or waiting for a CPU)"]
-    assert lines["unknown"] == []
+
+
+def test_import_leaves_locust_statistics_alone_and_the_alias_is_the_module(cases):
+    """Importing the integration (or gtarantool.locust) keeps Locust's own
+    response-time buckets and percentile rows; the alias gives the same objects."""
+    got = cases["imports"]
+    assert got["bucket_module"] == "locust.stats"
+    assert got["percentile_module"] == "locust.stats"
+    assert got["alias"] == got["all"] and "TarantoolUser" in got["all"]

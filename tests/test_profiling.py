@@ -10,7 +10,8 @@ import gevent
 import pytest
 
 import gtarantool
-from gtarantool import profiling
+import gtarantool.profiling
+from gtarantool.contrib import profiling
 
 from .conftest import needs_tool
 
@@ -86,3 +87,11 @@ def test_missing_yappi_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "yappi", None)
     with pytest.raises(ImportError, match=r"gtarantool\[profile\]"):
         profiling.Profiler()
+
+
+def test_alias_module_gives_the_same_functions():
+    """``from gtarantool.profiling import profile, profile_for`` (the documented
+    path) is the integration's own."""
+    from gtarantool.profiling import profile, profile_for
+    assert profile is profiling.profile and profile_for is profiling.profile_for
+    assert gtarantool.profiling.Profiler is profiling.Profiler

@@ -34,7 +34,7 @@ class WorkerProfile:
         self._profiler = None
         self._started = False
         if config.profile:
-            from gtarantool.profiling import Profiler
+            from gtarantool.contrib.profiling import Profiler
             self._profiler = Profiler(config.profile_clock)
 
     @contextlib.contextmanager

@@ -1,38 +1,22 @@
-"""A gevent connection pool over a replica set: ``tarantool.ConnectionPool``'s API.
+"""The pool itself: :class:`ConnectionPool` (``tarantool.ConnectionPool``'s API)
+and :class:`Instance`, one replica set member with its connection and counters.
 
-::
-
-    pool = gtarantool.ConnectionPool([{"host": "10.0.0.1", "port": 3301},
-                                      {"host": "10.0.0.2", "port": 3301}],
-                                     user="app", password="secret", wait_timeout=2)
-    pool.insert("accounts", (1, "x"))                      # the read-write instance
-    pool.select("accounts", 1, mode=tarantool.Mode.RO)     # a read-only one
-
-Each instance has one multiplexed gtarantool connection, shared by every
-greenlet, and one monitor greenlet that (re)connects it and learns its role:
-from the ``box.status`` watcher where the server pushes it (``RoleWatch``),
-else by calling ``box.info`` every ``refresh_delay`` (``RolePoll``).  Any error
-while doing so marks the instance unavailable until a later check succeeds.
-A request that fails because the instance is gone (a network error) or has
-the wrong role (``ER_READONLY``, ``ER_LOADING``) makes its monitor check at
-once instead of waiting for the next period.
-
-Planned restarts and switchovers (Tarantool 2.10+): an instance that announces
-its shutdown (``box.shutdown``) leaves the rotation at once, while its
-connection drains the requests it has sent.  A write (insert, replace, update,
-upsert, delete) refused with an error raised before it changed anything
-(``NOT_APPLIED``) is routed again, within ``wait_timeout``, to the instance now
-holding the role (counted in ``rerouted_writes``); any other failure of a write
-reaches the caller.
+Requests go to an instance the strategy picks for their mode; a request that
+fails because the instance is gone or has the wrong role wakes its monitor; a
+write refused before it changed anything (``NOT_APPLIED``) is routed again to
+the instance now holding the role.  With the C extension ``gtarantool._pool``,
+the six data methods run as ``_pool.Route`` objects; the Python methods here
+are their specification and the path without the extension.
 """
 import functools
 import itertools
 import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional
 
 import gevent
 import gevent.event
-from gevent import Timeout
-from tarantool.connection_pool import InstanceState, Mode, Status
+from tarantool.connection_pool import InstanceState, Status
 from tarantool.const import (
     POOL_INSTANCE_RECONNECT_DELAY,
     POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
@@ -49,19 +33,19 @@ from tarantool.mesh_connection import prepare_address
 from tarantool.utils import ENCODING_DEFAULT
 
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
-from gtarantool.errors import ConnectionClosed, FeatureNotSupported, RequestTimeout
+from gtarantool.errors import ConnectionClosed, RequestTimeout
+from gtarantool.pool.roles import monitor
+from gtarantool.pool.strategies import ANY, MODES, RW, RoundRobinStrategy
 from gtarantool.protocol import NO_LIMIT
 
+_pool: Optional[ModuleType]
 try:
     from gtarantool import _pool
 except ImportError:   # built without a C compiler, or Python < 3.10: the Python methods
     _pool = None
 
-__all__ = ["ConnectionPool", "Mode", "RoundRobinStrategy", "LeastInFlightStrategy",
-           "RolePoll", "RoleWatch"]
+__all__ = ["ConnectionPool", "Instance"]
 
-ANY, RW, RO, PREFER_RW, PREFER_RO = Mode.ANY, Mode.RW, Mode.RO, Mode.PREFER_RW, Mode.PREFER_RO
-MODES = (ANY, RW, RO, PREFER_RW, PREFER_RO)   # their values are 1..5
 HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
 
 ER_READONLY = 7
@@ -91,196 +75,6 @@ READS = frozenset(("select", "ping", "crud_get", "crud_select", "crud_min", "cru
                    "crud_len", "crud_storage_info", "crud_count", "crud_stats"))
 
 
-# -- strategies (tarantool-python's interface: __init__(pool), update(), getnext(mode)) --
-
-class RoundRobinStrategy:
-    """Rotate over the healthy instances of the role asked for (the default).
-
-    ``pool`` is the pool's dict of instances by name; each has ``state``
-    (``tarantool.connection_pool.InstanceState``) and ``in_flight``.
-    """
-
-    def __init__(self, pool):
-        self.pool = pool
-        self.rebuild_needed = True
-        self.any = self.rw = self.ro = ()
-
-    def update(self):
-        """The pool changed: rebuild the candidate lists on the next getnext()."""
-        self.rebuild_needed = True
-
-    def build(self):
-        self.any, self.rw, self.ro = [], [], []
-        for key, instance in self.pool.items():
-            state = instance.state
-            if state.status is not HEALTHY:
-                continue
-            self.any.append(key)
-            (self.rw if state.read_only is False else self.ro).append(key)
-        self._cycles = [_cycle(self.any), _cycle(self.rw), _cycle(self.ro)]
-        self.rebuild_needed = False
-
-    def candidates(self, mode):
-        """The names that fit ``mode``, best role first (an empty list if none)."""
-        if self.rebuild_needed:
-            self.build()
-        if mode is RW:
-            return self.rw
-        if mode is ANY:
-            return self.any
-        if mode is RO:
-            return self.ro
-        if mode is PREFER_RO:
-            return self.ro or self.rw
-        if mode is PREFER_RW:
-            return self.rw or self.ro
-        raise ValueError("Unexpected mode %r" % (mode,))
-
-    def getnext(self, mode):
-        """The name of the next instance for ``mode``; PoolTopologyError if none fits.
-
-        :param mode: a ``tarantool.Mode``."""
-        if self.rebuild_needed:
-            self.build()
-        any_, rw, ro = self._cycles
-        if mode is RW:
-            chosen = rw
-        elif mode is ANY:
-            chosen = any_
-        elif mode is RO:
-            chosen = ro
-        elif mode is PREFER_RO:
-            chosen = ro or rw
-        elif mode is PREFER_RW:
-            chosen = rw or ro
-        else:
-            raise ValueError("Unexpected mode %r" % (mode,))
-        if chosen is None:
-            raise PoolTopologyError(_NO_INSTANCE[mode])
-        return next(chosen)
-
-
-class LeastInFlightStrategy(RoundRobinStrategy):
-    """The instance of the role asked for with the fewest requests awaiting
-    replies (ties rotate)."""
-
-    def __init__(self, pool):
-        super().__init__(pool)
-        self._turn = 0
-
-    def getnext(self, mode):
-        keys = self.candidates(mode)
-        if not keys:
-            raise PoolTopologyError(_NO_INSTANCE[mode])
-        self._turn += 1
-        start = self._turn % len(keys)
-        pool = self.pool
-        best = least = None
-        for key in keys[start:] + keys[:start]:
-            load = pool[key].in_flight
-            if best is None or load < least:
-                best, least = key, load
-        return best
-
-
-_NO_INSTANCE = {
-    ANY: "Can't find healthy instance in pool",
-    RW: "Can't find healthy rw instance in pool",
-    RO: "Can't find healthy ro instance in pool",
-    PREFER_RW: "Can't find healthy instance in pool",
-    PREFER_RO: "Can't find healthy instance in pool",
-}
-
-
-def _cycle(keys):
-    return itertools.cycle(keys) if keys else None
-
-
-# -- role sources --------------------------------------------------------------
-
-class RolePoll:
-    """Learns an instance's role by calling ``box.info`` on every check (as
-    tarantool-python; needs execute access to ``box.info``).  For servers
-    without watchers (before 2.10)."""
-
-    name = "poll"
-
-    def __init__(self, pool, instance):
-        self._pool = pool
-        self._instance = instance
-
-    def refresh(self, woken):
-        info = self._instance.conn.call("box.info").data[0]
-        self._pool._set_state(self._instance, HEALTHY if info["status"] == "running"
-                              else UNHEALTHY, info["ro"], info["status"])
-
-    def close(self):
-        pass
-
-
-class RoleWatch(RolePoll):
-    """Learns an instance's role from the ``box.status`` watcher (Tarantool
-    2.10+): the server pushes ``is_ro`` and ``status`` as they change, so the
-    pool knows of a promotion one round trip after it.  Periodic checks only
-    ping (is the connection alive?); a check woken by a wrong-role error polls
-    ``box.info``, since that error may be older or newer than the last push.
-
-    Raises ``gtarantool.FeatureNotSupported`` on an older server.
-    """
-
-    name = "watch"
-
-    def __init__(self, pool, instance):
-        super().__init__(pool, instance)
-        self._first = gevent.event.Event()
-        self._status = None
-        self._shutting_down = False
-        # The connection watches again after each reconnect (and calls us with
-        # the current value): one registration lasts as long as the instance.
-        # (box.shutdown shares the connection's own subscription.)
-        self._watchers = [instance.conn.watch("box.status", self._on_status),
-                          instance.conn.watch("box.shutdown", self._on_shutdown)]
-        try:
-            self._first.wait()   # the current value (bounded by the check's timeout)
-        except BaseException:
-            self.close()
-            raise
-
-    def _on_status(self, key, value):
-        self._status = value if isinstance(value, dict) else {}
-        self._apply()
-        self._first.set()
-
-    def _on_shutdown(self, key, value):
-        # True: out of the rotation at once; the value of the restarted
-        # server (false) brings it back with its box.status.
-        self._shutting_down = value is True
-        if self._shutting_down:
-            self._status = {}   # (the restarted server's box.status comes after)
-        if self._shutting_down or self._status:
-            self._apply()
-
-    def _apply(self):
-        value = self._status
-        status = value.get("status")
-        if self._shutting_down or not value:
-            self._pool._set_state(self._instance, UNHEALTHY, None,
-                                  "shutdown" if self._shutting_down else None)
-            return
-        self._pool._set_state(self._instance, HEALTHY if status == "running" else UNHEALTHY,
-                              value.get("is_ro") if status else None, status)
-
-    def refresh(self, woken):
-        if woken:
-            super().refresh(woken)
-        else:
-            self._instance.conn.ping()
-
-    def close(self):
-        for watcher in self._watchers:
-            watcher.unregister()
-
-
 # -- the pool ----------------------------------------------------------------------
 
 def _routed(method):
@@ -302,7 +96,15 @@ class _Counted:
     __slots__ = ("conn", "drained", "in_flight", "requests")
 
 
-class Instance(_pool.Counted if _pool is not None else _Counted):
+if TYPE_CHECKING or _pool is None:
+    _CountedBase = _Counted
+    _PicksBase = object
+else:
+    _CountedBase = _pool.Counted
+    _PicksBase = _pool.Picks
+
+
+class Instance(_CountedBase):
     """One replica set member: its connection, role and counters (see ``info()``)."""
 
     __slots__ = ("name", "addr", "state", "errors", "rerouted", "last_change", "box_status",
@@ -324,7 +126,7 @@ class Instance(_pool.Counted if _pool is not None else _Counted):
         self.drained = None          # an Event while remove() waits for in-flight requests
 
 
-class ConnectionPool(_pool.Picks if _pool is not None else object):
+class ConnectionPool(_PicksBase):
     """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
     ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
     ``eval``, ``execute`` and ``ping`` need a mode) and errors
@@ -410,7 +212,7 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     def _start(self, instance):
         if instance.monitor is None:
-            instance.monitor = gevent.spawn(self._monitor, instance)
+            instance.monitor = gevent.spawn(monitor, self, instance)
             instance.monitor.name = "pool-monitor-%s" % (instance.name,)
 
     def add(self, addr):
@@ -488,50 +290,6 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         return result
 
     # -- roles ----------------------------------------------------------------------------
-
-    def _monitor(self, instance):
-        """Check ``instance`` every ``refresh_delay``, or at once when woken; never
-        dies of an error (killed by close() or remove())."""
-        woken = False
-        while True:
-            instance.wakeup.clear()
-            timer = Timeout(self.connection_timeout)
-            timer.start()
-            try:
-                self._check(instance, woken)
-            except (Exception, Timeout) as exc:   # any failure: unavailable until the next check
-                if exc is timer:
-                    exc = NetworkError("no answer within connection_timeout=%ss"
-                                       % (self.connection_timeout,))
-                elif not isinstance(exc, Exception):
-                    raise
-                instance.last_error = exc
-                self._set_state(instance, UNHEALTHY, None, None)
-            finally:
-                timer.close()
-            instance.checked.set()
-            woken = instance.wakeup.wait(self.refresh_delay)
-
-    def _check(self, instance, woken):
-        conn = instance.conn
-        if conn.is_closed():
-            if instance.state.status is HEALTHY:
-                self._set_state(instance, UNHEALTHY, None, None)
-            if isinstance(instance.source, RoleWatch):
-                # Its watcher comes back with the connection and the current value.
-                woken = True
-            elif instance.source is not None:
-                instance.source = None   # the server may have been upgraded: try watching
-            # ping() reconnects as any request would (connect() would drop a
-            # connection a request just re-established).
-            conn.ping()
-        if instance.source is None:
-            try:
-                instance.source = RoleWatch(self, instance)
-                return
-            except FeatureNotSupported:
-                instance.source = RolePoll(self, instance)
-        instance.source.refresh(woken)
 
     def _set_state(self, instance, status, read_only, box_status):
         instance.box_status = box_status
@@ -666,142 +424,49 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
 
     # The data methods.  With the C extension, gtarantool._pool.Route does what
     # each does for the usual call (positional arguments, at most mode=) and
-    # passes any other call to it: these are its specification.  They are
-    # written out (a shared helper would cost each request a call and the
-    # packing of its arguments: a third more instructions per request without
-    # the extension, against a tenth): pick, count, send, learn.  A ``mode``
-    # that is no tarantool.Mode fails in _route with ValueError.
+    # passes any other call to it: these are its specification, and the path
+    # without the extension.  A ``mode`` that is no tarantool.Mode fails in
+    # _route with ValueError.
 
     @_routed
     def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
                iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
         """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.select(space_name, key, offset=offset, limit=limit,
-                                        index=index, iterator=iterator, on_push=on_push,
-                                        on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, True)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "select", (space_name, key), dict(
-            offset=offset, limit=limit, index=index, iterator=iterator, on_push=on_push,
-            on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "select", space_name, key, offset=offset, limit=limit,
+                             index=index, iterator=iterator, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
 
     @_routed
     def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.insert`` (default mode RW)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.insert(space_name, values, on_push=on_push,
-                                        on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, False)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "insert", (space_name, values),
-                          dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "insert", space_name, values, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
 
     @_routed
     def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.replace`` (default mode RW)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.replace(space_name, values, on_push=on_push,
-                                         on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, False)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "replace", (space_name, values),
-                          dict(on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "replace", space_name, values, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
 
     @_routed
     def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.update`` (default mode RW)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.update(space_name, key, op_list, index=index, on_push=on_push,
-                                        on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, False)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "update", (space_name, key, op_list),
-                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "update", space_name, key, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
     def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
                on_push_ctx=None):
         """``Connection.upsert`` (default mode RW)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.upsert(space_name, tuple_value, op_list, index=index,
-                                        on_push=on_push, on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, False)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "upsert", (space_name, tuple_value, op_list),
-                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
+                             on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
     def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
         """``Connection.delete`` (default mode RW)."""
-        try:
-            instance = next(self._next[mode._value_])
-        except AttributeError:
-            instance = self._route(mode)
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return instance.conn.delete(space_name, key, index=index, on_push=on_push,
-                                        on_push_ctx=on_push_ctx)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, False)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, "delete", (space_name, key),
-                          dict(index=index, on_push=on_push, on_push_ctx=on_push_ctx), False)
+        return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
+                             on_push_ctx=on_push_ctx)
 
     def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
         """``Connection.call``; ``mode`` is required."""
