@@ -6,7 +6,11 @@ to ``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
 """
 import time
 
-from tarantool.const import (
+from tarantool.utils import wrap_key
+
+from gtarantool import pagination
+from gtarantool.protocol.codec import NO_LIMIT, OPS_KEY, Encoder, iterator_code
+from gtarantool.protocol.constants import (
     IPROTO_EXPR,
     IPROTO_FUNCTION_NAME,
     IPROTO_TUPLE,
@@ -23,10 +27,6 @@ from tarantool.const import (
     REQUEST_TYPE_UPDATE,
     REQUEST_TYPE_UPSERT,
 )
-from tarantool.utils import wrap_key
-
-from gtarantool import pagination
-from gtarantool.protocol import NO_LIMIT, OPS_KEY, Encoder, iterator_code
 
 
 class RequestMethods:

@@ -20,7 +20,7 @@ import gevent.socket
 import tarantool
 from gevent import Timeout, getcurrent
 from gevent.monkey import get_original
-from tarantool.const import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING, SSL_TRANSPORT
+from tarantool.const import SSL_TRANSPORT
 from tarantool.error import (
     ConfigurationError,
     DatabaseError,
@@ -35,13 +35,9 @@ from gtarantool import graceful, streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import (
-    RESPONSE_CLASSES,
-    BodyDecoder,
-    Encoder,
-    Response,
-    make_response,
-)
+from gtarantool.protocol.codec import BodyDecoder, Encoder
+from gtarantool.protocol.constants import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING
+from gtarantool.protocol.responses import RESPONSE_CLASSES, Response, make_response
 from gtarantool.sql import PreparedStatement
 from gtarantool.transport import InheritedSocket, Stats, Transport, process_token
 

@@ -30,7 +30,7 @@ from gevent.hub import Waiter
 
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import responses
+from gtarantool.protocol.responses import responses
 from gtarantool.transport import ReplySink
 
 # Requests go to the transport in batches of this many (and when the replies

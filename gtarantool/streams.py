@@ -14,22 +14,24 @@ lost the server has rolled it back, so its later requests fail with
 connection (nothing is re-sent).
 """
 import logging
-import struct
 from contextlib import contextmanager
 
-from tarantool.const import REQUEST_TYPE_EXECUTE
 from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import Response, ResponseExecute
+from gtarantool.protocol.constants import (
+    IPROTO_BEGIN,
+    IPROTO_COMMIT,
+    IPROTO_ROLLBACK,
+    IPROTO_TIMEOUT,
+    IPROTO_TXN_ISOLATION,
+    REQUEST_TYPE_EXECUTE,
+)
+from gtarantool.protocol.frames import request_header
+from gtarantool.protocol.responses import Response, ResponseExecute
 
-IPROTO_BEGIN = 14
-IPROTO_COMMIT = 15
-IPROTO_ROLLBACK = 16
-IPROTO_TIMEOUT = 0x56
-IPROTO_TXN_ISOLATION = 0x59
 SCHEMA_RETRIES = 3
 
 # box.begin{txn_isolation = ...}'s names, as numbers (enum txn_isolation_level)
@@ -40,11 +42,6 @@ ISOLATION_LEVELS = {
     "best-effort": 3,
     "linearizable": 4,
 }
-
-# 0xce len32 | {0: code, 1: 0xcf sync64, 5: 0xce schema32, 0x0a: 0xcf stream id}
-# (every request code fits a positive fixint)
-_HEADER = struct.Struct(">BIBBBBBQBBIBBQ")
-_HEADER_LEN = _HEADER.size - 5
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +92,8 @@ class Stream(ConnectionRequestMethods):
         for attempt in range(SCHEMA_RETRIES + 1):
             transport = self._transport()
             sync = next(conn._syncs)
-            frame = _HEADER.pack(0xce, _HEADER_LEN + len(body), 0x84, 0, code, 0x01, 0xcf, sync,
-                                 0x05, 0xce, conn.schema_version, 0x0a, 0xcf,
-                                 self.stream_id) + body
+            frame = request_header(code, sync, conn.schema_version, len(body),
+                                   self.stream_id) + body
             if conn.request_timeout is None:
                 value = transport.request(sync, None, None, frame)
             else:
@@ -109,12 +105,6 @@ class Stream(ConnectionRequestMethods):
                 if attempt == SCHEMA_RETRIES:
                     raise
                 conn._reload_schema(exc.schema_version)
-
-    def _header(self, code, sync, length):
-        """A pipelined request's length prefix and header (schema version 0,
-        as the connection's pipelines send)."""
-        return _HEADER.pack(0xce, _HEADER_LEN + length, 0x84, 0, code, 0x01, 0xcf, sync,
-                            0x05, 0xce, 0, 0x0a, 0xcf, self.stream_id)
 
     def pipeline(self):
         """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
@@ -195,7 +185,7 @@ class StreamPipeline(Pipeline):
 
     def _send(self, requests, syncs, sink):
         stream = self._stream
-        stream._transport().send_many(requests, syncs, sink, stream._header)
+        stream._transport().send_many(requests, syncs, sink, stream.stream_id)
 
 
 @contextmanager
