@@ -14,6 +14,7 @@
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
 # make docs    - the Sphinx manual in docs/_build/html (warnings are errors)
+# make lint    - ruff over the repo, mypy over the package
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -73,7 +74,7 @@ HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
 .PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
-	locust-master locust-worker sanitize fuzz docs clean
+	locust-master locust-worker sanitize fuzz docs lint clean
 
 all: test
 
@@ -174,6 +175,16 @@ docs: install $(DOCS_STAMP)
 		from sphinx.cmd.build import main; sys.exit(main(sys.argv[1:]))" \
 		-W --keep-going -b html docs docs/_build/html
 	@echo "the manual: docs/_build/html/index.html"
+
+# ruff (pyflakes, pycodestyle, import order) over the repo, mypy over the package
+LINT_STAMP := $(VENV)/.lint-installed
+$(LINT_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[lint]'
+	touch $@
+
+lint: install $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache profiles $(LOCUST_OUT) docs/_build

@@ -25,7 +25,8 @@ class OptionalBuildExt(build_ext):
         self.skipped = []
         super().run()
         if self.skipped:
-            lines = ["", "gtarantool: the C paths were not built; the pure-Python paths run instead",
+            lines = ["",
+                     "gtarantool: the C paths were not built; the pure-Python paths run instead",
                      "(the same behaviour, more CPU per request):"]
             lines += ["  %s: %s" % item for item in self.skipped]
             lines += ["A C compiler (gcc) and Python's headers (python3-dev) build them.", ""]
@@ -42,7 +43,8 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:   # no compiler (CC=false, none installed), no headers
-            skipped.append((ext.name, "could not be compiled (%s)" % (str(exc).strip() or type(exc).__name__)))
+            reason = str(exc).strip() or type(exc).__name__
+            skipped.append((ext.name, "could not be compiled (%s)" % reason))
 
 
 def extension(name, source, min_python):

@@ -25,18 +25,18 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse   # noqa: E402 - after patching, as every module that opens sockets
-import collections   # noqa: E402
-import signal   # noqa: E402
-import time   # noqa: E402
+import argparse  # noqa: E402 - after patching, as every module that opens sockets
+import collections  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
 
-import gevent   # noqa: E402
-import tarantool   # noqa: E402
-from tarantool.connection_pool import Mode   # noqa: E402
+import gevent  # noqa: E402
+import tarantool  # noqa: E402
+from tarantool.connection_pool import Mode  # noqa: E402
 
-import gtarantool   # noqa: E402
-from gtarantool.testing.replicaset import ReplicaSet   # noqa: E402
-from gtarantool.testing.server import TarantoolServer, binary_version, find_binary   # noqa: E402
+import gtarantool  # noqa: E402
+from gtarantool.testing.replicaset import ReplicaSet  # noqa: E402
+from gtarantool.testing.server import TarantoolServer, binary_version, find_binary  # noqa: E402
 
 USER, PASSWORD = "bench", "secret"
 LUA = """

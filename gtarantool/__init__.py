@@ -28,10 +28,11 @@ from gtarantool.transport import Stats
 
 __version__ = "2.0.0"
 
-__all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError", "ConnectionClosed",
-           "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError", "NetworkError",
-           "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode", "RoundRobinStrategy",
-           "LeastInFlightStrategy", "LazyDatabaseError", "Router", "ShardingError", "StorageError"]
+__all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError",
+           "ConnectionClosed", "WrongOwner", "Stats", "DatabaseError", "Error", "InterfaceError",
+           "NetworkError", "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode",
+           "RoundRobinStrategy", "LeastInFlightStrategy", "LazyDatabaseError", "Router",
+           "ShardingError", "StorageError"]
 
 
 def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):

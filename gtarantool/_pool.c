@@ -3,8 +3,8 @@
  * and at most mode=.  pool.py's Python methods are their specification; a
  * Route does what its Python method does, without the Python frame, the
  * keyword arguments passed on at their defaults and the counters as Python
- * ints, which together made a request through the pool ~10% dearer than on a
- * plain connection:
+ * ints, which together made a request through the pool dearer than on a plain
+ * connection:
  *
  *     instance = next(pool._next[mode's value])   # pool._route's pick
  *     instance.in_flight += 1; instance.requests += 1

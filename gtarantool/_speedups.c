@@ -28,8 +28,8 @@
  * decoded by finish(raw) when its caller takes it (Requester does): a read
  * brings hundreds of replies at 1,000 greenlets, and decoded at once they were
  * alive when the cyclic GC ran (which their own allocations set off), were
- * promoted, and set off full collections (a quarter of the client's CPU at
- * 10,000 greenlets).  A RawReply holds ints and bytes only: the GC does not
+ * promoted, and set off full collections, which dominate the client's CPU at
+ * 10,000 greenlets.  A RawReply holds ints and bytes only: the GC does not
  * track it.  (The Python twin decodes every reply as it takes it.)  For a
  * sink it stores (code, schema version, body bytes) in sink.replies[sync]
  * and appends (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
@@ -219,8 +219,8 @@ read_length(Reader *r, int width)
 
 /* An error reply's string with bytes past ASCII, as
  * bytes.decode("utf-8", "backslashreplace") makes it, without its cost: that
- * error handler is a Python call per bad byte (~0.2 us each; an error message
- * quoting 1.5 KB of random bytes has ~600).  backslashreplace writes "\xNN"
+ * error handler is a Python call per bad byte, and an error message quoting
+ * binary fields has hundreds.  backslashreplace writes "\xNN"
  * for each byte of each invalid sequence, and an invalid sequence's bytes
  * after the first are continuation bytes, which never start a valid one: so
  * decoding a valid sequence where one starts and escaping the byte where none

@@ -49,7 +49,7 @@ DEFAULT_CONNECTION_TIMEOUT = 10.0
 # A request that keeps meeting schema changes gives up after this many reloads.
 SCHEMA_RETRIES = 3
 
-_live = weakref.WeakSet()
+_live: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 _hub_reinit = None   # the process_token() of the process whose hub _adopt reinitialised
 
 # A connection's attributes, gtarantool's and then tarantool.Connection's (1.x).
@@ -140,7 +140,8 @@ class Connection(RequestMethods, tarantool.Connection):
         self._watchers = None                    # watchers.Watchers, made by the first watch()
         self._stream_ids = itertools.count(1)
         self._graceful = graceful.State(self)   # announced shutdowns, see graceful.py
-        self._handshaking = None                 # (greenlet, transport) while connect() authenticates
+        # (greenlet, transport) while connect() authenticates
+        self._handshaking = None
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 

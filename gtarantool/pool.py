@@ -175,7 +175,7 @@ class LeastInFlightStrategy(RoundRobinStrategy):
         self._turn += 1
         start = self._turn % len(keys)
         pool = self.pool
-        best = None
+        best = least = None
         for key in keys[start:] + keys[:start]:
             load = pool[key].in_flight
             if best is None or load < least:
@@ -706,7 +706,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         instance.in_flight += 1
         instance.requests += 1
         try:
-            return instance.conn.insert(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
+            return instance.conn.insert(space_name, values, on_push=on_push,
+                                        on_push_ctx=on_push_ctx)
         except Exception as exc:
             other = self._failed(instance, exc, mode, False)
         finally:
@@ -726,7 +727,8 @@ class ConnectionPool(_pool.Picks if _pool is not None else object):
         instance.in_flight += 1
         instance.requests += 1
         try:
-            return instance.conn.replace(space_name, values, on_push=on_push, on_push_ctx=on_push_ctx)
+            return instance.conn.replace(space_name, values, on_push=on_push,
+                                         on_push_ctx=on_push_ctx)
         except Exception as exc:
             other = self._failed(instance, exc, mode, False)
         finally:

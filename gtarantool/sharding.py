@@ -19,6 +19,7 @@ error about a replica set names it (``ShardingError.replicaset``).
 import itertools
 import struct
 import time
+from typing import Callable, Optional
 
 import gevent
 import gevent.event
@@ -30,6 +31,7 @@ from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
 
+_crc32c: Optional[Callable[[bytes], int]]
 try:
     from crc32c import crc32c as _crc32c
 except ImportError:   # an optional dependency: gtarantool[sharding]

@@ -667,9 +667,9 @@ NEWER_CASES = {
     "datetime_from_lua": ((2, 10, 0), "datetime", lambda c, k: c.eval(
         "return require('datetime').new{year = 2000, month = 1, day = 1, nsec = 5, "
         "tz = 'Asia/Tokyo'}")),
-    "interval": ((2, 10, 0), "interval", lambda c, k: c.replace("tester", (k, "i", tarantool.Interval(
-        year=1, month=-2, week=3, day=4, hour=5, minute=6, sec=7, nsec=8,
-        adjust=tarantool.IntervalAdjust.LAST)))),
+    "interval": ((2, 10, 0), "interval", lambda c, k: c.replace("tester", (
+        k, "i", tarantool.Interval(year=1, month=-2, week=3, day=4, hour=5, minute=6, sec=7,
+                                   nsec=8, adjust=tarantool.IntervalAdjust.LAST)))),
     "interval_from_lua": ((2, 10, 0), "interval", lambda c, k: c.eval(
         "return require('datetime').interval.new{year = 3, min = -4, adjust = 'excess'}")),
     "datetime_arithmetic": ((2, 10, 0), "interval", lambda c, k: c.eval(

@@ -8,7 +8,6 @@ requests through gtarantool connections, so the hub never blocks.
 import gc
 import inspect
 import itertools
-import os
 import signal
 import time
 
@@ -19,10 +18,10 @@ import tarantool.connection_pool
 from tarantool.error import DatabaseError, NetworkError, PoolTopologyError
 
 import gtarantool
-from gtarantool.testing.replicaset import ReplicaSet
-from gtarantool.testing.server import binary_version
 from gtarantool import ConnectionClosed, Mode
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, RoundRobinStrategy
+from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import binary_version
 
 from .conftest import PASSWORD, USER, _lua
 from .timing import slack

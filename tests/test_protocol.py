@@ -6,6 +6,7 @@ import pickle
 import msgpack
 import pytest
 from tarantool import const
+from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 from tarantool.request import (
     RequestDelete,
@@ -14,7 +15,6 @@ from tarantool.request import (
     RequestUpdate,
     RequestUpsert,
 )
-from tarantool import response as tarantool_response
 from tarantool.types import BoxError, decode_box_error
 
 from gtarantool.protocol import (
@@ -169,7 +169,8 @@ def test_sql_response_class():
 def test_error_response_raises_like_tarantool_python():
     body = {const.IPROTO_ERROR_24: "Duplicate key exists"}
     with pytest.raises(DatabaseError) as theirs:
-        _reference(tarantool_response.Response, {const.IPROTO_REQUEST_TYPE: 0x8003, const.IPROTO_SYNC: 1}, body)
+        _reference(tarantool_response.Response,
+                   {const.IPROTO_REQUEST_TYPE: 0x8003, const.IPROTO_SYNC: 1}, body)
     with pytest.raises(DatabaseError) as ours:
         make_response(Response, _Conn(), 1, 0x8003, None, body)
     assert (ours.value.code, ours.value.message) == (theirs.value.code, theirs.value.message)

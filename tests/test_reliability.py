@@ -26,9 +26,9 @@ from tarantool.error import DatabaseError, NetworkError, SchemaError
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
 import gtarantool
-from gtarantool.testing.faults import FaultProxy
 from gtarantool import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.protocol import Response
+from gtarantool.testing.faults import FaultProxy
 from gtarantool.transport import Stats, Transport
 
 from . import fakepeer

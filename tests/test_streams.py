@@ -5,8 +5,8 @@ from gevent.event import Event
 from tarantool.error import DatabaseError, InterfaceError, NetworkError
 
 import gtarantool
-from gtarantool.testing.server import TarantoolServer, binary_version
 from gtarantool import streams
+from gtarantool.testing.server import TarantoolServer, binary_version
 from tests.conftest import PASSWORD, USER, _lua
 
 VERSION = binary_version()

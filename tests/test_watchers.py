@@ -227,7 +227,8 @@ def test_bad_arguments(conn):
         conn.watch(b"bytes", lambda key, value: None)
     with pytest.raises(TypeError, match="callable"):
         conn.watch("key", None)
-    assert conn._watchers is None or set(conn._watchers._keys) <= {"box.shutdown"}   # (the connection's own)
+    # (box.shutdown: the connection's own)
+    assert conn._watchers is None or set(conn._watchers._keys) <= {"box.shutdown"}
 
 
 @needs_watchers

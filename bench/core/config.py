@@ -9,7 +9,6 @@ import os
 from typing import Dict, Optional
 
 from bench.core import dataset, keys
-
 from bench.core.values import parse_sizes
 
 OPERATIONS = ("insert", "select", "update", "delete")

@@ -15,7 +15,6 @@ import random
 import time
 
 from bench.core import dataset
-from bench.core.config import OPERATIONS
 from bench.core.values import parse_sizes
 
 # The ways a request can come back wrong that the workload itself produces or detects.

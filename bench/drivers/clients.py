@@ -17,8 +17,13 @@ import msgpack
 import tarantool
 from tarantool.msgpack_ext.unpacker import ext_hook as unpacker_ext_hook
 
-from bench.core.openloop import (LockedOpenRecorder, OpenPhase, OpenRecorder, serve_open,
-                                 serve_open_async)
+from bench.core.openloop import (
+    LockedOpenRecorder,
+    OpenPhase,
+    OpenRecorder,
+    serve_open,
+    serve_open_async,
+)
 from bench.core.recorder import LockedRecorder, Recorder
 from bench.core.workloads import DUPLICATE_KEY, ER_TUPLE_FOUND, SERVER_ERROR, Payloads, check
 from bench.drivers import operations

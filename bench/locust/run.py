@@ -30,8 +30,13 @@ import subprocess
 import sys
 import urllib.parse
 
-from bench.core.config import (DISTRIBUTIONS, PASSWORD_ENV, Config, add_password_arguments,
-                               read_password)
+from bench.core.config import (
+    DISTRIBUTIONS,
+    PASSWORD_ENV,
+    Config,
+    add_password_arguments,
+    read_password,
+)
 from bench.core.workloads import Payloads
 from bench.targets import SetupError, open_target
 from gtarantool.testing.server import free_port

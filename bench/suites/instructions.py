@@ -28,7 +28,6 @@ from bench.suites import perf
 from bench.targets import open_target
 from gtarantool.testing.server import binary_version, find_binary
 
-
 PIPELINE = "pipeline"
 DUPLICATE = "duplicate"   # inserts of keys already there: ER_TUPLE_FOUND replies
 POOL = "pool"   # gtarantool.ConnectionPool over the one server (bench.drivers.pool.PoolDriver)

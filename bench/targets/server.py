@@ -1,9 +1,9 @@
 """One server under load: a throwaway embedded Tarantool or an existing one.
 
 ``open_server_target(config)`` yields a :class:`Target`; an embedded server is stopped when
-the block exits, whatever the reason (error, Ctrl-C).  The target's admin connection creates and empties
-the bench space and reads ``box.stat()``; it only ever sends EVAL requests, so it never adds
-to the INSERT/SELECT/UPDATE/DELETE counters the run compares with the client's.
+the block exits, whatever the reason (error, Ctrl-C).  The target's admin connection creates
+and empties the bench space and reads ``box.stat()``; it only ever sends EVAL requests, so it
+never adds to the INSERT/SELECT/UPDATE/DELETE counters the run compares with the client's.
 """
 import contextlib
 import os

@@ -276,8 +276,8 @@ def test_instructions_per_request_under_callgrind(capsys):
 
 def test_instructions_child_runs_make_perfs_pipelined_loop():
     """The pipeline row's counted process, without callgrind: its inserts reach the server."""
-    from bench.suites import instructions
     from bench.core.config import Config
+    from bench.suites import instructions
     from bench.targets import open_target
     base = Config(workload="phases", procs=1, quiet=True, wal="none")
     with open_target(base) as target:

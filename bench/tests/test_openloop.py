@@ -9,9 +9,9 @@ import time
 import pytest
 import tarantool
 
-from bench.run import runner
 from bench.__main__ import main as bench_main
 from bench.core.config import Config
+from bench.run import runner
 from gtarantool.testing.server import TarantoolServer
 
 GRANT = "box.schema.user.grant('guest', 'read,write,execute,create', 'universe')"

@@ -1,5 +1,4 @@
 """The open-loop schedule: intended times at the rate, processes interleaved, Poisson gaps."""
-import itertools
 import statistics
 
 import pytest
