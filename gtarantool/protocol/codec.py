@@ -221,8 +221,9 @@ class BodyDecoder:
         if not len(data):
             return {}
         if self._factory is None:
-            if error and compiled.speedups is not None:   # the C reader's escaping: no call per byte
-                return compiled.speedups.decode_error(data, msgpack.unpackb, self.options)
+            speedups = compiled.speedups
+            if error and speedups is not None:   # the C reader's escaping: no call per byte
+                return speedups.decode_error(data, msgpack.unpackb, self.options)
             use_list, raw, ext_hook = self.options
             return msgpack.unpackb(data, use_list=use_list, raw=raw, strict_map_key=False,
                                    ext_hook=ext_hook,

@@ -86,10 +86,11 @@ def responses(conn, decoder, syncs, replies, fast=True):
     (an error's when it is read: see ``make_response``).
     (``decoder`` is None when nothing ever connected: then there is no reply.)"""
     options = decoder and decoder.options
-    if fast and compiled.speedups is not None and options is not None:   # OK replies in C, others here
-        return compiled.speedups.responses(conn, syncs, replies, msgpack.unpackb, options, Response,
-                                   lambda sync, value: responses(conn, decoder, [sync],
-                                                                 {sync: value}, False)[0])
+    speedups = compiled.speedups
+    if fast and speedups is not None and options is not None:   # OK replies in C, others here
+        return speedups.responses(conn, syncs, replies, msgpack.unpackb, options, Response,
+                                  lambda sync, value: responses(conn, decoder, [sync],
+                                                                {sync: value}, False)[0])
     use_list, raw, ext_hook = options or (None, None, None)
     unpackb = msgpack.unpackb
     out = []
