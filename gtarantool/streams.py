@@ -4,8 +4,8 @@ A ``Stream`` has the connection's data methods; its requests carry its own
 IPROTO_STREAM_ID, so the server runs them one after another, in order, and
 may keep a transaction open between them (IPROTO_BEGIN, COMMIT, ROLLBACK)
 while any number of other streams and plain requests share the socket.  The
-frames are built here, whole, and go through ``Transport.request`` with no
-code (the C request path stays as it is); replies carry no stream id, so
+requests go through the connection's one request path
+(``Connection._request`` with the stream); replies carry no stream id, so
 they stay on the reader's fast path.
 
 A transaction belongs to the session it began in: once that connection is
@@ -16,7 +16,7 @@ connection (nothing is re-sent).
 import logging
 from contextlib import contextmanager
 
-from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
+from tarantool.error import InterfaceError, NetworkError
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
@@ -29,10 +29,7 @@ from gtarantool.protocol.constants import (
     IPROTO_TXN_ISOLATION,
     REQUEST_TYPE_EXECUTE,
 )
-from gtarantool.protocol.frames import request_header
 from gtarantool.protocol.responses import Response, ResponseExecute
-
-SCHEMA_RETRIES = 3
 
 # box.begin{txn_isolation = ...}'s names, as numbers (enum txn_isolation_level)
 ISOLATION_LEVELS = {
@@ -88,29 +85,14 @@ class Stream(ConnectionRequestMethods):
 
     def _request(self, code, body, on_push=None, on_push_ctx=None,
                  response_class=Response):
-        conn = self._conn
-        for attempt in range(SCHEMA_RETRIES + 1):
-            transport = self._transport()
-            sync = next(conn._syncs)
-            frame = request_header(code, sync, conn.schema_version, len(body),
-                                   self.stream_id) + body
-            if conn.request_timeout is None:
-                value = transport.request(sync, None, None, frame)
-            else:
-                value = conn._wait(transport, sync, None, frame)
-            try:
-                return conn._response(value, response_class, on_push, on_push_ctx)
-            except SchemaReloadException as exc:
-                # Refused before it ran (error 109): sending it again is safe.
-                if attempt == SCHEMA_RETRIES:
-                    raise
-                conn._reload_schema(exc.schema_version)
+        return self._conn._request(code, body, on_push, on_push_ctx, stream=self,
+                                   response_class=response_class)
 
     def pipeline(self):
         """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
         stream (in its transaction, when one is open): many writes of one
         transaction without a round trip each."""
-        return StreamPipeline(self)
+        return Pipeline(self._conn, self)
 
     def execute(self, query, params=None):
         """SQL in this stream (as ``Connection.execute``).
@@ -174,18 +156,6 @@ class Stream(ConnectionRequestMethods):
 
     def __repr__(self):
         return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
-
-
-class StreamPipeline(Pipeline):
-    """A pipeline of a stream's: see ``Stream.pipeline``."""
-
-    def __init__(self, stream):
-        super().__init__(stream._conn)
-        self._stream = stream
-
-    def _send(self, requests, syncs, sink):
-        stream = self._stream
-        stream._transport().send_many(requests, syncs, sink, stream.stream_id)
 
 
 @contextmanager
