@@ -376,6 +376,11 @@ class Connection(RequestMethods, tarantool.Connection):
     def _opt_reconnect(self):
         self._ensure_connected()
 
+    @property
+    def _conn(self):
+        """The connection whose schema and options ``RequestMethods`` reads: this one."""
+        return self
+
     # -- the request path ----------------------------------------------------
 
     def generate_sync(self):

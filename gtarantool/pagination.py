@@ -23,7 +23,7 @@ from gtarantool.protocol.constants import (
 def select_body(methods, space, key, offset, limit, iterator, after, fetch_pos):
     """The body of a select with pagination; ``methods`` is the connection,
     stream or pipeline whose ``select`` was called."""
-    features.require(getattr(methods, "_conn", methods), features.PAGINATION)
+    features.require(methods._conn, features.PAGINATION)
     key = [key] if type(key) in (int, str) else wrap_key(key, select=True)
     if iterator is None:
         iterator = ITERATOR_EQ if key else ITERATOR_ALL
