@@ -1,7 +1,9 @@
-"""Exceptions gtarantool adds to tarantool-python's.
+"""The exceptions gtarantool adds to tarantool-python's.
 
-Both derive from ``tarantool.error.NetworkError`` so code written for
-tarantool-python keeps catching them as before.
+Each derives from the tarantool-python error a caller of tarantool-python
+already catches for the same failure: ``RequestTimeout``, ``ProtocolError`` and
+``ConnectionClosed`` from ``NetworkError``, ``WrongOwner`` from
+``InterfaceError``, ``FeatureNotSupported`` from ``NotSupportedError``.
 """
 from tarantool.error import InterfaceError, NetworkError, NotSupportedError
 
@@ -22,7 +24,8 @@ class ProtocolError(NetworkError):
 
 
 class ConnectionClosed(NetworkError):
-    """The connection was closed (by ``close()`` or by a network failure) while a request waited."""
+    """The connection was closed (by ``close()`` or by a network failure) while a
+    request waited."""
 
 
 class WrongOwner(InterfaceError):

@@ -73,6 +73,21 @@ class ReplicaSet:
         uris = "{%s}" % ", ".join(repr(uri) for uri in self.uris)
         for srv in servers or self.servers:
             self.eval(srv, "box.cfg{replication = %s}" % uris)
+        for srv in servers or self.servers:
+            self.wait_running(srv)
+
+    def wait_running(self, srv, timeout=30.0):
+        """Wait until ``srv`` is no orphan: an instance whose replication peers did not all
+        connect within ``replication_connect_timeout`` (a loaded host) is read-only until
+        they do."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.eval(srv, "return box.info.status")[0]
+            if status == "running":
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s is %s after %ss" % (srv.port, status, timeout))
+            time.sleep(0.05)
 
     def eval(self, srv, lua, *args):
         """Run ``lua`` on ``srv`` over a short-lived tarantool-python connection."""
