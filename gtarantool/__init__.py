@@ -22,7 +22,7 @@ from gtarantool.errors import (
 )
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
-from gtarantool.protocol import LazyDatabaseError
+from gtarantool.protocol.responses import LazyDatabaseError
 from gtarantool.sharding import Router, ShardingError, StorageError
 from gtarantool.transport import Stats
 

@@ -6,7 +6,11 @@ to ``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
 """
 import time
 
-from tarantool.const import (
+from tarantool.utils import wrap_key
+
+from gtarantool import pagination
+from gtarantool.protocol.codec import NO_LIMIT, OPS_KEY, Encoder, iterator_code
+from gtarantool.protocol.constants import (
     IPROTO_EXPR,
     IPROTO_FUNCTION_NAME,
     IPROTO_TUPLE,
@@ -23,32 +27,30 @@ from tarantool.const import (
     REQUEST_TYPE_UPDATE,
     REQUEST_TYPE_UPSERT,
 )
-from tarantool.utils import wrap_key
-
-from gtarantool import pagination
-from gtarantool.protocol import NO_LIMIT, OPS_KEY, Encoder, iterator_code
 
 
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
-    The class using it provides ``_request(code, body bytes, on_push, on_push_ctx)``,
-    ``_encoder`` (a ``protocol.Encoder``, None until the first connect),
-    ``_opt_reconnect()`` (connects), ``_spaces`` and ``_indexes`` (dicts
-    caching ``protocol.SpaceEncoder`` objects by space and by (space id, index),
-    emptied when the schema is reloaded), ``schema``, ``call_16``,
-    ``_ops_process`` and ``_schemaful_connection_check``.
+    The class using it (its host) provides what each request needs:
+    ``_request(code, body bytes, on_push, on_push_ctx)`` (sends, or queues),
+    ``_encoder`` (the connection's ``protocol.Encoder``, None until its first
+    connect), ``_spaces`` and ``_indexes`` (dicts caching
+    ``protocol.SpaceEncoder`` objects by space and by (space id, index),
+    emptied when the schema is reloaded), and ``_conn``: the ``Connection``
+    whose schema and options apply (a connection is its own), for the rest.
     """
 
     def _space(self, space_name):
         """The encoder for the primary index of a space given by name or id;
         callers look in ``_spaces`` first, this fills it."""
+        conn = self._conn
         if self._encoder is None:   # never connected (connect_now=False): connect first
-            self._opt_reconnect()
-        if self.schema is None:
-            self._schemaful_connection_check()
+            conn._ensure_connected()
+        if conn.schema is None:
+            conn._schemaful_connection_check()
         if isinstance(space_name, str):
-            space_no = self.schema.get_space(space_name).sid
+            space_no = conn.schema.get_space(space_name).sid
         elif isinstance(space_name, int):
             space_no = space_name
         else:
@@ -61,7 +63,7 @@ class RequestMethods:
         if found is None:
             index_no = index
             if isinstance(index, str):
-                index_no = self.schema.get_index(space.space_no, index).iid
+                index_no = self._conn.schema.get_index(space.space_no, index).iid
             found = _cache(self._indexes, (space.space_no, index),
                            self._encoder.space(space.space_no, index_no))
         return found
@@ -135,7 +137,7 @@ class RequestMethods:
             _check_args(op_list, on_push)
         for operation in op_list:
             if type(operation[1]) is not int:   # maybe a field name, to swap for its number
-                op_list = self._ops_process(space.space_no, op_list)
+                op_list = self._conn._ops_process(space.space_no, op_list)
                 break
         return self._request(REQUEST_TYPE_UPDATE, space.join(prefix, key, OPS_KEY, op_list),
                              on_push, on_push_ctx)
@@ -148,7 +150,7 @@ class RequestMethods:
         if index:
             space = self._index(space, index)
         _check_args(op_list, on_push)
-        op_list = self._ops_process(space.space_no, op_list)
+        op_list = self._conn._ops_process(space.space_no, op_list)
         return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
             space.space_no, space.index_no, tuple_value, op_list), on_push, on_push_ctx)
 
@@ -168,7 +170,7 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_DELETE, body, on_push, on_push_ctx)
 
     def call(self, func_name, *args, on_push=None, on_push_ctx=None):
-        code = REQUEST_TYPE_CALL16 if self.call_16 else REQUEST_TYPE_CALL
+        code = REQUEST_TYPE_CALL16 if self._conn.call_16 else REQUEST_TYPE_CALL
         return self._invoke(code, IPROTO_FUNCTION_NAME, "func_name", func_name, args,
                             on_push, on_push_ctx)
 
@@ -181,7 +183,7 @@ class RequestMethods:
         if not isinstance(text, str):
             raise TypeError("%s must be a str, not %s" % (what, type(text).__name__))
         if self._encoder is None:
-            self._opt_reconnect()
+            self._conn._ensure_connected()
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)
@@ -206,25 +208,8 @@ class ConnectionRequestMethods(RequestMethods):
         self._indexes = conn._indexes
 
     @property
-    def schema(self):
-        return self._conn.schema
-
-    @property
     def _encoder(self):
         return self._conn._encoder   # set when the connection first connects
-
-    def _opt_reconnect(self):
-        self._conn._ensure_connected()
-
-    @property
-    def call_16(self):
-        return self._conn.call_16
-
-    def _schemaful_connection_check(self):
-        self._conn._schemaful_connection_check()
-
-    def _ops_process(self, space, ops):
-        return self._conn._ops_process(space, ops)
 
 
 def _cache(cache, key, value):

@@ -20,7 +20,7 @@ import gevent.socket
 import tarantool
 from gevent import Timeout, getcurrent
 from gevent.monkey import get_original
-from tarantool.const import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING, SSL_TRANSPORT
+from tarantool.const import SSL_TRANSPORT
 from tarantool.error import (
     ConfigurationError,
     DatabaseError,
@@ -35,13 +35,10 @@ from gtarantool import graceful, streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import (
-    RESPONSE_CLASSES,
-    BodyDecoder,
-    Encoder,
-    Response,
-    make_response,
-)
+from gtarantool.protocol.codec import BodyDecoder, Encoder
+from gtarantool.protocol.constants import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING
+from gtarantool.protocol.frames import request_header
+from gtarantool.protocol.responses import RESPONSE_CLASSES, Response, make_response
 from gtarantool.sql import PreparedStatement
 from gtarantool.transport import InheritedSocket, Stats, Transport, process_token
 
@@ -379,6 +376,11 @@ class Connection(RequestMethods, tarantool.Connection):
     def _opt_reconnect(self):
         self._ensure_connected()
 
+    @property
+    def _conn(self):
+        """The connection whose schema and options ``RequestMethods`` reads: this one."""
+        return self
+
     # -- the request path ----------------------------------------------------
 
     def generate_sync(self):
@@ -394,58 +396,77 @@ class Connection(RequestMethods, tarantool.Connection):
         self._ensure_connected()
         return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
 
-    def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None):
+    def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None,
+                                   retries=SCHEMA_RETRIES):
         """Send a tarantool-python ``Request`` object (auth, SQL, id, ...)."""
         response_class = RESPONSE_CLASSES.get(request.response_class, request.response_class)
-        for attempt in range(SCHEMA_RETRIES + 1):
-            data = bytes(request)   # a fresh sync and the current schema version
-            transport = self._transport
-            if transport is None and self._handshaking is not None \
-                    and self._handshaking[0] is getcurrent():
-                transport = self._handshaking[1]   # connect()'s authentication
-            if transport is None:
-                raise ConnectionClosed("connection is closed")
-            value = self._wait(transport, request.sync, None, data)
-            try:
-                return self._response(value, response_class, on_push, on_push_ctx)
-            except SchemaReloadException as exc:
-                if attempt == SCHEMA_RETRIES:
-                    raise
-                self._reload_schema(exc.schema_version)
+        data = bytes(request)   # a fresh sync and the current schema version
+        transport = self._transport
+        if transport is None and self._handshaking is not None \
+                and self._handshaking[0] is getcurrent():
+            transport = self._handshaking[1]   # connect()'s authentication
+        if transport is None:
+            raise ConnectionClosed("connection is closed")
+        value = self._wait(transport, request.sync, None, data)
+        try:
+            return self._response(value, response_class, on_push, on_push_ctx)
+        except DatabaseError as exc:
+            if not self._resend(exc, None, retries, None):
+                raise
+            return self._send_request_wo_reconnect(request, on_push, on_push_ctx, retries - 1)
 
-    def _request(self, code, body, on_push=None, on_push_ctx=None, retries=SCHEMA_RETRIES):
+    def _request(self, code, body, on_push=None, on_push_ctx=None, retries=SCHEMA_RETRIES,
+                 stream=None, response_class=Response):
         """Send request ``code`` with its encoded ``body``; return the server's reply.
 
-        Every data method ends here, so the common case (no timeout, an OK
+        The one request path: every data method, a stream's requests
+        (``stream``: its ``stream_id`` goes in the header, and its
+        ``_transport()`` says where it is sent) and the connection's own
+        requests end here, so the common case (no stream, no timeout, an OK
         reply without push messages) is written out in this one frame."""
-        transport = self._transport
-        if transport is None or transport.error is not None or self._owner != _get_ident():
-            transport = self._ensure_connected()
-        sync = next(self._syncs)
+        if stream is None:
+            transport = self._transport
+            if transport is None or transport.error is not None or self._owner != _get_ident():
+                transport = self._ensure_connected()
+            sync = next(self._syncs)
+            frame_code, frame = code, body
+        else:
+            transport = stream._transport()
+            sync = next(self._syncs)
+            frame_code, frame = None, request_header(code, sync, self.schema_version, len(body),
+                                                     stream.stream_id) + body
         try:
             if self.request_timeout is None:
-                value = transport.request(sync, code, self.schema_version, body)
+                value = transport.request(sync, frame_code, self.schema_version, frame)
             else:
-                value = self._wait(transport, sync, code, body)
+                value = self._wait(transport, sync, frame_code, frame)
         except InheritedSocket:
             # Forked (from C: no at-fork hook ran) since the last request, and
             # this one was not sent: now on this process's own socket.
-            return self._request(code, body, on_push, on_push_ctx, retries)
-        if type(value) is Response:
+            return self._request(code, body, on_push, on_push_ctx, retries, stream,
+                                 response_class)
+        if type(value) is Response and response_class is Response:
             value.conn = self
             return value
         try:
-            return self._response(value, Response, on_push, on_push_ctx)
-        except SchemaReloadException as exc:
-            if not retries:
-                raise
-            self._reload_schema(exc.schema_version)
-            return self._request(code, body, on_push, on_push_ctx, retries - 1)
+            return self._response(value, response_class, on_push, on_push_ctx)
         except DatabaseError as exc:
-            # A write refused, unapplied, by a server still becoming writable.
-            if not retries or not self._graceful.resend(self, code, exc):
+            if not self._resend(exc, code, retries, stream):
                 raise
-            return self._request(code, body, on_push, on_push_ctx, retries - 1)
+            return self._request(code, body, on_push, on_push_ctx, retries - 1, stream,
+                                 response_class)
+
+    def _resend(self, exc, code, retries, stream):
+        """Whether a request refused with ``exc`` before it ran is sent again
+        (at most ``retries`` more times): after a schema change (error 109,
+        the schema reloaded first), or a write refused by a server still
+        becoming writable (``code``: the request type; not in a stream)."""
+        if not retries:
+            return False
+        if isinstance(exc, SchemaReloadException):
+            self._reload_schema(exc.schema_version)
+            return True
+        return stream is None and code is not None and self._graceful.resend(self, code, exc)
 
     def _wait(self, transport, sync, code, body):
         """Send one request and wait for its reply, at most ``request_timeout``."""

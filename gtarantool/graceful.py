@@ -22,7 +22,12 @@ import weakref
 
 import gevent
 from gevent.event import Event
-from tarantool.const import (
+
+from gtarantool import features, watchers
+from gtarantool.errors import ConnectionClosed
+from gtarantool.protocol.constants import (
+    ER_LOADING,
+    ER_READONLY,
     REQUEST_TYPE_DELETE,
     REQUEST_TYPE_INSERT,
     REQUEST_TYPE_REPLACE,
@@ -30,13 +35,8 @@ from tarantool.const import (
     REQUEST_TYPE_UPSERT,
 )
 
-from gtarantool import features, watchers
-from gtarantool.errors import ConnectionClosed
-
 SHUTDOWN_KEY = "box.shutdown"
 STATUS_KEY = "box.status"
-ER_READONLY = 7
-ER_LOADING = 116
 # Refusals that Tarantool raises before a single-statement request changes anything.
 NOT_APPLIED = frozenset((ER_READONLY, ER_LOADING))
 DML = frozenset((REQUEST_TYPE_INSERT, REQUEST_TYPE_REPLACE, REQUEST_TYPE_UPDATE,

@@ -1,7 +1,14 @@
 """Select bodies with pagination (Tarantool 2.11+): IPROTO_AFTER_POSITION or
 IPROTO_AFTER_TUPLE, and IPROTO_FETCH_POSITION (the reply's position is read by
 ``protocol.Response.position``).  Plain selects never come here."""
-from tarantool.const import (
+from tarantool.utils import wrap_key
+
+from gtarantool import features
+from gtarantool.protocol.codec import iterator_code
+from gtarantool.protocol.constants import (
+    IPROTO_AFTER_POSITION,
+    IPROTO_AFTER_TUPLE,
+    IPROTO_FETCH_POSITION,
     IPROTO_INDEX_ID,
     IPROTO_ITERATOR,
     IPROTO_KEY,
@@ -11,20 +18,12 @@ from tarantool.const import (
     ITERATOR_ALL,
     ITERATOR_EQ,
 )
-from tarantool.utils import wrap_key
-
-from gtarantool import features
-from gtarantool.protocol import iterator_code
-
-IPROTO_FETCH_POSITION = 0x1f
-IPROTO_AFTER_POSITION = 0x2e
-IPROTO_AFTER_TUPLE = 0x2f
 
 
 def select_body(methods, space, key, offset, limit, iterator, after, fetch_pos):
     """The body of a select with pagination; ``methods`` is the connection,
     stream or pipeline whose ``select`` was called."""
-    features.require(getattr(methods, "_conn", methods), features.PAGINATION)
+    features.require(methods._conn, features.PAGINATION)
     key = [key] if type(key) in (int, str) else wrap_key(key, select=True)
     if iterator is None:
         iterator = ITERATOR_EQ if key else ITERATOR_ALL

@@ -30,7 +30,7 @@ from gevent.hub import Waiter
 
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol import responses
+from gtarantool.protocol.responses import responses
 from gtarantool.transport import ReplySink
 
 # Requests go to the transport in batches of this many (and when the replies
@@ -56,8 +56,9 @@ def _gc_paused():
 class Pipeline(ConnectionRequestMethods):
     """Queue requests with the connection's methods; ``results()`` waits for all."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, stream=None):
         super().__init__(conn)
+        self._stream = stream       # a Stream whose requests these are, or None
         self._queued = []           # (code, body) of requests not handed over yet
         self._sink = ReplySink()    # syncs of those handed over, and their replies
 
@@ -92,7 +93,11 @@ class Pipeline(ConnectionRequestMethods):
             raise
 
     def _send(self, requests, syncs, sink):
-        self._conn._ensure_connected().send_many(requests, syncs, sink)
+        stream = self._stream
+        if stream is None:
+            self._conn._ensure_connected().send_many(requests, syncs, sink)
+        else:
+            stream._transport().send_many(requests, syncs, sink, stream.stream_id)
 
     def wait(self):
         """Send what is queued and block until every request has its reply (or error).

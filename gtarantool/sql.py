@@ -8,16 +8,19 @@ transport is another one.
 import weakref
 from collections.abc import Mapping, Sequence
 
-from tarantool.const import IPROTO_SQL_BIND, IPROTO_SQL_TEXT, REQUEST_TYPE_EXECUTE
 from tarantool.error import InterfaceError
 
-from gtarantool.protocol import ResponseExecute, make_response
-
-IPROTO_PREPARE = 13
-IPROTO_STMT_ID = 0x43
-IPROTO_METADATA = 0x32
-IPROTO_BIND_METADATA = 0x33
-IPROTO_BIND_COUNT = 0x34
+from gtarantool.protocol.constants import (
+    IPROTO_BIND_COUNT,
+    IPROTO_BIND_METADATA,
+    IPROTO_METADATA,
+    IPROTO_PREPARE,
+    IPROTO_SQL_BIND,
+    IPROTO_SQL_TEXT,
+    IPROTO_STMT_ID,
+    REQUEST_TYPE_EXECUTE,
+)
+from gtarantool.protocol.responses import ResponseExecute, make_response
 
 
 def bind_params(params):

@@ -4,8 +4,8 @@ A ``Stream`` has the connection's data methods; its requests carry its own
 IPROTO_STREAM_ID, so the server runs them one after another, in order, and
 may keep a transaction open between them (IPROTO_BEGIN, COMMIT, ROLLBACK)
 while any number of other streams and plain requests share the socket.  The
-frames are built here, whole, and go through ``Transport.request`` with no
-code (the C request path stays as it is); replies carry no stream id, so
+requests go through the connection's one request path
+(``Connection._request`` with the stream); replies carry no stream id, so
 they stay on the reader's fast path.
 
 A transaction belongs to the session it began in: once that connection is
@@ -14,23 +14,22 @@ lost the server has rolled it back, so its later requests fail with
 connection (nothing is re-sent).
 """
 import logging
-import struct
 from contextlib import contextmanager
 
-from tarantool.const import REQUEST_TYPE_EXECUTE
-from tarantool.error import InterfaceError, NetworkError, SchemaReloadException
+from tarantool.error import InterfaceError, NetworkError
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.pipeline import Pipeline
-from gtarantool.protocol import Response, ResponseExecute
-
-IPROTO_BEGIN = 14
-IPROTO_COMMIT = 15
-IPROTO_ROLLBACK = 16
-IPROTO_TIMEOUT = 0x56
-IPROTO_TXN_ISOLATION = 0x59
-SCHEMA_RETRIES = 3
+from gtarantool.protocol.constants import (
+    IPROTO_BEGIN,
+    IPROTO_COMMIT,
+    IPROTO_ROLLBACK,
+    IPROTO_TIMEOUT,
+    IPROTO_TXN_ISOLATION,
+    REQUEST_TYPE_EXECUTE,
+)
+from gtarantool.protocol.responses import Response, ResponseExecute
 
 # box.begin{txn_isolation = ...}'s names, as numbers (enum txn_isolation_level)
 ISOLATION_LEVELS = {
@@ -40,11 +39,6 @@ ISOLATION_LEVELS = {
     "best-effort": 3,
     "linearizable": 4,
 }
-
-# 0xce len32 | {0: code, 1: 0xcf sync64, 5: 0xce schema32, 0x0a: 0xcf stream id}
-# (every request code fits a positive fixint)
-_HEADER = struct.Struct(">BIBBBBBQBBIBBQ")
-_HEADER_LEN = _HEADER.size - 5
 
 log = logging.getLogger(__name__)
 
@@ -91,36 +85,14 @@ class Stream(ConnectionRequestMethods):
 
     def _request(self, code, body, on_push=None, on_push_ctx=None,
                  response_class=Response):
-        conn = self._conn
-        for attempt in range(SCHEMA_RETRIES + 1):
-            transport = self._transport()
-            sync = next(conn._syncs)
-            frame = _HEADER.pack(0xce, _HEADER_LEN + len(body), 0x84, 0, code, 0x01, 0xcf, sync,
-                                 0x05, 0xce, conn.schema_version, 0x0a, 0xcf,
-                                 self.stream_id) + body
-            if conn.request_timeout is None:
-                value = transport.request(sync, None, None, frame)
-            else:
-                value = conn._wait(transport, sync, None, frame)
-            try:
-                return conn._response(value, response_class, on_push, on_push_ctx)
-            except SchemaReloadException as exc:
-                # Refused before it ran (error 109): sending it again is safe.
-                if attempt == SCHEMA_RETRIES:
-                    raise
-                conn._reload_schema(exc.schema_version)
-
-    def _header(self, code, sync, length):
-        """A pipelined request's length prefix and header (schema version 0,
-        as the connection's pipelines send)."""
-        return _HEADER.pack(0xce, _HEADER_LEN + length, 0x84, 0, code, 0x01, 0xcf, sync,
-                            0x05, 0xce, 0, 0x0a, 0xcf, self.stream_id)
+        return self._conn._request(code, body, on_push, on_push_ctx, stream=self,
+                                   response_class=response_class)
 
     def pipeline(self):
         """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
         stream (in its transaction, when one is open): many writes of one
         transaction without a round trip each."""
-        return StreamPipeline(self)
+        return Pipeline(self._conn, self)
 
     def execute(self, query, params=None):
         """SQL in this stream (as ``Connection.execute``).
@@ -184,18 +156,6 @@ class Stream(ConnectionRequestMethods):
 
     def __repr__(self):
         return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
-
-
-class StreamPipeline(Pipeline):
-    """A pipeline of a stream's: see ``Stream.pipeline``."""
-
-    def __init__(self, stream):
-        super().__init__(stream._conn)
-        self._stream = stream
-
-    def _send(self, requests, syncs, sink):
-        stream = self._stream
-        stream._transport().send_many(requests, syncs, sink, stream._header)
 
 
 @contextmanager

@@ -42,7 +42,6 @@ import collections
 import errno
 import os
 import socket
-import struct
 import sys
 
 import msgpack
@@ -50,37 +49,34 @@ from gevent import Greenlet, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
-from tarantool.const import (
-    IPROTO_CHUNK,
-    IPROTO_DATA,
-    IPROTO_REQUEST_TYPE,
-    IPROTO_SCHEMA_ID,
-    IPROTO_SYNC,
-    REQUEST_TYPE_ERROR,
-)
 from tarantool.error import NetworkError
 
+from gtarantool import compiled
 from gtarantool.errors import ConnectionClosed, ProtocolError
-from gtarantool.protocol import BodyDecoder, Response, _speedups
+from gtarantool.protocol.codec import BodyDecoder, decode_or_error
+from gtarantool.protocol.constants import (
+    IPROTO_CHUNK,
+    IPROTO_DATA,
+    IPROTO_EVENT,
+    REQUEST_TYPE_ERROR,
+)
+from gtarantool.protocol.frames import (
+    REPLY_FRAME,
+    REQUEST_HEADER,
+    REQUEST_HEADER_LEN,
+    parse_header,
+    reply_header,
+    request_header,
+    slow_prefix,
+)
+from gtarantool.protocol.responses import Response
 
 RECV_SIZE = 256 * 1024
-_RawReply = _speedups.RawReply if _speedups is not None else None
+_RawReply = compiled.speedups.RawReply if compiled.speedups is not None else None
 # Requests that a batch of woken callers sends at a time: at 1,000 greenlets one
 # write at the end of the batch left the server idle while they all ran (1.5x
 # the inserts per second with WAL on); 100 still go out in one.
 FLUSH_EVERY = 128
-IPROTO_EVENT = 76   # a watcher's notification (Tarantool 2.10+)
-_UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
-# uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
-# version}: how Tarantool up to 2.9 writes every reply (since 2.10 the schema
-# version is a uint64: _TNT_FRAME_64); _reply_header reads any other layout.
-_TNT_FRAME = struct.Struct(">BIBHIHQHI")
-_TNT_FRAME_64 = struct.Struct(">BIBHIHQHQ")
-# Requests go out in the same layout: 0xce len32 | {0: code, 1: 0xcf sync64,
-# 5: 0xce schema32}; the marker bytes are packed in pairs (0x83 0x00, ...).
-_REQUEST_HEADER = struct.Struct(">BIHBHQHI")
-_REQUEST_HEADER_LEN = _REQUEST_HEADER.size - 5
-
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
@@ -99,7 +95,7 @@ def process_token():
 
 
 def _token_source():
-    return _speedups.fork_generation if _speedups is not None else os.getpid
+    return compiled.speedups.fork_generation if compiled.speedups is not None else os.getpid
 
 
 class Stats:
@@ -175,15 +171,16 @@ class Transport:
         self._rlen = 0                    # bytes of an incomplete frame at the front
         self._need = 0                    # bytes there must be before parsing again
         self._cutter = None               # _cut's fast loop in C, when built
-        if _speedups is not None and self._decoder.options is not None:
-            self._cutter = _speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
+        speedups = compiled.speedups
+        if speedups is not None and self._decoder.options is not None:
+            self._cutter = speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
                                                  self._decoder.options, Response, ReplySink,
                                                  _Pushes)
         self.on_event = None              # IPROTO_EVENT frames go here: on_event(sync, body bytes)
         self.on_fail = None               # called with the error once the transport dies
         self._requester = None            # request()'s common case in C, when built
-        if _speedups is not None:
-            self._requester = _speedups.Requester(self, Transport.request, self._pending,
+        if speedups is not None:
+            self._requester = speedups.Requester(self, Transport.request, self._pending,
                                                   self._ready, self._wbuf, self._wakeup.set,
                                                   self._hub, getcurrent, max_in_flight,
                                                   FLUSH_EVERY, self._cutter)
@@ -217,7 +214,7 @@ class Transport:
         if code is None:
             header, body = body, b""
         else:
-            header = _REQUEST_HEADER.pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code,
+            header = REQUEST_HEADER.pack(0xce, REQUEST_HEADER_LEN + len(body), 0x8300, code,
                                           0x01cf, sync, 0x05ce, schema_version)
         alone = not pending
         current = getcurrent()
@@ -306,19 +303,18 @@ class Transport:
             self._wakeup.set()
         self._wbuf += (frame, b"")
 
-    def send_many(self, requests, syncs, sink, header=None):
+    def send_many(self, requests, syncs, sink, stream_id=0):
         """Queue ``requests`` ((code, body) pairs, sent with schema version 0)
         under ``syncs`` (one each, in order), their replies going to ``sink``,
         and add each sync to ``sink.syncs`` as it is queued.  Waits for room in
         ``max_in_flight`` as ``send`` does; what an exception leaves unsent is
-        not queued and not in ``sink.syncs``.  ``header(code, sync, body
-        length)``, when given, makes each request's length prefix and header
-        (a stream's, with its id)."""
+        not queued and not in ``sink.syncs``.  ``stream_id``: the stream the
+        requests go in (0: none)."""
         if self._process != self._token():
             raise self._inherited()
         pending = self._pending
         buf = self._wbuf
-        pack = _REQUEST_HEADER.pack
+        pack = REQUEST_HEADER.pack
         start, total = 0, len(requests)
         while start < total:
             if len(pending) >= self.max_in_flight or self.error is not None:
@@ -328,15 +324,15 @@ class Transport:
                 self._wakeup.set()
             sink.outstanding += stop - start
             sink.syncs += syncs[start:stop]
-            if header is not None:
+            if stream_id:
                 for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
                     pending[sync] = sink
-                    buf += (header(code, sync, len(body)), body)
+                    buf += (request_header(code, sync, 0, len(body), stream_id), body)
                 start = stop
                 continue
             for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
                 pending[sync] = sink
-                buf += (pack(0xce, _REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,
+                buf += (pack(0xce, REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,
                              0x05ce, 0), body)
             start = stop
 
@@ -522,7 +518,7 @@ class Transport:
         # is more to do than hand one reply to its caller.
         watcher = self._read_watcher = self._hub.loop.io(self._fd, 1)
         if self._cutter is not None:
-            watcher.start(_speedups.LoneReader(self, Transport._readable, self._cutter))
+            watcher.start(compiled.speedups.LoneReader(self, Transport._readable, self._cutter))
         else:
             watcher.start(self._readable)
         switch = self._hub.switch
@@ -599,7 +595,7 @@ class Transport:
             received = os.readv(self._fd, (self._rview,))
         except BlockingIOError:
             return None
-        header = _reply_header(self._rbuf, 0, received, self.max_response_size)
+        header = reply_header(self._rbuf, 0, received, self.max_response_size)
         if header is None or header[1] != received or header[2] == IPROTO_CHUNK:
             return received, False
         waiter = self._pending.get(header[3])
@@ -697,7 +693,7 @@ class Transport:
         view = self._rview
         pos = 0
         limit = self.max_response_size
-        unpack = _TNT_FRAME.unpack_from
+        unpack = REPLY_FRAME.unpack_from
         unpackb = msgpack.unpackb
         new_response = Response.__new__
         cut = self._cutter and self._cutter.cut
@@ -727,7 +723,7 @@ class Transport:
                             and m4 == 0x05ce and 23 <= length <= limit):
                         head, stop = pos + 28, pos + 5 + length
                     else:
-                        header = _reply_header(data, pos, fast_end, limit)
+                        header = reply_header(data, pos, fast_end, limit)
                         if header is None:
                             break
                         head, stop, code, sync, schema = header
@@ -742,7 +738,7 @@ class Transport:
                             # An error's body stays bytes, decoded when read
                             # (protocol.make_response): most callers test the code.
                             body = (bytes(view[head:stop]) if code >= REQUEST_TYPE_ERROR
-                                    else _decode(self._decoder, view[head:stop]))
+                                    else decode_or_error(self._decoder, view[head:stop]))
                             ready.append((waiter, (sync, code, schema, body, None)))
                             pos = stop
                             continue
@@ -796,7 +792,7 @@ class Transport:
     def _frame(self, data, pos, end, wake):
         """The frame at ``pos``, parsed the general way: its end, or None (with
         ``_need`` set) when it is not all here yet."""
-        length, start = _slow_prefix(data, pos, end)
+        length, start = slow_prefix(data, pos, end)
         if length is None:
             return None
         if not 0 < length <= self.max_response_size:
@@ -806,7 +802,7 @@ class Transport:
         if stop > end:
             self._need = stop - pos   # nothing to parse before it is whole
             return None
-        sync, code, schema, body = _parse_header(data, start, stop)
+        sync, code, schema, body = parse_header(data, start, stop)
         if code == IPROTO_EVENT and self.on_event is not None:
             # A watcher's notification: it carries the sync of the last
             # IPROTO_WATCH on its key, which never waits in _pending.
@@ -826,7 +822,7 @@ class Transport:
                 waiter, value = waiter.final((sync, code, schema, body))
             else:
                 if type(waiter) is not ReplySink and code < REQUEST_TYPE_ERROR:
-                    body = _decode(self._decoder, body)
+                    body = decode_or_error(self._decoder, body)
                 value = (sync, code, schema, body, None)
             self._deliver(waiter, value, wake)
         elif sync in self._abandoned:
@@ -916,105 +912,6 @@ class Transport:
             b.close()
 
 
-def _slow_prefix(data, pos, end):
-    """A length prefix in any msgpack uint encoding: (length, body start), or
-    (None, None) when more bytes are needed."""
-    first = data[pos]
-    if first <= 0x7f:
-        return first, pos + 1
-    size = _UINT_SIZES.get(first)
-    if size is None:
-        raise ProtocolError("garbage where a frame length was expected: byte 0x%02x" % first)
-    if end - pos < 1 + size:
-        return None, None
-    return int.from_bytes(data[pos + 1:pos + 1 + size], "big"), pos + 1 + size
-
-
-def _uint(data, pos, end):
-    """(value, where it ends) of the msgpack uint at ``pos``, any width, or
-    (None, pos) when it is something else or not all before ``end``."""
-    if pos >= end:
-        return None, pos
-    first = data[pos]
-    if first <= 0x7f:
-        return first, pos + 1
-    size = _UINT_SIZES.get(first)
-    if size is None or end - pos <= size:
-        return None, pos
-    return int.from_bytes(data[pos + 1:pos + 1 + size], "big"), pos + 1 + size
-
-
-_HEADER_KEYS = (IPROTO_REQUEST_TYPE, IPROTO_SYNC, IPROTO_SCHEMA_ID)
-
-
-def _reply_header(data, pos, end, limit):
-    """The length prefix and header of the reply at ``data[pos:end]``, without
-    an Unpacker: ``(body start, frame end, code, sync, schema version)`` when
-    its length is within ``limit`` and its header, whole and within the frame,
-    is a map of uints to uints holding the code, the sync and the schema version
-    once each, in any order and width, other keys skipped (IPROTO_STREAM_ID,
-    ... whatever a later server adds); None for anything else, which _frame()
-    parses (and fails the connection for, when it is malformed): an
-    IPROTO_EVENT's header, which has no schema version, too.  The frame
-    itself need not be all here.  (The cutter's read_header in C.)"""
-    if end - pos >= 32:   # 2.10+'s layout: 2.6's, with the schema version as uint64
-        ce, length, m1, m2, code, m3, sync, m4, schema = _TNT_FRAME_64.unpack_from(data, pos)
-        if (ce == 0xce and m1 == 0x83 and m2 == 0x00ce and m3 == 0x01cf and m4 == 0x05cf
-                and 27 <= length <= limit):
-            return pos + 32, pos + 5 + length, code, sync, schema
-    length, at = _uint(data, pos, end)
-    if length is None or length > limit:
-        return None
-    stop = at + length
-    end = min(end, stop)   # the header ends within the frame
-    if at >= end:
-        return None
-    first = data[at]
-    if 0x80 <= first <= 0x8f:
-        count, at = first & 0x0f, at + 1
-    elif first == 0xde and end - at >= 3:
-        count, at = int.from_bytes(data[at + 1:at + 3], "big"), at + 3
-    else:
-        return None
-    fields = {}
-    for _ in range(count):
-        key, at = _uint(data, at, end)
-        if key is None:
-            return None
-        value, at = _uint(data, at, end)
-        if value is None or key in fields:   # (a repeated key: _frame() says which counts)
-            return None
-        if key in _HEADER_KEYS:
-            fields[key] = value
-    if len(fields) != 3:
-        return None
-    return (at, stop, fields[IPROTO_REQUEST_TYPE], fields[IPROTO_SYNC],
-            fields[IPROTO_SCHEMA_ID])
-
-
-def _parse_header(data, start, stop):
-    """(sync, code, schema version, body bytes) of the frame data[start:stop]."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(data[start:stop])
-    try:
-        header = unpacker.unpack()
-    except Exception as exc:
-        raise ProtocolError("undecodable reply header: %r" % (exc,)) from exc
-    if (type(header) is not dict or type(header.get(IPROTO_SYNC)) is not int
-            or type(header.get(IPROTO_REQUEST_TYPE)) is not int):
-        raise ProtocolError("malformed reply header %r" % (header,))
-    return (header[IPROTO_SYNC], header[IPROTO_REQUEST_TYPE], header.get(IPROTO_SCHEMA_ID),
-            data[start + unpacker.tell():stop])
-
-
-def _decode(decoder, data):
-    """The body in ``data`` of a reply that is no error, or the exception decoding it raised."""
-    try:
-        return decoder.decode(data)
-    except Exception as exc:  # noqa: BLE001 - that caller's error
-        return exc.with_traceback(None)
-
-
 class ReplySink:
     """Where the replies to many requests go (a pipeline's; see ``send_many``).
 
@@ -1073,8 +970,8 @@ class _Pushes:
         pushes = self.pushes
         if type(self.waiter) is not ReplySink:
             if reply[1] < REQUEST_TYPE_ERROR:   # (an error's body is decoded when read)
-                reply = reply[:3] + (_decode(self.decoder, reply[3]),)
-            pushes = [(code, schema, _decode(self.decoder, body))
+                reply = reply[:3] + (decode_or_error(self.decoder, reply[3]),)
+            pushes = [(code, schema, decode_or_error(self.decoder, body))
                       for code, schema, body in pushes]
         return self.waiter, reply + (pushes,)
 

@@ -22,7 +22,6 @@ that key, and, unlike a user's watcher, holds the connection only weakly, so
 a connection dropped without ``close()`` is still collected.
 """
 import logging
-import struct
 import weakref
 
 import gevent
@@ -30,12 +29,15 @@ import msgpack
 from gevent import getcurrent
 
 from gtarantool import features
+from gtarantool.protocol.constants import (
+    IPROTO_EVENT_DATA,
+    IPROTO_EVENT_KEY,
+    IPROTO_UNWATCH,
+    IPROTO_WATCH,
+    IPROTO_WATCH_ONCE,
+)
+from gtarantool.protocol.frames import notice_frame
 
-IPROTO_WATCH = 74
-IPROTO_UNWATCH = 75
-IPROTO_WATCH_ONCE = 77
-IPROTO_EVENT_KEY = 0x57
-IPROTO_EVENT_DATA = 0x58
 MAX_RECONNECT_DELAY = 5.0   # seconds between the watchers' reconnect cycles, at most
 
 log = logging.getLogger(__name__)
@@ -182,9 +184,8 @@ class Watchers:
         conn = self._conn
         if transport is None or not transport.alive or conn is None:
             return
-        header = msgpack.packb({0: code, 1: next(conn._syncs)})
         body = msgpack.packb({IPROTO_EVENT_KEY: key}, use_bin_type=True)
-        transport.post(b"\xce" + struct.pack(">I", len(header) + len(body)) + header + body)
+        transport.post(notice_frame(code, next(conn._syncs), body))
 
     def _on_event(self, sync, body):
         """In the reader: record the key's new value, start its runner."""

@@ -6,7 +6,7 @@ import os
 import pytest
 
 import gtarantool
-from gtarantool import protocol, transport
+from gtarantool import compiled
 from gtarantool.testing.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,10 +79,9 @@ def reader(request, monkeypatch):
     bodies) and with the same paths in Python, as without a compiler.  Modules
     opt in with ``pytestmark = pytest.mark.usefixtures("reader")``."""
     if request.param == "python":
-        monkeypatch.setattr(transport, "_speedups", None)
-        monkeypatch.setattr(protocol, "_speedups", None)
-        monkeypatch.setattr(protocol, "_encoder", None)
-    elif transport._speedups is None or protocol._encoder is None:
+        monkeypatch.setattr(compiled, "speedups", None)
+        monkeypatch.setattr(compiled, "encoder", None)
+    elif compiled.speedups is None or compiled.encoder is None:
         pytest.fail("gtarantool._speedups or _encoder is not built (pip install -e . "
                     "compiles them)")
     return request.param

@@ -37,9 +37,11 @@ import gevent
 import gevent.socket as gsocket
 import msgpack
 
-from gtarantool import protocol, transport
+from gtarantool import compiled, protocol
+from gtarantool.compiled import encoder as _encoder
+from gtarantool.compiled import speedups as _speedups
 from gtarantool.errors import ProtocolError
-from gtarantool.protocol import BodyDecoder, Response, _encoder, _speedups
+from gtarantool.protocol import BodyDecoder, Response
 from gtarantool.transport import ReplySink, Stats, Transport, _Pushes
 
 IPROTO_CHUNK = 0x80
@@ -434,13 +436,13 @@ def _run_feed(data, waiters, pieces, c_paths, abandoned, through_socket=False):
     ``waiters``: ({sync: what it got}, {sync: sink's reply}, whether it failed).
     ``through_socket``: written to its socket instead, for the read watcher's
     callback (the lone reply's path) and the reader to receive."""
-    saved = transport._speedups, protocol._speedups
+    saved = compiled.speedups
     if not c_paths:   # for the whole run: a transport reads them as it goes (process_token)
-        transport._speedups = protocol._speedups = None
+        compiled.speedups = None
     try:
         return _feed(data, waiters, pieces, c_paths, abandoned, through_socket)
     finally:
-        transport._speedups, protocol._speedups = saved
+        compiled.speedups = saved
 
 
 def _feed(data, waiters, pieces, c_paths, abandoned, through_socket):

@@ -19,14 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tarantool.request import packer_factory
 
-from gtarantool import protocol
+from gtarantool import compiled
 from gtarantool.protocol import Encoder
 
 
 @pytest.fixture(autouse=True)
 def _built():
     """These tests fail, not skip, where the extension was not built (as ``reader``'s)."""
-    if protocol._encoder is None:
+    if compiled.encoder is None:
         pytest.fail("gtarantool._encoder is not built (pip install -e . compiles it)")
 
 
@@ -145,7 +145,7 @@ def test_bad_parts_are_refused():
 
 
 def test_a_packer_that_returns_no_bytes():
-    join = protocol._encoder.BodyEncoder(lambda obj: "not bytes", True).join
+    join = compiled.encoder.BodyEncoder(lambda obj: "not bytes", True).join
     assert join(b"a", 1) == b"a\x01"   # packed by the C encoder: no call
     with pytest.raises(TypeError, match="pack"):
         join(b"a", object())
@@ -199,7 +199,7 @@ def test_a_packer_hook_that_changes_an_earlier_part():
         return "hooked"
 
     pack = msgpack.Packer(default=default, use_bin_type=True).pack
-    join = protocol._encoder.BodyEncoder(pack, True).join
+    join = compiled.encoder.BodyEncoder(pack, True).join
     body = join(b"<", key, b"|", object(), b">")
     assert body == b"<" + msgpack.packb([1]) + b"|" + msgpack.packb("hooked") + b">"
     assert len(key) == 100001
@@ -207,11 +207,11 @@ def test_a_packer_hook_that_changes_an_earlier_part():
 
 def test_an_encoder_never_initialised_raises():
     """(Its pack was NULL: a declined object crashed join.)"""
-    encoder = protocol._encoder.BodyEncoder.__new__(protocol._encoder.BodyEncoder)
+    encoder = compiled.encoder.BodyEncoder.__new__(compiled.encoder.BodyEncoder)
     for obj in (1, object()):
         with pytest.raises(TypeError, match="not initialised"):
             encoder.join(b"", obj)
-    encoder = protocol._encoder.BodyEncoder(msgpack.Packer().pack, True)
+    encoder = compiled.encoder.BodyEncoder(msgpack.Packer().pack, True)
     with pytest.raises(RuntimeError, match="initialised already"):
         encoder.__init__(len, False)
     assert encoder.join(b"", object.__name__) == msgpack.packb("object")

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gtarantool.protocol import ERROR_STRINGS, Response, _speedups
+from gtarantool.compiled import speedups as _speedups
+from gtarantool.protocol import ERROR_STRINGS, Response
 from gtarantool.transport import ReplySink, _Pushes
 from tests import fuzz
 from tests.fakepeer import tarantool_frame
@@ -429,7 +430,7 @@ def test_a_sinks_outstanding_count_is_any_int(outstanding):
     assert sink.replies == {7: (0, 1, b"\x80")}
 
 
-# -- reply headers in every layout: the C cutter and transport._reply_header ----------
+# -- reply headers in every layout: the C cutter and frames.reply_header ----------
 
 def _cut_one(frame, limit=1 << 20):
     """What the C cutter makes of one frame awaited by a caller: (where it
@@ -449,7 +450,7 @@ def test_reply_headers_in_any_layout_are_read_without_msgpack(rng, code, schema)
     keys in any order and width, extra keys, a map16, the length in any width.
     The C cutter and the Python twin take exactly the headers the reference
     (msgpack) reads as such a map, with the same fields."""
-    from gtarantool.transport import _reply_header
+    from gtarantool.protocol.frames import reply_header
     assume(code != 0x80)   # a push: never taken here
     body = b"\x81\x30\x91\x07"
     frame = fuzz.frame(rng, code, fuzz.SYNC, schema, body)
@@ -462,7 +463,7 @@ def test_reply_headers_in_any_layout_are_read_without_msgpack(rng, code, schema)
     takeable = all(type(v) is int and v >= 0 for v in header.values()) and {0, 1, 5} <= set(header)
     expected = (head, len(frame), header[0], header[1], header.get(5)) if takeable else None
     assert length == len(frame) - start
-    assert _reply_header(frame, 0, len(frame), 1 << 20) == expected
+    assert reply_header(frame, 0, len(frame), 1 << 20) == expected
     pos, reply = _cut_one(frame)
     if takeable:
         assert pos == len(frame)
@@ -494,11 +495,11 @@ HEADERS = {   # (header bytes, taken by the fast paths)
 
 @pytest.mark.parametrize("name", HEADERS)
 def test_reply_header_layouts(name):
-    from gtarantool.transport import _reply_header
+    from gtarantool.protocol.frames import reply_header
     header, taken = HEADERS[name]
     body = b"\x81\x30\x91\x07"
     frame = b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
-    parsed = _reply_header(frame, 0, len(frame), 1 << 20)
+    parsed = reply_header(frame, 0, len(frame), 1 << 20)
     pos, reply = _cut_one(frame)
     if taken:
         assert parsed == (5 + len(header), len(frame), 0, 9, 1)
@@ -509,11 +510,11 @@ def test_reply_header_layouts(name):
     # Cut short anywhere, no path takes it (nor reads past what is there); the
     # header is read once it is all here.
     for cut in range(len(frame)):
-        assert _reply_header(frame[:cut], 0, cut, 1 << 20) == (
+        assert reply_header(frame[:cut], 0, cut, 1 << 20) == (
             parsed if cut >= 5 + len(header) else None)
         assert _cut_one(frame[:cut]) == (0, None)
     # Over the length limit: neither does.
-    assert _reply_header(frame, 0, len(frame), len(frame) - 6) is None
+    assert reply_header(frame, 0, len(frame), len(frame) - 6) is None
     assert _cut_one(frame, limit=len(frame) - 6) == (0, None)
 
 

@@ -1,0 +1,145 @@
+"""gtarantool's layout: its modules' imports form no cycle (imports inside
+functions counted), the protocol layer (``gtarantool/protocol/``) does no I/O
+and stands on nothing of the library but its errors and the compiled modules,
+and every IPROTO code, key and error code is defined once, in
+``gtarantool/protocol/constants.py``."""
+import ast
+import glob
+import graphlib
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "gtarantool")
+# What the protocol layer may import of the library (besides its own modules).
+PROTOCOL_MAY_IMPORT = {"gtarantool.errors", "gtarantool.compiled"}
+# Standard modules of I/O and scheduling that the protocol layer never imports.
+IO_MODULES = ("gevent", "socket", "select", "selectors", "ssl", "asyncio", "threading")
+# Constants defined outside protocol/constants.py: module prefix -> why.
+UNMOVED_CONSTANTS = {
+    "gtarantool.pool": "vshard/pool error codes of the pool package, which moves on its own",
+    "gtarantool.sharding": "ER_NO_SUCH_PROC, kept beside vshard's own codes",
+}
+CONSTANT_PREFIXES = ("IPROTO_", "REQUEST_TYPE_", "ER_")
+
+
+def _module_name(path):
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _python_files():
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+        for name in files:
+            if name.endswith(".py"):
+                yield os.path.join(folder, name)
+
+
+MODULES = {_module_name(path): path for path in _python_files()}
+# The compiled extensions are modules too (they import nothing of the library).
+EXTENSIONS = {"gtarantool." + os.path.basename(path)[:-2]
+              for path in glob.glob(os.path.join(PACKAGE, "_*.c"))}
+
+
+def _resolve(name):
+    """The library module ``name`` is or lies in (None: not the library's)."""
+    if name in EXTENSIONS:
+        return name
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(path):
+    """Every module ``path`` imports, at any depth (in functions too)."""
+    tree = ast.parse(open(path).read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "%s: a relative import" % path
+            for alias in node.names:
+                # "from gtarantool import compiled" imports the module gtarantool.compiled
+                full = node.module + "." + alias.name
+                found.add(full if _resolve(full) == full else node.module)
+    return found
+
+
+def _library_imports(path, module):
+    return {_resolve(name) for name in _imports(path)} - {None, module}
+
+
+def test_the_modules_form_no_import_cycle():
+    graph = {module: _library_imports(path, module) for module, path in MODULES.items()}
+    # Importing gtarantool.x.y runs gtarantool/__init__.py and gtarantool/x/__init__.py
+    # first: that order is Python's, not an edge of the module's own.
+    for module, targets in graph.items():
+        parent = module.rpartition(".")[0]
+        while parent:
+            targets.discard(parent)
+            parent = parent.rpartition(".")[0]
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail("import cycle: %s" % " -> ".join(exc.args[1]))
+
+
+PROTOCOL = sorted(module for module in MODULES if module.startswith("gtarantool.protocol"))
+
+
+def test_the_protocol_layer_exists():
+    assert {"gtarantool.protocol", "gtarantool.protocol.constants", "gtarantool.protocol.frames",
+            "gtarantool.protocol.codec", "gtarantool.protocol.responses"} <= set(PROTOCOL)
+
+
+@pytest.mark.parametrize("module", PROTOCOL)
+def test_the_protocol_layer_does_no_io(module):
+    imported = _imports(MODULES[module])
+    io = {name for name in imported if name.split(".")[0] in IO_MODULES}
+    assert not io, "%s imports %s" % (module, ", ".join(sorted(io)))
+    library = {target for target in _library_imports(MODULES[module], module)
+               if not target.startswith("gtarantool.protocol")}
+    assert library <= PROTOCOL_MAY_IMPORT, (
+        "%s imports %s" % (module, ", ".join(sorted(library - PROTOCOL_MAY_IMPORT))))
+
+
+def test_the_compiled_modules_are_imported_in_one_place():
+    wanted = {"gtarantool._speedups", "gtarantool._encoder"}
+    importers = {module for module, path in MODULES.items()
+                 if wanted & _library_imports(path, module)}
+    assert importers == {"gtarantool.compiled"}
+
+
+def _constants(path):
+    """Names of the IPROTO codes, keys and error codes that ``path`` assigns a number."""
+    tree = ast.parse(open(path).read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                and type(node.value.value) is int:
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.startswith(CONSTANT_PREFIXES):
+                    yield target.id
+
+
+def test_each_constant_is_defined_once():
+    home = "gtarantool.protocol.constants"
+    defined = set(_constants(MODULES[home]))
+    assert {"IPROTO_STREAM_ID", "IPROTO_WATCH", "ER_WRONG_SCHEMA_VERSION"} <= defined
+    for module, path in MODULES.items():
+        if module == home or module.startswith(tuple(UNMOVED_CONSTANTS)):
+            continue
+        assert not list(_constants(path)), "%s defines %s" % (module, list(_constants(path)))
+
+
+def test_the_constants_defined_here_are_not_tarantool_pythons():
+    from tarantool import const
+
+    from gtarantool.protocol import constants
+    tree = ast.parse(open(MODULES["gtarantool.protocol.constants"]).read())
+    own = {target.id for node in tree.body if isinstance(node, ast.Assign)
+           for target in node.targets if isinstance(target, ast.Name)}
+    assert not own & set(vars(const)), "tarantool.const has %s" % sorted(own & set(vars(const)))
+    assert constants.IPROTO_DATA == const.IPROTO_DATA   # its own, re-exported
