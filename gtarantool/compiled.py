@@ -1,6 +1,7 @@
 """The compiled modules, chosen once at import: ``speedups`` (``_speedups``: the
-reader's and the request's hot paths) and ``encoder`` (``_encoder``: request
-bodies), each the module or None when the package was built without a compiler.
+reader's and the request's hot paths), ``encoder`` (``_encoder``: request
+bodies) and ``pool`` (``_pool``: the pool's data methods), each the module, or
+None when the package was built without a compiler.
 
 Callers read ``compiled.speedups`` / ``compiled.encoder`` when they build an
 object (a transport, an encoder), so setting them to None (the tests'
@@ -11,6 +12,7 @@ from typing import Optional
 
 speedups: Optional[ModuleType]
 encoder: Optional[ModuleType]
+pool: Optional[ModuleType]
 try:
     from gtarantool import _speedups
     speedups = _speedups
@@ -21,3 +23,8 @@ try:
     encoder = _encoder
 except ImportError:
     encoder = None
+try:
+    from gtarantool import _pool
+    pool = _pool
+except ImportError:   # (also on Python < 3.10, which _pool.c does not build for)
+    pool = None

@@ -30,6 +30,7 @@ from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
+from gtarantool.protocol.constants import ER_NO_SUCH_PROC
 
 _crc32c: Optional[Callable[[bytes], int]]
 try:
@@ -68,7 +69,6 @@ MOVED = frozenset((WRONG_BUCKET, TRANSFER_IS_IN_PROGRESS, BUCKET_IS_LOCKED))
 # The storage cannot take the call yet (a failover, a start-up): send again later.
 NOT_READY = frozenset((NON_MASTER, STORAGE_IS_DISABLED, STORAGE_CFG_IS_IN_PROGRESS,
                        MASTER_NOT_SYNCED))
-ER_NO_SUCH_PROC = 33   # box's: vshard.storage is not loaded yet on a starting storage
 
 RW, PREFER_RW, PREFER_RO, ANY = Mode.RW, Mode.PREFER_RW, Mode.PREFER_RO, Mode.ANY
 

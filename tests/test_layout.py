@@ -17,10 +17,7 @@ PROTOCOL_MAY_IMPORT = {"gtarantool.errors", "gtarantool.compiled"}
 # Standard modules of I/O and scheduling that the protocol layer never imports.
 IO_MODULES = ("gevent", "socket", "select", "selectors", "ssl", "asyncio", "threading")
 # Constants defined outside protocol/constants.py: module prefix -> why.
-UNMOVED_CONSTANTS = {
-    "gtarantool.pool": "vshard/pool error codes of the pool package, which moves on its own",
-    "gtarantool.sharding": "ER_NO_SUCH_PROC, kept beside vshard's own codes",
-}
+UNMOVED_CONSTANTS: dict = {}
 CONSTANT_PREFIXES = ("IPROTO_", "REQUEST_TYPE_", "ER_")
 
 
@@ -107,7 +104,7 @@ def test_the_protocol_layer_does_no_io(module):
 
 
 def test_the_compiled_modules_are_imported_in_one_place():
-    wanted = {"gtarantool._speedups", "gtarantool._encoder"}
+    wanted = {"gtarantool._speedups", "gtarantool._encoder", "gtarantool._pool"}
     importers = {module for module, path in MODULES.items()
                  if wanted & _library_imports(path, module)}
     assert importers == {"gtarantool.compiled"}

@@ -11,8 +11,7 @@ are their specification and the path without the extension.
 import functools
 import itertools
 import time
-from types import ModuleType
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import gevent
 import gevent.event
@@ -32,31 +31,30 @@ from tarantool.error import (
 from tarantool.mesh_connection import prepare_address
 from tarantool.utils import ENCODING_DEFAULT
 
+from gtarantool import compiled
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool.roles import monitor
 from gtarantool.pool.strategies import ANY, MODES, RW, RoundRobinStrategy
 from gtarantool.protocol import NO_LIMIT
+from gtarantool.protocol.constants import (
+    ER_LOADING,
+    ER_READONLY,
+    ER_SYNC_QUEUE_FOREIGN,
+    ER_SYNC_QUEUE_UNCLAIMED,
+    ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
+)
 
-_pool: Optional[ModuleType]
-try:
-    from gtarantool import _pool
-except ImportError:   # built without a C compiler, or Python < 3.10: the Python methods
-    _pool = None
+_pool = compiled.pool   # None: built without a C compiler, or Python < 3.10
 
 __all__ = ["ConnectionPool", "Instance"]
 
 HEALTHY, UNHEALTHY = Status.HEALTHY, Status.UNHEALTHY
 
-ER_READONLY = 7
-ER_LOADING = 116
 # Errors Tarantool raises for a single-statement write before it changes
 # anything (the statement is refused, or its transaction rolled back before
 # the WAL): read-only, still loading, and (synchronous spaces) the queue of
 # synchronous transactions owned by no instance or another one.
-ER_UNCOMMITTED_FOREIGN_SYNC_TXNS = 214
-ER_SYNC_QUEUE_UNCLAIMED = 227
-ER_SYNC_QUEUE_FOREIGN = 228
 NOT_APPLIED = frozenset((ER_READONLY, ER_LOADING, ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
                          ER_SYNC_QUEUE_UNCLAIMED, ER_SYNC_QUEUE_FOREIGN))
 WRITES = frozenset(("insert", "replace", "update", "upsert", "delete"))
