@@ -43,7 +43,7 @@ BATCH = 256
 def _gc_paused():
     """Building thousands of results in one go, with no greenlet switch in
     between, would make the cyclic collector rescan the heap again and again
-    (a third of the CPU time, measured); pause it for that loop only."""
+    for nothing; pause it for that loop only."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -13,7 +13,7 @@ _locust_bucket = None   # Locust's own bucket_response_time, once fine_buckets()
 def bucket_response_time(response_time):
     """Locust's histogram key for a response time in ms: 0.01 ms steps below
     10 ms, 0.1 ms below 100 ms, then Locust's own two significant digits."""
-    # (int() + 0.5 rather than round(x, 2): half the cost, twice per request)
+    # (int() + 0.5 rather than round(x, 2): cheaper, and it runs twice per request)
     if response_time < 10:
         return int(response_time * 100 + 0.5) / 100
     if response_time < 100:

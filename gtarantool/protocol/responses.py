@@ -25,7 +25,7 @@ _FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code",
 
 
 class Response(tarantool_response.Response):
-    """tarantool-python's ``Response``, its fields in slots: built in a third of the time.
+    """tarantool-python's ``Response``, its fields in slots (cheaper to build than a dict).
     ``_size``: the reply's bytes on the wire, set when the reader's fast path
     built it (nearly every reply; unset otherwise)."""
     __slots__ = _FIELDS
