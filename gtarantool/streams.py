@@ -121,7 +121,8 @@ class Stream(ConnectionRequestMethods):
         :param params: a sequence (``?``) or a mapping (``:name``) of values.
         :returns: the response, with ``affected_row_count`` and ``autoincrement_ids``.
         :raises tarantool.error.DatabaseError: the server refused the statement.
-        :raises tarantool.error.InterfaceError: ``params`` is neither a sequence nor a mapping.
+        :raises TypeError: ``query`` is not a str, or ``params`` is neither a
+            sequence nor a mapping.
         :raises tarantool.error.NetworkError: the connection was lost during
             the stream's transaction, or could not be (re)established.
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
