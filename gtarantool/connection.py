@@ -108,6 +108,7 @@ class Connection(RequestMethods, tarantool.Connection):
     _transport: Optional[Transport]
     _finalizer: Optional[weakref.finalize]
     _handshaking: Optional[Tuple[Any, Transport]]
+    _watchers: Optional[watchers.Watchers]
 
     def __init__(self, host: Optional[str] = tarantool.connection.DEFAULT_HOST,
                  port: Union[int, str] = tarantool.connection.DEFAULT_PORT, *args: Any,
@@ -585,7 +586,9 @@ class Connection(RequestMethods, tarantool.Connection):
         :param key: the key's name (str).
         :param callback: ``callback(key, value)``; an exception it raises is logged.
         :returns: the :class:`gtarantool.watchers.Watcher`.
-        :raises gtarantool.FeatureNotSupported: the server has no watchers."""
+        :raises TypeError: ``key`` is not a str, or ``callback`` is not callable.
+        :raises gtarantool.FeatureNotSupported: the server has no watchers.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established."""
         return watchers.watch(self, key, callback)
 
     def watch_once(self, key: str) -> Any:
@@ -593,7 +596,10 @@ class Connection(RequestMethods, tarantool.Connection):
 
         :param key: the key's name (str).
         :returns: its value (``None`` when it has none).
-        :raises gtarantool.FeatureNotSupported: the server is older than 3.0."""
+        :raises TypeError: ``key`` is not a str.
+        :raises gtarantool.FeatureNotSupported: the server is older than 3.0.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established."""
         return watchers.watch_once(self, key)
 
     def stream(self) -> streams.Stream:
