@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Union
 
 import gevent
 import gevent.event
@@ -34,7 +34,6 @@ from tarantool.mesh_connection import prepare_address
 from tarantool.utils import ENCODING_DEFAULT
 
 from gtarantool import compiled
-from gtarantool.api import NameOrId, OnPush, TupleLike
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool.roles import monitor
@@ -453,10 +452,10 @@ class ConnectionPool(_PicksBase):
     # _route with ValueError.
 
     @_routed
-    def select(self, space_name: NameOrId, key: Any = None, *, offset: int = 0,
-               limit: int = NO_LIMIT, index: NameOrId = 0,
+    def select(self, space_name: Union[str, int], key: Any = None, *, offset: int = 0,
+               limit: int = NO_LIMIT, index: Union[str, int] = 0,
                iterator: Union[str, int, None] = None, mode: Mode = ANY,
-               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+               on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.select`` on an instance picked by ``mode`` (default ANY).
 
         :param space_name: the space's name or id.
@@ -486,8 +485,8 @@ class ConnectionPool(_PicksBase):
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def insert(self, space_name: NameOrId, values: TupleLike, *, mode: Mode = RW,
-               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+    def insert(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.insert`` (default mode RW).
 
         :param space_name: the space's name or id.
@@ -512,8 +511,9 @@ class ConnectionPool(_PicksBase):
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def replace(self, space_name: NameOrId, values: TupleLike, *, mode: Mode = RW,
-                on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+    def replace(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
+                on_push: Optional[Callable[[Any, Any], Any]] = None,
+                on_push_ctx: Any = None) -> Any:
         """``Connection.replace`` (default mode RW).
 
         :param space_name: the space's name or id.
@@ -538,8 +538,9 @@ class ConnectionPool(_PicksBase):
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def update(self, space_name: NameOrId, key: Any, op_list: TupleLike, *,
-               index: NameOrId = 0, mode: Mode = RW, on_push: OnPush = None,
+    def update(self, space_name: Union[str, int], key: Any, op_list: Union[tuple, list], *,
+               index: Union[str, int] = 0, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None,
                on_push_ctx: Any = None) -> Any:
         """``Connection.update`` (default mode RW).
 
@@ -567,8 +568,10 @@ class ConnectionPool(_PicksBase):
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
-    def upsert(self, space_name: NameOrId, tuple_value: TupleLike, op_list: TupleLike, *,
-               index: NameOrId = 0, mode: Mode = RW, on_push: OnPush = None,
+    def upsert(self, space_name: Union[str, int], tuple_value: Union[tuple, list],
+               op_list: Union[tuple, list], *,
+               index: Union[str, int] = 0, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None,
                on_push_ctx: Any = None) -> Any:
         """``Connection.upsert`` (default mode RW).
 
@@ -596,8 +599,9 @@ class ConnectionPool(_PicksBase):
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
-    def delete(self, space_name: NameOrId, key: Any, *, index: NameOrId = 0, mode: Mode = RW,
-               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+    def delete(self, space_name: Union[str, int], key: Any, *, index: Union[str, int] = 0,
+               mode: Mode = RW, on_push: Optional[Callable[[Any, Any], Any]] = None,
+               on_push_ctx: Any = None) -> Any:
         """``Connection.delete`` (default mode RW).
 
         :param space_name: the space's name or id.
@@ -623,7 +627,7 @@ class ConnectionPool(_PicksBase):
                              on_push_ctx=on_push_ctx)
 
     def call(self, func_name: str, *args: Any, mode: Optional[Mode] = None,
-             on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+             on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.call``; ``mode`` is required.
 
         :param func_name: the function's name.
@@ -650,7 +654,7 @@ class ConnectionPool(_PicksBase):
                              on_push_ctx=on_push_ctx)
 
     def eval(self, expr: str, *args: Any, mode: Optional[Mode] = None,
-             on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+             on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.eval``; ``mode`` is required.
 
         :param expr: the Lua code.
