@@ -354,7 +354,8 @@ class Router:
         each ``{"replicas": {id: {"uri": "user:pass@host:port", "name": ...,
         "master": bool}}, "master": "auto", "name": ...}``; or a whole vshard
         configuration (``{"sharding": ..., "bucket_count": ...}``).
-    :param user, password: credentials for every storage (default: the uri's).
+    :param user: the user for every storage (default: the uri's).
+    :param password: that user's password (default: the uri's).
     :param bucket_count: vshard's ``bucket_count`` (the configuration's if it has one).
     :param timeout: a call's default timeout in seconds (vshard's: 0.5).
     :param discovery_mode: ``'on'`` (keep discovering: idle every 10 s once every

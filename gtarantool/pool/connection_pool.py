@@ -141,8 +141,10 @@ class ConnectionPool(_PicksBase):
     :param retry_reads: re-send a read (``select``, ``ping``, ``crud`` reads)
         once to another instance when the connection failed before its reply.
         Writes, ``call``, ``eval`` and ``execute`` are never re-sent.
-    :param request_timeout, max_in_flight, lazy_errors: per connection, as in
-        :class:`gtarantool.Connection`.
+    :param request_timeout: per connection, as in :class:`gtarantool.Connection`.
+    :param max_in_flight: per connection, as in :class:`gtarantool.Connection`
+        (``None``: its default).
+    :param lazy_errors: per connection, as in :class:`gtarantool.Connection`.
     :raises tarantool.error.ConfigurationError: ``addrs`` is empty or not a
         list, an address is bad or given twice, or a bad ``wait_timeout``.
 
