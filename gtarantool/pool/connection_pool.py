@@ -759,7 +759,7 @@ class ConnectionPool(_PicksBase):
 
 
 def _crud_method(name):
-    def method(self, *args, mode=ANY):
+    def method(self: ConnectionPool, *args: Any, mode: Mode = ANY) -> Any:
         return self._request(mode, name, *args)
     method.__name__ = name
     method.__doc__ = "``Connection.%s`` (default mode ANY, as tarantool-python)." % name
