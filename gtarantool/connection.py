@@ -84,6 +84,8 @@ class Connection(RequestMethods, tarantool.Connection):
 
     Takes every argument of ``tarantool.Connection`` plus:
 
+    :param host: the server's address; ``None`` for a Unix socket.
+    :param port: its port, or the Unix socket's path.
     :param request_timeout: seconds a request may wait for its reply (queueing
         for an in-flight slot included); ``None`` waits forever.  On expiry the
         caller gets :class:`gtarantool.RequestTimeout` and the late reply is
@@ -95,9 +97,14 @@ class Connection(RequestMethods, tarantool.Connection):
         a ``DatabaseError`` whose message and ``extra_info`` are decoded when
         first read: for callers that tell errors apart by ``code`` (since 2.10
         a duplicate key's message quotes both tuples, escaped byte by byte).
-
-    ``connection_timeout`` (connect and greeting) defaults to 10 s rather than
-    forever, so connecting to a frozen server fails instead of hanging.
+    :param connection_timeout: seconds for connecting and the greeting; 10 s
+        by default rather than forever, so connecting to a frozen server fails
+        instead of hanging.
+    :raises tarantool.error.ConfigurationError: a bad ``request_timeout`` or
+        ``max_in_flight``.
+    :raises tarantool.error.NotSupportedError: ``transport='ssl'``.
+    :raises tarantool.error.NetworkError: connecting failed (unless
+        ``connect_now=False``).
     """
 
     # (A name tarantool.Connection's class defines must stay its own.)
