@@ -21,6 +21,8 @@ graphviz_output_format = "svg"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"show-inheritance": True}
 autodoc_typehints = "description"
+# (A parameter a docstring leaves to tarantool-python's documentation gets no bare entry.)
+autodoc_typehints_description_target = "documented_params"
 
 exclude_patterns = ["_build"]
 html_theme = "furo"

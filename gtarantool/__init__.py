@@ -4,6 +4,8 @@ Many greenlets share one socket; a writer greenlet coalesces their requests
 into few ``send`` calls and a reader greenlet routes replies by sync id.  The
 API, errors and response objects are tarantool-python's.
 """
+from typing import Any, Optional, Union
+
 from tarantool.error import (  # noqa: F401 - re-exported for drop-in use
     DatabaseError,
     Error,
@@ -35,7 +37,9 @@ __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError
            "ShardingError", "StorageError"]
 
 
-def connect(host="127.0.0.1", port=3301, user=None, password=None, **options):
+def connect(host: Optional[str] = "127.0.0.1", port: Union[int, str] = 3301,
+            user: Optional[str] = None, password: Optional[str] = None,
+            **options: Any) -> Connection:
     """Open a :class:`Connection`; ``options`` are those of ``tarantool.Connection``
     plus ``request_timeout``, ``max_in_flight`` and ``max_response_size``
     (``connection_timeout`` defaults to 10 s here).

@@ -4,7 +4,10 @@
 encoded body, reading them exactly as tarantool-python does, and hands both
 to ``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
 """
+from __future__ import annotations
+
 import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from tarantool.utils import wrap_key
 
@@ -28,6 +31,13 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_UPSERT,
 )
 
+#: A space or index: its name or its id.
+NameOrId = Union[str, int]
+#: A tuple, a key or a list of operations: a tuple or a list.
+TupleLike = Union[Tuple[Any, ...], List[Any]]
+#: ``on_push(message, on_push_ctx)``, called for each out-of-band message.
+OnPush = Optional[Callable[[Any, Any], Any]]
+
 
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
@@ -40,6 +50,13 @@ class RequestMethods:
     emptied when the schema is reloaded), and ``_conn``: the ``Connection``
     whose schema and options apply (a connection is its own), for the rest.
     """
+
+    # The host's, declared for the type checker only (no class attributes).
+    _request: Any
+    _encoder: Any
+    _spaces: Dict[Any, Any]
+    _indexes: Dict[Any, Any]
+    _conn: Any
 
     def _space(self, space_name):
         """The encoder for the primary index of a space given by name or id;
@@ -68,7 +85,27 @@ class RequestMethods:
                            self._encoder.space(space.space_no, index_no))
         return found
 
-    def insert(self, space_name, values, *, on_push=None, on_push_ctx=None):
+    def insert(self, space_name: NameOrId, values: TupleLike,
+               *, on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+        """Insert a tuple into a space; the server refuses it when its primary
+        key is taken.
+
+        :param space_name: the space's name or id.
+        :param values: the tuple, a tuple or list.
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply, a :class:`~gtarantool.protocol.responses.Response`
+            (tuples in ``.data``); on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         # The data methods repeat their first lines on purpose: a shared
         # helper would cost every request one more Python call.
         space = self._spaces.get(space_name)
@@ -79,7 +116,26 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_INSERT, space.join(space.insert_prefix, values),
                              on_push, on_push_ctx)
 
-    def replace(self, space_name, values, *, on_push=None, on_push_ctx=None):
+    def replace(self, space_name: NameOrId, values: TupleLike,
+                *, on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+        """Insert a tuple into a space, replacing the one with the same primary key.
+
+        :param space_name: the space's name or id.
+        :param values: the tuple, a tuple or list.
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply, a :class:`~gtarantool.protocol.responses.Response`
+            (tuples in ``.data``); on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
@@ -88,15 +144,47 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_REPLACE, space.join(space.insert_prefix, values),
                              on_push, on_push_ctx)
 
-    def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
-               iterator=None, on_push=None, on_push_ctx=None, after=None, fetch_pos=False):
+    def select(self, space_name: NameOrId, key: Any = None, *, offset: int = 0,
+               limit: int = NO_LIMIT, index: NameOrId = 0,
+               iterator: Union[str, int, None] = None, on_push: OnPush = None,
+               on_push_ctx: Any = None, after: Union[bytes, TupleLike, None] = None,
+               fetch_pos: bool = False) -> Any:
         """As ``tarantool.Connection.select``; ``iterator`` may be a name ("GE")
         or a number, and names are sent as numbers.
 
         Pagination (Tarantool 2.11+): ``after`` starts after a tuple (a tuple or
         list) or after a position (bytes) a previous select returned; with
         ``fetch_pos=True`` the response's ``.position`` is the position after
-        its last tuple (None when it has none)."""
+        its last tuple (None when it has none).
+
+        :param space_name: the space's name or id.
+        :param key: the key: a scalar, or a list or tuple of the index's parts
+            (fewer for a partial key); ``None`` or ``[]`` selects every tuple.
+        :param offset: how many matching tuples to skip.
+        :param limit: the most tuples to return (default: no limit).
+        :param index: the index's name or id (default: the primary index).
+        :param iterator: how the key matches: a name (``"EQ"``, ``"GE"``, ``"ALL"``...)
+            or a number (``tarantool.const.ITERATOR_*``); default ``EQ``, or
+            ``ALL`` with no key.
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :param after: start after this tuple (a tuple or list) or position (bytes).
+        :param fetch_pos: have the reply carry ``.position``.
+        :returns: the server's reply, a :class:`~gtarantool.protocol.responses.Response`
+            (tuples in ``.data``); on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``on_push`` is not callable, or ``after`` is of another type.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        :raises ValueError: ``after`` is not a position a select returned.
+        :raises gtarantool.FeatureNotSupported: ``after`` or ``fetch_pos`` on a
+            server without pagination (before 2.11).
+        """
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
@@ -122,7 +210,31 @@ class RequestMethods:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
 
-    def update(self, space_name, key, op_list, *, index=0, on_push=None, on_push_ctx=None):
+    def update(self, space_name: NameOrId, key: Any,
+               op_list: TupleLike, *, index: NameOrId = 0,
+               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+        """Update the tuple with this key by a list of operations.
+
+        :param space_name: the space's name or id.
+        :param key: the key: a scalar, or a list or tuple of the index's parts.
+        :param op_list: the update operations, each a list or tuple such as
+            ``("=", field, value)``; a field is a number (from 0 for the first)
+            or, when the space has a format, a name.
+        :param index: the (unique) index's name or id (default: the primary index).
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply, a :class:`~gtarantool.protocol.responses.Response`
+            (tuples in ``.data``); on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
@@ -142,8 +254,33 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_UPDATE, space.join(prefix, key, OPS_KEY, op_list),
                              on_push, on_push_ctx)
 
-    def upsert(self, space_name, tuple_value, op_list, *, index=0, on_push=None,
-               on_push_ctx=None):
+    def upsert(self, space_name: NameOrId,
+               tuple_value: TupleLike,
+               op_list: TupleLike, *, index: NameOrId = 0,
+               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+        """Insert ``tuple_value`` if no tuple has its primary key, else update
+        that tuple by ``op_list``.
+
+        :param space_name: the space's name or id.
+        :param tuple_value: the tuple to insert, a tuple or list.
+        :param op_list: the update operations, each a list or tuple such as
+            ``("=", field, value)``; a field is a number (from 0 for the first)
+            or, when the space has a format, a name.
+        :param index: the index's name or id (default: the primary index).
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply, a :class:`~gtarantool.protocol.responses.Response`
+            (tuples in ``.data``); on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
@@ -154,7 +291,27 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
             space.space_no, space.index_no, tuple_value, op_list), on_push, on_push_ctx)
 
-    def delete(self, space_name, key, *, index=0, on_push=None, on_push_ctx=None):
+    def delete(self, space_name: NameOrId, key: Any, *, index: NameOrId = 0,
+               on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
+        """Delete the tuple with this key.
+
+        :param space_name: the space's name or id.
+        :param key: the key: a scalar, or a list or tuple of the index's parts.
+        :param index: the (unique) index's name or id (default: the primary index).
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply (the deleted tuple in ``.data``, if any);
+            on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``on_push`` is not callable, or ``on_push`` is not callable.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         space = self._spaces.get(space_name)
         if space is None:
             space = self._space(space_name)
@@ -169,12 +326,51 @@ class RequestMethods:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_DELETE, body, on_push, on_push_ctx)
 
-    def call(self, func_name, *args, on_push=None, on_push_ctx=None):
+    def call(self, func_name: str, *args: Any, on_push: OnPush = None,
+             on_push_ctx: Any = None) -> Any:
+        """Call a stored function (``call_16=True``: with the 1.6 request, each
+        result wrapped in a tuple).
+
+        :param func_name: the function's name.
+        :param args: its arguments; a single list or tuple is taken as the
+            argument list, as in tarantool-python.
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply (the function's results in ``.data``);
+            on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``func_name`` is not a str, or ``on_push`` is not callable.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         code = REQUEST_TYPE_CALL16 if self._conn.call_16 else REQUEST_TYPE_CALL
         return self._invoke(code, IPROTO_FUNCTION_NAME, "func_name", func_name, args,
                             on_push, on_push_ctx)
 
-    def eval(self, expr, *args, on_push=None, on_push_ctx=None):
+    def eval(self, expr: str, *args: Any, on_push: OnPush = None,
+             on_push_ctx: Any = None) -> Any:
+        """Run Lua code on the server.
+
+        :param expr: the Lua code (its arguments are ``...``).
+        :param args: its arguments; a single list or tuple is taken as the
+            argument list, as in tarantool-python.
+        :param on_push: called as ``on_push(message, on_push_ctx)`` for each
+            out-of-band message (``box.session.push``) the request produces.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the server's reply (what the code returns in ``.data``);
+            on a pipeline, the request's place in
+            :meth:`~gtarantool.pipeline.Pipeline.results`.
+        :raises TypeError: ``expr`` is not a str, or ``on_push`` is not callable.
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         return self._invoke(REQUEST_TYPE_EVAL, IPROTO_EXPR, "expr", expr, args,
                             on_push, on_push_ctx)
 
@@ -190,7 +386,15 @@ class RequestMethods:
         return self._request(code, self._encoder.pack({field: text, IPROTO_TUPLE: args}),
                              on_push, on_push_ctx)
 
-    def ping(self, notime=False):
+    def ping(self, notime: bool = False) -> Union[float, str]:
+        """Send a ping and wait for its reply.
+
+        :param notime: return ``"Success"`` rather than the round trip's time.
+        :returns: the seconds the round trip took, or ``"Success"``.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the ping waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         start = time.time()
         self._request(REQUEST_TYPE_PING, b"")
         if notime:

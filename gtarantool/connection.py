@@ -8,11 +8,14 @@ schema reload on error 109, and ownership: another OS thread gets
 ``WrongOwner``; a forked child process (os.fork, multiprocessing, a fork made
 from C) opens its own socket on first use, never touching the parent's.
 """
+from __future__ import annotations
+
 import itertools
 import os
 import socket
 import time
 import weakref
+from typing import Any, Callable, ContextManager, Optional, Tuple, Union
 
 import gevent
 import gevent.lock
@@ -81,6 +84,8 @@ class Connection(RequestMethods, tarantool.Connection):
 
     Takes every argument of ``tarantool.Connection`` plus:
 
+    :param host: the server's address; ``None`` for a Unix socket.
+    :param port: its port, or the Unix socket's path.
     :param request_timeout: seconds a request may wait for its reply (queueing
         for an in-flight slot included); ``None`` waits forever.  On expiry the
         caller gets :class:`gtarantool.RequestTimeout` and the late reply is
@@ -92,20 +97,33 @@ class Connection(RequestMethods, tarantool.Connection):
         a ``DatabaseError`` whose message and ``extra_info`` are decoded when
         first read: for callers that tell errors apart by ``code`` (since 2.10
         a duplicate key's message quotes both tuples, escaped byte by byte).
-
-    ``connection_timeout`` (connect and greeting) defaults to 10 s rather than
-    forever, so connecting to a frozen server fails instead of hanging.
+    :param connection_timeout: seconds for connecting and the greeting; 10 s
+        by default rather than forever, so connecting to a frozen server fails
+        instead of hanging.
+    :raises tarantool.error.ConfigurationError: a bad ``request_timeout`` or
+        ``max_in_flight``.
+    :raises tarantool.error.NotSupportedError: ``transport='ssl'``.
+    :raises tarantool.error.NetworkError: connecting failed (unless
+        ``connect_now=False``).
     """
 
     # (A name tarantool.Connection's class defines must stay its own.)
     __slots__ = tuple(name for name in _ATTRIBUTES
                       if not any(name in vars(base) for base in tarantool.Connection.__mro__))
 
-    def __init__(self, host=tarantool.connection.DEFAULT_HOST,
-                 port=tarantool.connection.DEFAULT_PORT, *args,
-                 request_timeout=None, max_in_flight=DEFAULT_MAX_IN_FLIGHT,
-                 max_response_size=DEFAULT_MAX_RESPONSE_SIZE,
-                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT, lazy_errors=False, **kwargs):
+    # For the type checker (declarations only: the values live in the slots).
+    _transport: Optional[Transport]
+    _finalizer: Optional[weakref.finalize]
+    _handshaking: Optional[Tuple[Any, Transport]]
+    _watchers: Optional[watchers.Watchers]
+
+    def __init__(self, host: Optional[str] = tarantool.connection.DEFAULT_HOST,
+                 port: Union[int, str] = tarantool.connection.DEFAULT_PORT, *args: Any,
+                 request_timeout: Optional[float] = None,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 max_response_size: int = DEFAULT_MAX_RESPONSE_SIZE,
+                 connection_timeout: Optional[float] = DEFAULT_CONNECTION_TIMEOUT,
+                 lazy_errors: bool = False, **kwargs: Any) -> None:
         if request_timeout is not None and not (
                 isinstance(request_timeout, (int, float)) and request_timeout > 0):
             raise ConfigurationError("request_timeout must be a positive number of "
@@ -173,9 +191,16 @@ class Connection(RequestMethods, tarantool.Connection):
 
     # -- lifecycle -----------------------------------------------------------
 
-    def connect(self):
+    def connect(self) -> None:
         """(Re)connect: greeting, authentication, schema.  Fails every request
-        still waiting on the previous socket."""
+        still waiting on the previous socket (``ConnectionClosed``).  Requests
+        call it themselves when the connection is down.
+
+        :raises tarantool.error.NetworkError: the server cannot be reached, or
+            the greeting, authentication, a required feature or the schema's
+            loading failed (the cause chained).
+        :raises gtarantool.WrongOwner: called from another OS thread.
+        """
         self._check_owner()
         with self._lock:
             self._drop_transport(ConnectionClosed("connection re-established; "
@@ -220,7 +245,7 @@ class Connection(RequestMethods, tarantool.Connection):
                 raise NetworkError("cannot connect to %s:%s: %s"
                                    % (self.host, self.port, _describe(exc))) from exc
             if self._connected_once:
-                self.stats.reconnects += 1
+                self.stats.reconnects += 1   # type: ignore[attr-defined]  # Stats sets its slots by name
             self._connected_once = True
             if self._watchers is not None:
                 self._watchers.attach(self._transport)
@@ -272,25 +297,32 @@ class Connection(RequestMethods, tarantool.Connection):
             self._finalizer.detach()
             transport.close(exc)
 
-    def close(self):
+    def close(self) -> None:
         """Close the socket: waiting requests fail with ConnectionClosed; the reader
-        and writer greenlets are killed and joined.  A later request reconnects.
+        and writer greenlets are killed and joined; watchers are unregistered.
+        A later request reconnects.  In a forked child: forgets the parent's
+        socket, never touching the parent's stream.
 
-        From another OS thread: WrongOwner.  In a forked child: forgets the
-        parent's socket, never touching the parent's stream."""
+        :raises gtarantool.WrongOwner: called from another OS thread.
+        """
         self._check_owner()
         watchers, self._watchers = self._watchers, None
         if watchers is not None:
             watchers.close()
         self._drop_transport(ConnectionClosed("connection closed by close()"))
 
-    def is_closed(self):
+    def is_closed(self) -> bool:
+        """Whether the connection has no live socket: never connected, closed,
+        or its socket failed (the next request reconnects).
+
+        :returns: True when no socket is up.
+        """
         return self._transport is None or self._transport.error is not None
 
-    def __enter__(self):
+    def __enter__(self) -> Connection:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
     def _check_owner(self):
@@ -383,7 +415,11 @@ class Connection(RequestMethods, tarantool.Connection):
 
     # -- the request path ----------------------------------------------------
 
-    def generate_sync(self):
+    def generate_sync(self) -> int:
+        """A new request id (sync), unique on this connection.
+
+        :returns: the id.
+        """
         return next(self._syncs)
 
     def _packer_factory(self):
@@ -519,23 +555,33 @@ class Connection(RequestMethods, tarantool.Connection):
                 return super()._ops_process(space, ops)
         return ops
 
-    def flush_schema(self):
+    def flush_schema(self) -> None:
+        """Forget the cached schema (spaces, indexes and their encoders); it is
+        fetched again as requests need it."""
         self._spaces.clear()
         self._indexes.clear()
         super().flush_schema()
 
-    def update_schema(self, schema_version):
-        super().update_schema(schema_version)
-        self.stats.schema_reloads += 1
+    def update_schema(self, schema_version: int) -> None:
+        """Reload the schema, as the server's ``schema_version`` says it changed.
 
-    def pipeline(self):
+        :param schema_version: the server's new schema version.
+        :raises tarantool.error.NetworkError: the schema could not be fetched.
+        """
+        super().update_schema(schema_version)
+        self.stats.schema_reloads += 1   # type: ignore[attr-defined]  # Stats sets its slots by name
+
+    def pipeline(self) -> Pipeline:
         """A :class:`gtarantool.pipeline.Pipeline` on this connection: queue many
-        requests from one greenlet, then collect every reply in order."""
+        requests from one greenlet, then collect every reply in order.
+
+        :returns: the new, empty :class:`~gtarantool.pipeline.Pipeline`.
+        """
         return Pipeline(self)
 
     # -- Tarantool 2.10+ features, each in its own module ----------------------
 
-    def watch(self, key, callback):
+    def watch(self, key: str, callback: Callable[[str, Any], Any]) -> watchers.Watcher:
         """Call ``callback(key, value)`` with the current value of ``key``
         (``box.status``, ``box.id``, a ``box.broadcast`` key...), then once per
         change, in a greenlet of the connection's; returns a
@@ -547,24 +593,34 @@ class Connection(RequestMethods, tarantool.Connection):
         :param key: the key's name (str).
         :param callback: ``callback(key, value)``; an exception it raises is logged.
         :returns: the :class:`gtarantool.watchers.Watcher`.
-        :raises gtarantool.FeatureNotSupported: the server has no watchers."""
+        :raises TypeError: ``key`` is not a str, or ``callback`` is not callable.
+        :raises gtarantool.FeatureNotSupported: the server has no watchers.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established."""
         return watchers.watch(self, key, callback)
 
-    def watch_once(self, key):
+    def watch_once(self, key: str) -> Any:
         """The current value of ``key``, without watching it (Tarantool 3.0+).
 
         :param key: the key's name (str).
         :returns: its value (``None`` when it has none).
-        :raises gtarantool.FeatureNotSupported: the server is older than 3.0."""
+        :raises TypeError: ``key`` is not a str.
+        :raises gtarantool.FeatureNotSupported: the server is older than 3.0.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established."""
         return watchers.watch_once(self, key)
 
-    def stream(self):
+    def stream(self) -> streams.Stream:
         """A new :class:`gtarantool.streams.Stream` (Tarantool 2.10+): this
         connection's data methods under a stream id of its own, plus
-        ``begin()``, ``commit()`` and ``rollback()``."""
+        ``begin()``, ``commit()`` and ``rollback()``.
+
+        :returns: the :class:`~gtarantool.streams.Stream`; the server is asked
+            nothing until its first request.
+        """
         return streams.Stream(self)
 
-    def transaction(self, isolation=None, timeout=None):
+    def transaction(self, isolation: Union[str, int, None] = None,
+                    timeout: Optional[float] = None) -> ContextManager[streams.Stream]:
         """``with conn.transaction() as tx:`` begins a transaction on a new
         stream, commits it when the block ends, rolls it back when the block
         raises.  See :meth:`gtarantool.streams.Stream.begin`.
@@ -576,7 +632,7 @@ class Connection(RequestMethods, tarantool.Connection):
         :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+)."""
         return streams.transaction(self, isolation, timeout)
 
-    def prepare(self, sql):
+    def prepare(self, sql: str) -> PreparedStatement:
         """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`
         (``execute(params)``, ``unprepare()``; a context manager).
 

@@ -20,9 +20,12 @@ Differences from single calls: ``on_push`` messages are dropped, and requests
 are sent without a schema version (as tarantool-python does), so a schema
 change does not make them fail with error 109.
 """
+from __future__ import annotations
+
 import gc
 import itertools
 from contextlib import contextmanager
+from typing import Any, List, Tuple
 
 import gevent
 from gevent import Timeout
@@ -32,6 +35,10 @@ from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout
 from gtarantool.protocol.responses import responses
 from gtarantool.transport import ReplySink
+
+# ``conn`` (a Connection) and ``stream`` (a Stream) are annotated Any: both
+# modules import this one, which imports nothing of them, not even for the
+# type checker.
 
 # Requests go to the transport in batches of this many (and when the replies
 # are awaited), each batch followed by a yield, so the first replies come back
@@ -54,9 +61,20 @@ def _gc_paused():
 
 
 class Pipeline(ConnectionRequestMethods):
-    """Queue requests with the connection's methods; ``results()`` waits for all."""
+    """Queue requests with the connection's methods; ``results()`` waits for all.
 
-    def __init__(self, conn, stream=None):
+    Each data method (insert, select, ...) encodes its request and queues it,
+    returning the request's place in :meth:`results`; it raises what the
+    connection's does for bad arguments or an unknown space, and no request
+    is queued then.  The request that fills a batch hands it over, and raises
+    ``NetworkError`` when the connection cannot be (re)established (the
+    batch's requests hold it as their results).  Made by
+    ``Connection.pipeline()`` or ``Stream.pipeline()``.
+    """
+
+    _queued: List[Tuple[int, bytes]]
+
+    def __init__(self, conn: Any, stream: Any = None) -> None:
         super().__init__(conn)
         self._stream = stream       # a Stream whose requests these are, or None
         self._queued = []           # (code, body) of requests not handed over yet
@@ -99,12 +117,18 @@ class Pipeline(ConnectionRequestMethods):
         else:
             stream._transport().send_many(requests, syncs, sink, stream.stream_id)
 
-    def wait(self):
+    def wait(self) -> None:
         """Send what is queued and block until every request has its reply (or error).
 
         Honours the connection's ``request_timeout`` for the whole wait: on
         expiry it raises ``RequestTimeout``, which also becomes the result of
-        each request still unanswered."""
+        each request still unanswered.  A failed request (refused, or lost
+        with the connection, or never sent because it could not connect) does
+        not make it raise: its exception is its result.
+
+        :raises gtarantool.RequestTimeout: the replies did not all come within
+            ``request_timeout``.
+        """
         sink = self._sink
         if not self._queued and sink.outstanding <= 0:
             return
@@ -143,8 +167,13 @@ class Pipeline(ConnectionRequestMethods):
                 sink.replies[sync] = exc
         sink.outstanding = 0
 
-    def results(self):
-        """Every reply in request order: a Response, or the exception it raised."""
+    def results(self) -> List[Any]:
+        """Every reply in request order: a Response, or the exception it raised.
+        Waits as :meth:`wait`, without raising on a timeout.
+
+        :returns: one item per request, in the order they were made: its
+            :class:`~gtarantool.protocol.responses.Response` or its exception.
+        """
         try:
             self.wait()
         except RequestTimeout:
@@ -153,8 +182,8 @@ class Pipeline(ConnectionRequestMethods):
             return responses(self._conn, self._conn._decoder, self._sink.syncs,
                              self._sink.replies)
 
-    def __enter__(self):
+    def __enter__(self) -> Pipeline:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.wait()

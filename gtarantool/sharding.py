@@ -16,10 +16,12 @@ is moving (such a call is sent again within its timeout: the storage refused
 it before running the function); every other error reaches the caller, and an
 error about a replica set names it (``ShardingError.replicaset``).
 """
+from __future__ import annotations
+
 import itertools
 import struct
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import gevent
 import gevent.event
@@ -79,7 +81,8 @@ class ShardingError(DatabaseError):
     (``bucket_id``, ``destination``, ...), ``replicaset`` the id of the replica
     set it concerns (None when it concerns none)."""
 
-    def __init__(self, code, message, details=None, replicaset=None, name=None):
+    def __init__(self, code: int, message: str, details: Optional[Dict[str, Any]] = None,
+                 replicaset: Any = None, name: Optional[str] = None) -> None:
         super().__init__(code, message)
         self.details = dict(details or {})
         self.name = name or self.details.get("name") or ERROR_NAMES.get(code)
@@ -96,7 +99,7 @@ class StorageError(DatabaseError):
     ``code`` and ``type`` are the error's (box's, or the application's),
     ``details`` its fields, ``replicaset`` where it ran."""
 
-    def __init__(self, err, replicaset):
+    def __init__(self, err: Any, replicaset: Any) -> None:
         details = err if isinstance(err, dict) else {"message": str(err)}
         code = details.get("code") if isinstance(details.get("code"), int) else 0
         inner = getattr(details.get("details"), "errcode", None)
@@ -240,9 +243,14 @@ def _parts(key):
     return key if isinstance(key, (list, tuple)) else None
 
 
-def strcrc32(key):
+def strcrc32(key: Any) -> int:
     """vshard's ``strcrc32`` (Tarantool's ``digest.crc32`` of ``tostring`` of the
-    key, or of each part of a tuple or list in turn)."""
+    key, or of each part of a tuple or list in turn).
+
+    :param key: str, bytes, int, float, bool, or a tuple/list of them.
+    :returns: the CRC, an unsigned 32-bit integer.
+    :raises ValueError: a key vshard cannot hash the same way every time.
+    """
     if type(key) is str:
         return _crc(key.encode())
     parts = _parts(key)
@@ -255,11 +263,14 @@ def strcrc32(key):
     return _crc(b"".join(_tostring(part) for part in parts))
 
 
-def mpcrc32(key, varbinary=True):
+def mpcrc32(key: Any, varbinary: bool = True) -> int:
     """vshard's ``mpcrc32``: the CRC of each part's MessagePack (strings as they are).
 
+    :param key: str, bytes, int, float, bool, None inside a tuple, or a tuple/list.
     :param varbinary: the server decodes binary keys to varbinary (Tarantool 3.0+);
         False for 2.x, where a binary part is hashed as a string.
+    :returns: the CRC, an unsigned 32-bit integer.
+    :raises ValueError: a key vshard cannot hash.
     """
     kind = type(key)
     if kind is int and -(1 << 63) <= key < (1 << 64):   # the usual keys, directly
@@ -272,13 +283,26 @@ def mpcrc32(key, varbinary=True):
     return _crc(b"".join(_mp_one(part, varbinary) for part in parts))
 
 
-def bucket_id_strcrc32(key, bucket_count):
-    """``strcrc32(key) % bucket_count + 1``, as ``vshard.router.bucket_id_strcrc32``."""
+def bucket_id_strcrc32(key: Any, bucket_count: int) -> int:
+    """``strcrc32(key) % bucket_count + 1``, as ``vshard.router.bucket_id_strcrc32``.
+
+    :param key: as for :func:`strcrc32`.
+    :param bucket_count: vshard's ``bucket_count``.
+    :returns: the bucket id, 1..bucket_count.
+    :raises ValueError: a key vshard cannot hash the same way every time.
+    """
     return strcrc32(key) % bucket_count + 1
 
 
-def bucket_id_mpcrc32(key, bucket_count, varbinary=True):
-    """``mpcrc32(key) % bucket_count + 1``, as ``vshard.router.bucket_id_mpcrc32``."""
+def bucket_id_mpcrc32(key: Any, bucket_count: int, varbinary: bool = True) -> int:
+    """``mpcrc32(key) % bucket_count + 1``, as ``vshard.router.bucket_id_mpcrc32``.
+
+    :param key: as for :func:`mpcrc32`.
+    :param bucket_count: vshard's ``bucket_count``.
+    :param varbinary: as for :func:`mpcrc32`.
+    :returns: the bucket id, 1..bucket_count.
+    :raises ValueError: a key vshard cannot hash.
+    """
     return mpcrc32(key, varbinary) % bucket_count + 1
 
 
@@ -308,14 +332,17 @@ class Replicaset:
     messages), ``pool`` (its :class:`gtarantool.ConnectionPool`), ``bucket_count``
     (the buckets the router maps to it)."""
 
-    def __init__(self, rs_id, name, pool):
+    discovery_error: Optional[Exception]
+    discovery: Any   # its discovery greenlet, or None
+
+    def __init__(self, rs_id: Any, name: str, pool: ConnectionPool) -> None:
         self.id, self.name, self.pool = rs_id, name, pool
         self.bucket_count = 0
         self.discovery_error = None
         self.discovery_rounds = 0
         self.discovery = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "replicaset %s" % (self.name if self.name == self.id
                                   else "%s (%s)" % (self.name, self.id))
 
@@ -327,7 +354,8 @@ class Router:
         each ``{"replicas": {id: {"uri": "user:pass@host:port", "name": ...,
         "master": bool}}, "master": "auto", "name": ...}``; or a whole vshard
         configuration (``{"sharding": ..., "bucket_count": ...}``).
-    :param user, password: credentials for every storage (default: the uri's).
+    :param user: the user for every storage (default: the uri's).
+    :param password: that user's password (default: the uri's).
     :param bucket_count: vshard's ``bucket_count`` (the configuration's if it has one).
     :param timeout: a call's default timeout in seconds (vshard's: 0.5).
     :param discovery_mode: ``'on'`` (keep discovering: idle every 10 s once every
@@ -340,8 +368,14 @@ class Router:
     :raises tarantool.error.ConfigurationError: a malformed configuration.
     """
 
-    def __init__(self, sharding, user=None, password=None, bucket_count=3000, *,
-                 timeout=CALL_TIMEOUT, discovery_mode="on", varbinary=None, **pool_options):
+    replicasets: Dict[Any, Replicaset]   # by vshard's id
+    _routes: List[Optional[Replicaset]]   # by bucket id
+    _destinations: Dict[Any, Replicaset]
+
+    def __init__(self, sharding: Dict[Any, Any], user: Optional[str] = None,
+                 password: Optional[str] = None, bucket_count: int = 3000, *,
+                 timeout: float = CALL_TIMEOUT, discovery_mode: str = "on",
+                 varbinary: Optional[bool] = None, **pool_options: Any) -> None:
         if isinstance(sharding, dict) and isinstance(sharding.get("sharding"), dict):
             bucket_count = sharding.get("bucket_count", bucket_count)
             sharding = sharding["sharding"]
@@ -402,12 +436,22 @@ class Router:
         return Replicaset(rs_id, rs_cfg.get("name") or rs_id, pool)
 
     @classmethod
-    def from_router(cls, host, port, user=None, password=None, **options):
+    def from_router(cls, host: str, port: int, user: Optional[str] = None,
+                    password: Optional[str] = None, **options: Any) -> Router:
         """A Router configured as the Lua router at ``host:port`` is (its
         ``vshard.router.cfg``, read with ``eval``: the user needs execute rights
         on it).  ``options`` as for :class:`Router`.
 
+        :param host: the Lua router's address.
+        :param port: its port.
+        :param user: the user for the router and every storage.
+        :param password: that user's password.
+        :param options: :class:`Router`'s keyword arguments.
+        :returns: the :class:`Router`, connected to the storages.
         :raises tarantool.error.DatabaseError: the instance runs no vshard router.
+        :raises tarantool.error.NetworkError: it cannot be reached.
+        :raises tarantool.error.ConfigurationError: its configuration is not one
+            the Router takes.
         """
         conn = Connection(host, port, user=user, password=password, fetch_schema=False)
         try:
@@ -421,19 +465,21 @@ class Router:
 
     # -- bucket ids ---------------------------------------------------------------------
 
-    def bucket_id_strcrc32(self, key):
+    def bucket_id_strcrc32(self, key: Any) -> int:
         """The bucket of ``key`` as ``vshard.router.bucket_id_strcrc32`` computes it.
 
         :param key: str, bytes, int, float, bool, or a tuple/list of them.
+        :returns: the bucket id, 1..bucket_count.
         :raises ValueError: a key vshard cannot hash the same way every time.
         """
         return strcrc32(key) % self.bucket_count + 1
 
-    def bucket_id_mpcrc32(self, key):
+    def bucket_id_mpcrc32(self, key: Any) -> int:
         """The bucket of ``key`` as ``vshard.router.bucket_id_mpcrc32`` computes it
         (integers of any size hash alike; binary keys as the storages' Tarantool).
 
         :param key: str, bytes, int, float, bool, None inside a tuple, or a tuple/list.
+        :returns: the bucket id, 1..bucket_count.
         :raises ValueError: a key vshard cannot hash.
         """
         return mpcrc32(key, self._uses_varbinary()) % self.bucket_count + 1
@@ -500,7 +546,7 @@ class Router:
                 return
             self._wakeup.wait(DISCOVERY_IDLE_INTERVAL if known else DISCOVERY_WORK_INTERVAL)
 
-    def discovery_wakeup(self):
+    def discovery_wakeup(self) -> None:
         """Run every replica set's discovery now rather than at its next period."""
         wakeup, self._wakeup = self._wakeup, gevent.event.Event()
         wakeup.set()
@@ -538,17 +584,24 @@ class Router:
         raise ShardingError(NO_ROUTE_TO_BUCKET, "Bucket %d cannot be found. Is rebalancing "
                             "in progress?" % bucket_id, {"bucket_id": bucket_id})
 
-    def route(self, bucket_id):
+    def route(self, bucket_id: int) -> Replicaset:
         """The :class:`Replicaset` holding ``bucket_id`` (asked of the storages when
         the map does not know it yet).
 
+        :param bucket_id: 1..bucket_count.
+        :returns: the :class:`Replicaset`.
+        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count.
         :raises ShardingError: NO_ROUTE_TO_BUCKET, or UNREACHABLE_REPLICASET.
+        :raises StorageError: a storage failed to say whether it holds the bucket.
         """
         self._check(bucket_id)
         return self._routes[bucket_id] or self._resolve(bucket_id)
 
-    def routeall(self):
-        """{replica set id: :class:`Replicaset`}."""
+    def routeall(self) -> Dict[Any, Replicaset]:
+        """{replica set id: :class:`Replicaset`}.
+
+        :returns: a new dict (changing it changes nothing in the router).
+        """
         return dict(self.replicasets)
 
     def _check(self, bucket_id):
@@ -558,7 +611,8 @@ class Router:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def callrw(self, bucket_id, func, args=(), timeout=None):
+    def callrw(self, bucket_id: int, func: str, args: Sequence[Any] = (),
+               timeout: Optional[float] = None) -> Any:
         """Call ``func(*args)`` on the master of the replica set holding ``bucket_id``
         (``vshard.storage.call`` refuses it there unless the bucket is writable).
 
@@ -568,6 +622,8 @@ class Router:
         :param timeout: seconds for the whole call, moves of the bucket included
             (default: the router's ``timeout``).
         :returns: the function's first return value (as vshard's router).
+        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count.
+        :raises TypeError: ``args`` is not a list or tuple.
         :raises StorageError: the function raised, or returned ``nil, err``.
         :raises ShardingError: a vshard error that is not about the bucket's place,
             or, at the timeout, the last of those (e.g. UNREACHABLE_MASTER naming
@@ -576,25 +632,67 @@ class Router:
             may still run.
         :raises tarantool.error.NetworkError: the connection failed with the call in
             flight: it may have run.
+        :raises tarantool.error.DatabaseError: the storage refused the call.
+        :raises gtarantool.ConnectionClosed: the router is closed.
         """
         return self._call(bucket_id, RW, "write", func, args, timeout)
 
-    def callro(self, bucket_id, func, args=(), timeout=None):
+    def callro(self, bucket_id: int, func: str, args: Sequence[Any] = (),
+               timeout: Optional[float] = None) -> Any:
         """As :meth:`callrw` for a read: on the master while it is up, else a replica
         (vshard's nearest replica, with no zones); a read is re-sent after a
-        connection failure."""
+        connection failure.
+
+        :param bucket_id: 1..bucket_count.
+        :param func: the storage function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds for the whole call (default: the router's ``timeout``).
+        :returns: the function's first return value.
+        :raises: as :meth:`callrw`; a connection failure is not raised but
+            the call sent again, within ``timeout``.
+        """
         return self._call(bucket_id, PREFER_RW, "read", func, args, timeout)
 
-    def callbro(self, bucket_id, func, args=(), timeout=None):
-        """As :meth:`callro`, balanced over every member of the replica set."""
+    def callbro(self, bucket_id: int, func: str, args: Sequence[Any] = (),
+                timeout: Optional[float] = None) -> Any:
+        """As :meth:`callro`, balanced over every member of the replica set.
+
+        :param bucket_id: 1..bucket_count.
+        :param func: the storage function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds for the whole call (default: the router's ``timeout``).
+        :returns: the function's first return value.
+        :raises: as :meth:`callrw`; a connection failure is not raised but
+            the call sent again, within ``timeout``.
+        """
         return self._call(bucket_id, ANY, "read", func, args, timeout)
 
-    def callre(self, bucket_id, func, args=(), timeout=None):
-        """As :meth:`callro` on a replica (the master when no replica is up)."""
+    def callre(self, bucket_id: int, func: str, args: Sequence[Any] = (),
+               timeout: Optional[float] = None) -> Any:
+        """As :meth:`callro` on a replica (the master when no replica is up).
+
+        :param bucket_id: 1..bucket_count.
+        :param func: the storage function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds for the whole call (default: the router's ``timeout``).
+        :returns: the function's first return value.
+        :raises: as :meth:`callrw`; a connection failure is not raised but
+            the call sent again, within ``timeout``.
+        """
         return self._call(bucket_id, PREFER_RO, "read", func, args, timeout)
 
-    def callbre(self, bucket_id, func, args=(), timeout=None):
-        """As :meth:`callre`, balanced over the replicas."""
+    def callbre(self, bucket_id: int, func: str, args: Sequence[Any] = (),
+                timeout: Optional[float] = None) -> Any:
+        """As :meth:`callre`, balanced over the replicas.
+
+        :param bucket_id: 1..bucket_count.
+        :param func: the storage function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds for the whole call (default: the router's ``timeout``).
+        :returns: the function's first return value.
+        :raises: as :meth:`callrw`; a connection failure is not raised but
+            the call sent again, within ``timeout``.
+        """
         return self._call(bucket_id, PREFER_RO, "read", func, args, timeout)
 
     def _call(self, bucket_id, mode, vmode, func, args, timeout):
@@ -694,10 +792,14 @@ class Router:
         exc.replicaset = rs.id if rs is not None else None
         return exc
 
-    def map_callrw(self, func, args=(), timeout=None):
+    def map_callrw(self, func: str, args: Sequence[Any] = (),
+                   timeout: Optional[float] = None) -> Dict[Any, List[Any]]:
         """vshard's Ref-Map-Reduce: ``func(*args)`` on every replica set's master,
         each run while every bucket is referenced (no bucket moves meanwhile).
 
+        :param func: the storage function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds for the whole call (default: the router's ``timeout``).
         :returns: {replica set id: [result]} for each master whose function returned
             a value (as vshard's router).
         :raises ShardingError: UNKNOWN_BUCKETS (the masters do not hold every bucket),
@@ -710,7 +812,7 @@ class Router:
         rid = next(self._ref_ids)
         deadline = time.monotonic() + timeout
         replicasets = list(self.replicasets.values())
-        referenced = []
+        referenced: List[Replicaset] = []
         try:
             counts = self._each(replicasets, deadline, "storage_ref", rid, timeout,
                                 on_ok=referenced.append)
@@ -770,10 +872,12 @@ class Router:
 
     # -- state ------------------------------------------------------------------------------
 
-    def info(self):
+    def info(self) -> Dict[str, Any]:
         """{"bucket": {"total", "known", "unknown"}, "replicasets": {id: {"name",
         "bucket_count", "discovery": {"rounds", "last_error"}, "instances":
-        ConnectionPool.info()}}}."""
+        ConnectionPool.info()}}}.
+
+        :returns: that dict, built anew."""
         return {
             "bucket": {"total": self.bucket_count, "known": self.known_bucket_count,
                        "unknown": self.bucket_count - self.known_bucket_count},
@@ -786,7 +890,7 @@ class Router:
             } for rs in self.replicasets.values()},
         }
 
-    def close(self):
+    def close(self) -> None:
         """Stop discovery (killing and joining its greenlets) and close every pool."""
         self._closed = True
         discoveries = [rs.discovery for rs in self.replicasets.values() if rs.discovery]
@@ -795,8 +899,8 @@ class Router:
             rs.discovery = None
             rs.pool.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Router:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()

@@ -5,8 +5,11 @@ names nothing, so ``PreparedStatement`` remembers the transport it was
 prepared on and prepares again, on first use, when the connection's
 transport is another one.
 """
+from __future__ import annotations
+
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
 
 from tarantool.error import InterfaceError
 
@@ -21,6 +24,9 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_EXECUTE,
 )
 from gtarantool.protocol.responses import ResponseExecute, make_response
+
+# ``conn`` is a Connection, annotated Any: connection.py imports this module, and
+# this module imports nothing of it, not even for the type checker.
 
 
 def bind_params(params):
@@ -56,9 +62,21 @@ class PreparedStatement:
     ``unprepare()`` frees it on the server; as a context manager it
     unprepares on exit.  ``stmt_id``, ``params_count`` (placeholders),
     ``params`` and ``metadata`` (column descriptions, for a SELECT) are the
-    server's."""
+    server's.
 
-    def __init__(self, conn, sql):
+    :param conn: the connection.
+    :param sql: the statement's text.
+    :raises TypeError: ``sql`` is not a str.
+    :raises tarantool.error.DatabaseError: the server rejected the statement.
+    """
+
+    stmt_id: Optional[int]
+    params_count: Optional[int]
+    params: Any
+    metadata: Any
+    _prepared_on: Any   # None until prepared, then a weakref.ref to the transport
+
+    def __init__(self, conn: Any, sql: str) -> None:
         if not isinstance(sql, str):
             raise TypeError("sql must be a str, not %s" % type(sql).__name__)
         self._conn = conn
@@ -79,13 +97,20 @@ class PreparedStatement:
         self.metadata = body.get(IPROTO_METADATA)
         self._prepared_on = weakref.ref(conn._transport)
 
-    def execute(self, params=None):
+    def execute(self, params: Union[Sequence[Any], Mapping[str, Any], None] = None) -> Any:
         """Run the statement with ``params`` (a sequence or a mapping).
 
         :param params: a sequence for ``?`` placeholders or a mapping for ``:name``
             ones (the names without their colons); ``None`` for none.
-        :returns: the response, as ``Connection.execute``'s.
-        :raises tarantool.error.InterfaceError: the statement was unprepared."""
+        :returns: the response, as ``Connection.execute``'s
+            (``tarantool.response.ResponseExecute``: rows in ``.data``,
+            ``affected_row_count``, ``autoincrement_ids``).
+        :raises tarantool.error.InterfaceError: the statement was unprepared.
+        :raises TypeError: ``params`` is neither a sequence nor a mapping.
+        :raises tarantool.error.DatabaseError: the server refused it.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        """
         if self.stmt_id is None:
             raise InterfaceError("the statement %r was unprepared" % (self.sql,))
         conn = self._conn
@@ -95,8 +120,13 @@ class PreparedStatement:
             {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}))
         return as_execute_response(conn, resp)
 
-    def unprepare(self):
-        """Free the statement on the server (when its session still exists)."""
+    def unprepare(self) -> None:
+        """Free the statement on the server (when its session still exists);
+        a second call does nothing.
+
+        :raises tarantool.error.DatabaseError: the server refused it.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        """
         stmt_id, self.stmt_id = self.stmt_id, None
         conn = self._conn
         transport = conn._transport
@@ -104,11 +134,11 @@ class PreparedStatement:
                 and self._prepared_on() is transport):
             conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_STMT_ID: stmt_id}))
 
-    def __enter__(self):
+    def __enter__(self) -> PreparedStatement:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.unprepare()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<PreparedStatement %s %r>" % (self.stmt_id, self.sql)

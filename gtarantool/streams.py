@@ -13,8 +13,11 @@ lost the server has rolled it back, so its later requests fail with
 ``NetworkError`` instead of going, outside any transaction, to a new
 connection (nothing is re-sent).
 """
+from __future__ import annotations
+
 import logging
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 from tarantool.error import InterfaceError, NetworkError
 
@@ -31,6 +34,12 @@ from gtarantool.protocol.constants import (
 )
 from gtarantool.protocol.responses import Response, ResponseExecute
 
+if TYPE_CHECKING:
+    from gtarantool.transport import Transport
+
+# ``conn`` is a Connection, annotated Any: connection.py imports this module, and
+# this module imports nothing of it, not even for the type checker.
+
 # box.begin{txn_isolation = ...}'s names, as numbers (enum txn_isolation_level)
 ISOLATION_LEVELS = {
     "default": 0,
@@ -43,8 +52,13 @@ ISOLATION_LEVELS = {
 log = logging.getLogger(__name__)
 
 
-def isolation_code(isolation):
-    """An isolation level's name or number -> its number."""
+def isolation_code(isolation: Union[str, int]) -> int:
+    """An isolation level's name or number -> its number.
+
+    :param isolation: a name of ``ISOLATION_LEVELS`` or a number 0-4.
+    :returns: the number.
+    :raises ValueError: neither.
+    """
     if isinstance(isolation, str):
         try:
             return ISOLATION_LEVELS[isolation]
@@ -62,14 +76,16 @@ class Stream(ConnectionRequestMethods):
     delete, call, eval, execute, ping) under one stream id, plus ``begin``,
     ``commit`` and ``rollback``.  Made by ``Connection.stream()``."""
 
-    def __init__(self, conn):
+    _tx: Optional[Transport]
+
+    def __init__(self, conn: Any) -> None:
         features.require(conn, features.STREAMS)
         super().__init__(conn)
         self.stream_id = next(conn._stream_ids)
         self._tx = None   # the transport the open transaction began on
 
     @property
-    def in_transaction(self):
+    def in_transaction(self) -> bool:
         """True between a successful ``begin()`` and ``commit()``/``rollback()``."""
         return self._tx is not None
 
@@ -88,18 +104,29 @@ class Stream(ConnectionRequestMethods):
         return self._conn._request(code, body, on_push, on_push_ctx, stream=self,
                                    response_class=response_class)
 
-    def pipeline(self):
+    def pipeline(self) -> Pipeline:
         """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
         stream (in its transaction, when one is open): many writes of one
-        transaction without a round trip each."""
+        transaction without a round trip each.
+
+        :returns: the new, empty :class:`~gtarantool.pipeline.Pipeline`.
+        """
         return Pipeline(self._conn, self)
 
-    def execute(self, query, params=None):
+    def execute(self, query: str,
+                params: Union[Sequence[Any], Mapping[str, Any], None] = None) -> Any:
         """SQL in this stream (as ``Connection.execute``).
 
         :param query: the SQL text.
         :param params: a sequence (``?``) or a mapping (``:name``) of values.
-        :returns: the response, with ``affected_row_count`` and ``autoincrement_ids``."""
+        :returns: the response, with ``affected_row_count`` and ``autoincrement_ids``.
+        :raises tarantool.error.DatabaseError: the server refused the statement.
+        :raises TypeError: ``query`` is not a str, or ``params`` is neither a
+            sequence nor a mapping.
+        :raises tarantool.error.NetworkError: the connection was lost during
+            the stream's transaction, or could not be (re)established.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        """
         if self._conn._encoder is None:
             self._conn._ensure_connected()
         return self._request(REQUEST_TYPE_EXECUTE, sql.execute_body(self._conn, query, params),
@@ -107,7 +134,8 @@ class Stream(ConnectionRequestMethods):
 
     # -- transactions ---------------------------------------------------------
 
-    def begin(self, isolation=None, timeout=None):
+    def begin(self, isolation: Union[str, int, None] = None,
+              timeout: Optional[float] = None) -> None:
         """Begin a transaction (IPROTO_BEGIN).  ``isolation``: "default",
         "read-committed", "read-confirmed", "best-effort", "linearizable" or
         its number; ``timeout``: seconds after which the server rolls it back.
@@ -116,12 +144,16 @@ class Stream(ConnectionRequestMethods):
         :param timeout: seconds (a positive number; ``None``: the server's default).
         :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+).
         :raises tarantool.error.InterfaceError: a transaction is open already.
-        :raises ValueError: a bad isolation level or timeout."""
+        :raises ValueError: a bad isolation level or timeout.
+        :raises tarantool.error.DatabaseError: the server refused to begin.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        """
         conn = self._conn
         features.require(conn, features.TRANSACTIONS)
         if self._tx is not None:
             raise InterfaceError("stream %d already has an open transaction" % self.stream_id)
-        body = {}
+        body: Dict[int, Any] = {}
         if isolation is not None:
             body[IPROTO_TXN_ISOLATION] = isolation_code(isolation)
         if timeout is not None:
@@ -137,16 +169,28 @@ class Stream(ConnectionRequestMethods):
             self._tx = None
             raise
 
-    def commit(self):
-        """Commit the transaction (IPROTO_COMMIT); it is over either way."""
+    def commit(self) -> None:
+        """Commit the transaction (IPROTO_COMMIT); it is over either way.
+
+        :raises tarantool.error.DatabaseError: the server refused the commit
+            (the transaction was rolled back).
+        :raises tarantool.error.NetworkError: the connection was lost during
+            the transaction (the server rolled it back).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``
+            (the transaction's outcome is unknown).
+        """
         try:
             self._request(IPROTO_COMMIT, b"")
         finally:
             self._tx = None
 
-    def rollback(self):
+    def rollback(self) -> None:
         """Roll the transaction back (IPROTO_ROLLBACK).  When its connection
-        was lost the server has rolled it back already: nothing is sent."""
+        was lost the server has rolled it back already: nothing is sent.
+
+        :raises tarantool.error.DatabaseError: the server refused the rollback.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        """
         tx = self._tx
         try:
             if tx is None or tx.error is None:
@@ -154,14 +198,22 @@ class Stream(ConnectionRequestMethods):
         finally:
             self._tx = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
 
 
 @contextmanager
-def transaction(conn, isolation=None, timeout=None):
+def transaction(conn: Any, isolation: Union[str, int, None] = None,
+                timeout: Optional[float] = None) -> Iterator[Stream]:
     """``Connection.transaction``: a new stream, begun on entry, committed on
-    normal exit, rolled back when the block raises (the exception goes on)."""
+    normal exit, rolled back when the block raises (the exception goes on).
+
+    :param conn: the connection.
+    :param isolation: as :meth:`Stream.begin`.
+    :param timeout: as :meth:`Stream.begin`.
+    :returns: a context manager that yields the :class:`Stream`.
+    :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+).
+    """
     stream = Stream(conn)
     stream.begin(isolation, timeout)
     try:

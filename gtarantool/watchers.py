@@ -21,8 +21,11 @@ internal watcher: it shares the key's subscription with a user's watcher of
 that key, and, unlike a user's watcher, holds the connection only weakly, so
 a connection dropped without ``close()`` is still collected.
 """
+from __future__ import annotations
+
 import logging
 import weakref
+from typing import Any, Callable
 
 import gevent
 import msgpack
@@ -38,17 +41,23 @@ from gtarantool.protocol.constants import (
 )
 from gtarantool.protocol.frames import notice_frame
 
+# ``conn`` is a Connection, annotated Any: connection.py imports this module, and
+# this module imports nothing of it, not even for the type checker.
+
 MAX_RECONNECT_DELAY = 5.0   # seconds between the watchers' reconnect cycles, at most
 
 log = logging.getLogger(__name__)
 
 
 class Watcher:
-    """One callback watching one key; returned by ``Connection.watch``."""
+    """One callback watching one key; returned by ``Connection.watch``.
+    ``key`` and ``callback`` are the watch's; ``registered`` is False once
+    unregistered (or its connection closed)."""
 
     __slots__ = ("key", "callback", "registered", "internal", "_seen", "_registry")
 
-    def __init__(self, registry, key, callback, internal=False):
+    def __init__(self, registry: Watchers, key: str, callback: Callable[[str, Any], Any],
+                 internal: bool = False) -> None:
         self.key = key
         self.callback = callback
         self.registered = True
@@ -56,13 +65,14 @@ class Watcher:
         self._seen = 0            # the version of the key's value it was last called with
         self._registry = registry
 
-    def unregister(self):
+    def unregister(self) -> None:
         """Stop this watcher (its callback is not called again; a call under
-        way finishes).  The last watcher of a key unsubscribes (IPROTO_UNWATCH)."""
+        way finishes).  The last watcher of a key unsubscribes (IPROTO_UNWATCH).
+        A second call does nothing; it never waits for the server."""
         if self.registered:
             self._registry.remove(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Watcher %r%s>" % (self.key, "" if self.registered else " (unregistered)")
 
 
@@ -268,23 +278,45 @@ class Watchers:
             self._reconnector = None
 
 
-def watch(conn, key, callback):
-    """``Connection.watch``: see its docstring."""
+def watch(conn: Any, key: str, callback: Callable[[str, Any], Any]) -> Watcher:
+    """``Connection.watch``: see its docstring.
+
+    :param conn: the connection.
+    :param key: the key's name.
+    :param callback: ``callback(key, value)``.
+    :returns: the :class:`Watcher`.
+    :raises TypeError: ``key`` is not a str, or ``callback`` is not callable.
+    :raises gtarantool.FeatureNotSupported: the server has no watchers (2.10+).
+    :raises tarantool.error.NetworkError: the connection could not be (re)established.
+    """
     conn._ensure_connected()
     features.require(conn, features.WATCHERS)
     return registry(conn).watch(key, callback)
 
 
-def registry(conn):
-    """``conn``'s ``Watchers``, made on first use."""
+def registry(conn: Any) -> Watchers:
+    """``conn``'s ``Watchers``, made on first use.
+
+    :param conn: the connection.
+    :returns: its :class:`Watchers`.
+    """
     watchers = conn._watchers
     if watchers is None:
         watchers = conn._watchers = Watchers(conn)
     return watchers
 
 
-def watch_once(conn, key):
-    """``Connection.watch_once``: see its docstring."""
+def watch_once(conn: Any, key: str) -> Any:
+    """``Connection.watch_once``: see its docstring.
+
+    :param conn: the connection.
+    :param key: the key's name.
+    :returns: the key's value (``None`` when it has none).
+    :raises TypeError: ``key`` is not a str.
+    :raises gtarantool.FeatureNotSupported: the server is older than 3.0.
+    :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+    :raises tarantool.error.NetworkError: the connection could not be (re)established.
+    """
     if not isinstance(key, str):
         raise TypeError("a watcher's key must be a str, not %s" % type(key).__name__)
     conn._ensure_connected()

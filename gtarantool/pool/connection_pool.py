@@ -8,14 +8,16 @@ the instance now holding the role.  With the C extension ``gtarantool._pool``,
 the six data methods run as ``_pool.Route`` objects; the Python methods here
 are their specification and the path without the extension.
 """
+from __future__ import annotations
+
 import functools
 import itertools
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Union
 
 import gevent
 import gevent.event
-from tarantool.connection_pool import InstanceState, Status
+from tarantool.connection_pool import InstanceState, Mode, Status
 from tarantool.const import (
     POOL_INSTANCE_RECONNECT_DELAY,
     POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
@@ -94,6 +96,10 @@ class _Counted:
     __slots__ = ("conn", "drained", "in_flight", "requests")
 
 
+if TYPE_CHECKING:
+    from gtarantool.pipeline import Pipeline
+    from gtarantool.streams import Stream
+
 if TYPE_CHECKING or _pool is None:
     _CountedBase = _Counted
     _PicksBase = object
@@ -135,22 +141,32 @@ class ConnectionPool(_PicksBase):
     :param retry_reads: re-send a read (``select``, ``ping``, ``crud`` reads)
         once to another instance when the connection failed before its reply.
         Writes, ``call``, ``eval`` and ``execute`` are never re-sent.
-    :param request_timeout, max_in_flight, lazy_errors: per connection, as in
-        :class:`gtarantool.Connection`.
+    :param request_timeout: per connection, as in :class:`gtarantool.Connection`.
+    :param max_in_flight: per connection, as in :class:`gtarantool.Connection`
+        (``None``: its default).
+    :param lazy_errors: per connection, as in :class:`gtarantool.Connection`.
+    :raises tarantool.error.ConfigurationError: ``addrs`` is empty or not a
+        list, an address is bad or given twice, or a bad ``wait_timeout``.
 
     ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
     authenticating and learning the role.  Instances that are down at start are
     connected later, every ``refresh_delay`` until they answer.
     """
 
-    def __init__(self, addrs, user=None, password=None, socket_timeout=SOCKET_TIMEOUT,
-                 reconnect_max_attempts=POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
-                 reconnect_delay=POOL_INSTANCE_RECONNECT_DELAY, connect_now=True,
-                 encoding=ENCODING_DEFAULT, call_16=False,
-                 connection_timeout=DEFAULT_CONNECTION_TIMEOUT,
-                 strategy_class=RoundRobinStrategy, refresh_delay=POOL_REFRESH_DELAY,
-                 fetch_schema=True, *, wait_timeout=0, retry_reads=False,
-                 request_timeout=None, max_in_flight=None, lazy_errors=False):
+    pool: Dict[str, Instance]   # the members by name
+
+    def __init__(self, addrs: List[Union[Dict[str, Any], str]], user: Optional[str] = None,
+                 password: Optional[str] = None, socket_timeout: float = SOCKET_TIMEOUT,
+                 reconnect_max_attempts: int = POOL_INSTANCE_RECONNECT_MAX_ATTEMPTS,
+                 reconnect_delay: float = POOL_INSTANCE_RECONNECT_DELAY,
+                 connect_now: bool = True, encoding: Optional[str] = ENCODING_DEFAULT,
+                 call_16: bool = False,
+                 connection_timeout: Optional[float] = DEFAULT_CONNECTION_TIMEOUT,
+                 strategy_class: Any = RoundRobinStrategy,
+                 refresh_delay: float = POOL_REFRESH_DELAY, fetch_schema: bool = True, *,
+                 wait_timeout: float = 0, retry_reads: bool = False,
+                 request_timeout: Optional[float] = None, max_in_flight: Optional[int] = None,
+                 lazy_errors: bool = False) -> None:
         if not isinstance(addrs, list) or not addrs:
             raise ConfigurationError("addrs must be non-empty list")
         if not (isinstance(wait_timeout, (int, float)) and wait_timeout >= 0):
@@ -199,7 +215,7 @@ class ConnectionPool(_PicksBase):
         self._reroute()
         return instance
 
-    def connect(self):
+    def connect(self) -> None:
         """Start every instance's monitor and wait for each one's first check
         (at most ``connection_timeout`` each, in parallel).  Never raises for an
         instance that is down: it is connected later."""
@@ -213,11 +229,14 @@ class ConnectionPool(_PicksBase):
             instance.monitor = gevent.spawn(monitor, self, instance)
             instance.monitor.name = "pool-monitor-%s" % (instance.name,)
 
-    def add(self, addr):
+    def add(self, addr: Union[Dict[str, Any], str]) -> str:
         """Add an instance (a dict as in ``addrs``, or ``"host:port"``); returns its
         name once its first check is done (it may be unavailable: it is retried).
 
-        :raises tarantool.error.ConfigurationError: a bad address, or one in the pool already."""
+        :param addr: the instance's address.
+        :returns: its name in the pool (``"host:port"``, as ``info()`` keys it).
+        :raises tarantool.error.ConfigurationError: a bad address, or one in the pool already.
+        :raises gtarantool.ConnectionClosed: the pool is closed."""
         if self._closed:
             raise ConnectionClosed("the pool is closed")
         instance = self._new_instance(addr)
@@ -225,10 +244,12 @@ class ConnectionPool(_PicksBase):
         instance.checked.wait()
         return instance.name
 
-    def remove(self, name, timeout=10):
+    def remove(self, name: str, timeout: Optional[float] = 10) -> None:
         """Stop routing requests to instance ``name``, wait up to ``timeout`` seconds
         for its requests in flight, then close its connection.
 
+        :param name: the instance's name (as ``add()`` returns it).
+        :param timeout: seconds to wait for its requests in flight (``None``: no limit).
         :raises KeyError: no instance has that name."""
         instance = self.pool.pop(name)
         self._reroute()
@@ -246,7 +267,7 @@ class ConnectionPool(_PicksBase):
             instance.source.close()
         instance.conn.close()
 
-    def close(self):
+    def close(self) -> None:
         """Close every connection and kill (and join) every monitor greenlet;
         callers waiting for an instance get ConnectionClosed."""
         self._closed = True
@@ -255,21 +276,27 @@ class ConnectionPool(_PicksBase):
             self._set_state(instance, UNHEALTHY, None, None)
         self._changed()
 
-    def is_closed(self):
+    def is_closed(self) -> bool:
+        """Whether the pool is closed (or not connected yet, with ``connect_now=False``).
+
+        :returns: True until ``connect()``, and after ``close()``.
+        """
         return self._closed
 
-    def __enter__(self):
+    def __enter__(self) -> ConnectionPool:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def info(self):
+    def info(self) -> Dict[str, Dict[str, Any]]:
         """Per instance name: address, role ('master', 'replica' or None when
         unavailable), status (box.info.status as last seen, or 'shutdown' once
         announced), connected, requests in flight, requests, errors, rerouted
         (writes it refused unapplied, sent elsewhere), last_change (time.time()),
-        role_source, last_error."""
+        role_source, last_error.
+
+        :returns: a dict of such dicts, by instance name."""
         result = {}
         for name, instance in self.pool.items():
             state = instance.state
@@ -427,85 +454,312 @@ class ConnectionPool(_PicksBase):
     # _route with ValueError.
 
     @_routed
-    def select(self, space_name, key=None, *, offset=0, limit=NO_LIMIT, index=0,
-               iterator=None, mode=ANY, on_push=None, on_push_ctx=None):
-        """``Connection.select`` on an instance picked by ``mode`` (default ANY)."""
+    def select(self, space_name: Union[str, int], key: Any = None, *, offset: int = 0,
+               limit: int = NO_LIMIT, index: Union[str, int] = 0,
+               iterator: Union[str, int, None] = None, mode: Mode = ANY,
+               on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
+        """``Connection.select`` on an instance picked by ``mode`` (default ANY).
+
+        :param space_name: the space's name or id.
+        :param key: a scalar, or a list or tuple of the index's parts; ``None``: all.
+        :param offset: how many matching tuples to skip.
+        :param limit: the most tuples to return (default: no limit).
+        :param index: the index's name or id (default: the primary index).
+        :param iterator: a name (``"GE"``) or number; default ``EQ`` (``ALL`` with no key).
+        :param mode: the role of the instance to send it to (default ``Mode.ANY``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "select", space_name, key, offset=offset, limit=limit,
                              index=index, iterator=iterator, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def insert(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
-        """``Connection.insert`` (default mode RW)."""
+    def insert(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
+        """``Connection.insert`` (default mode RW).
+
+        :param space_name: the space's name or id.
+        :param values: the tuple, a tuple or list.
+        :param mode: the role of the instance to send it to (default ``Mode.RW``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "insert", space_name, values, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def replace(self, space_name, values, *, mode=RW, on_push=None, on_push_ctx=None):
-        """``Connection.replace`` (default mode RW)."""
+    def replace(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
+                on_push: Optional[Callable[[Any, Any], Any]] = None,
+                on_push_ctx: Any = None) -> Any:
+        """``Connection.replace`` (default mode RW).
+
+        :param space_name: the space's name or id.
+        :param values: the tuple, a tuple or list.
+        :param mode: the role of the instance to send it to (default ``Mode.RW``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "replace", space_name, values, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
-    def update(self, space_name, key, op_list, *, index=0, mode=RW, on_push=None,
-               on_push_ctx=None):
-        """``Connection.update`` (default mode RW)."""
+    def update(self, space_name: Union[str, int], key: Any, op_list: Union[tuple, list], *,
+               index: Union[str, int] = 0, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None,
+               on_push_ctx: Any = None) -> Any:
+        """``Connection.update`` (default mode RW).
+
+        :param space_name: the space's name or id.
+        :param key: a scalar, or a list or tuple of the index's parts.
+        :param op_list: the update operations, as ``Connection.update`` takes them.
+        :param index: the index's name or id (default: the primary index).
+        :param mode: the role of the instance to send it to (default ``Mode.RW``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "update", space_name, key, op_list, index=index,
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
-    def upsert(self, space_name, tuple_value, op_list, *, index=0, mode=RW, on_push=None,
-               on_push_ctx=None):
-        """``Connection.upsert`` (default mode RW)."""
+    def upsert(self, space_name: Union[str, int], tuple_value: Union[tuple, list],
+               op_list: Union[tuple, list], *,
+               index: Union[str, int] = 0, mode: Mode = RW,
+               on_push: Optional[Callable[[Any, Any], Any]] = None,
+               on_push_ctx: Any = None) -> Any:
+        """``Connection.upsert`` (default mode RW).
+
+        :param space_name: the space's name or id.
+        :param tuple_value: the tuple to insert, a tuple or list.
+        :param op_list: the update operations, as ``Connection.upsert`` takes them.
+        :param index: the index's name or id (default: the primary index).
+        :param mode: the role of the instance to send it to (default ``Mode.RW``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
-    def delete(self, space_name, key, *, index=0, mode=RW, on_push=None, on_push_ctx=None):
-        """``Connection.delete`` (default mode RW)."""
+    def delete(self, space_name: Union[str, int], key: Any, *, index: Union[str, int] = 0,
+               mode: Mode = RW, on_push: Optional[Callable[[Any, Any], Any]] = None,
+               on_push_ctx: Any = None) -> Any:
+        """``Connection.delete`` (default mode RW).
+
+        :param space_name: the space's name or id.
+        :param key: a scalar, or a list or tuple of the index's parts.
+        :param index: the index's name or id (default: the primary index).
+        :param mode: the role of the instance to send it to (default ``Mode.RW``).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
-    def call(self, func_name, *args, mode=None, on_push=None, on_push_ctx=None):
-        """``Connection.call``; ``mode`` is required."""
+    def call(self, func_name: str, *args: Any, mode: Optional[Mode] = None,
+             on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
+        """``Connection.call``; ``mode`` is required.
+
+        :param func_name: the function's name.
+        :param args: its arguments (a single list or tuple is the argument list).
+        :param mode: the role of the instance to send it to (required).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "call", func_name, *args, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
-    def eval(self, expr, *args, mode=None, on_push=None, on_push_ctx=None):
-        """``Connection.eval``; ``mode`` is required."""
+    def eval(self, expr: str, *args: Any, mode: Optional[Mode] = None,
+             on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
+        """``Connection.eval``; ``mode`` is required.
+
+        :param expr: the Lua code.
+        :param args: its arguments (a single list or tuple is the argument list).
+        :param mode: the role of the instance to send it to (required).
+        :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
+        :param on_push_ctx: the second argument of ``on_push``.
+        :returns: the instance's reply, as the connection's method returns it.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "eval", expr, *args, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
-    def ping(self, notime=False, *, mode=None):
-        """``Connection.ping``; ``mode`` is required."""
+    def ping(self, notime: bool = False, *, mode: Optional[Mode] = None) -> Union[float, str]:
+        """``Connection.ping``; ``mode`` is required.
+
+        :param notime: return ``"Success"`` rather than the round trip's time.
+        :param mode: the role of the instance to send it to (required).
+        :returns: the seconds the round trip took, or ``"Success"``.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "ping", notime)
 
-    def execute(self, query, params=None, *, mode=None):
-        """``Connection.execute`` (SQL); ``mode`` is required."""
+    def execute(self, query: str, params: Any = None, *,
+                mode: Optional[Mode] = None) -> Any:
+        """``Connection.execute`` (SQL); ``mode`` is required.
+
+        :param query: the SQL text.
+        :param params: a sequence (``?``) or a mapping (``:name``) of values.
+        :param mode: the role of the instance to send it to (required).
+        :returns: the instance's reply (``tarantool.response.ResponseExecute``).
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+        """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "execute", query, params)
 
-    def pipeline(self, mode=RW):
+    def pipeline(self, mode: Mode = RW) -> Pipeline:
         """A :class:`gtarantool.Pipeline` on one instance picked by ``mode`` (default
-        RW).  Its requests bypass the pool: no retry, no per-instance counts."""
+        RW).  Its requests bypass the pool: no retry, no per-instance counts.
+
+        :param mode: the role of the instance.
+        :returns: the new, empty :class:`~gtarantool.pipeline.Pipeline`.
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
+        :raises gtarantool.ConnectionClosed: the pool is closed.
+        """
         return self._route(mode).conn.pipeline()
 
-    def transaction(self, isolation=None, timeout=None):
+    def transaction(self, isolation: Union[str, int, None] = None,
+                    timeout: Optional[float] = None) -> ContextManager[Stream]:
         """``with pool.transaction() as tx:`` an interactive transaction on the
         read-write instance (see ``Connection.transaction``; Tarantool 2.10+ with
-        ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it."""
+        ``memtx_use_mvcc_engine`` or vinyl).  A failover during it fails it.
+
+        :param isolation: the isolation level's name or number (``None``: the server's default).
+        :param timeout: seconds after which the server rolls the transaction back.
+        :returns: a context manager that yields the transaction's
+            :class:`gtarantool.streams.Stream`.
+        :raises tarantool.error.PoolTopologyError: no read-write instance
+            (after waiting ``wait_timeout``).
+        :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+).
+        """
         return self._route(RW).conn.transaction(isolation, timeout)
 
 
 def _crud_method(name):
-    def method(self, *args, mode=ANY):
+    def method(self: ConnectionPool, *args: Any, mode: Mode = ANY) -> Any:
         return self._request(mode, name, *args)
     method.__name__ = name
     method.__doc__ = "``Connection.%s`` (default mode ANY, as tarantool-python)." % name
