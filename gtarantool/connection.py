@@ -245,7 +245,7 @@ class Connection(RequestMethods, tarantool.Connection):
                 raise NetworkError("cannot connect to %s:%s: %s"
                                    % (self.host, self.port, _describe(exc))) from exc
             if self._connected_once:
-                self.stats.reconnects += 1   # type: ignore[attr-defined]  # Stats sets its slots by name
+                self.stats.reconnects += 1
             self._connected_once = True
             if self._watchers is not None:
                 self._watchers.attach(self._transport)
@@ -569,7 +569,7 @@ class Connection(RequestMethods, tarantool.Connection):
         :raises tarantool.error.NetworkError: the schema could not be fetched.
         """
         super().update_schema(schema_version)
-        self.stats.schema_reloads += 1   # type: ignore[attr-defined]  # Stats sets its slots by name
+        self.stats.schema_reloads += 1
 
     def pipeline(self) -> Pipeline:
         """A :class:`gtarantool.pipeline.Pipeline` on this connection: queue many

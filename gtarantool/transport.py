@@ -109,12 +109,23 @@ class Stats:
 
     __slots__ = ("requests", "responses", "send_calls", "recv_calls", "bytes_out",
                  "bytes_in", "max_in_flight", "reconnects", "schema_reloads", "discarded")
+    requests: int
+    responses: int
+    send_calls: int
+    recv_calls: int
+    bytes_out: int
+    bytes_in: int
+    max_in_flight: int
+    reconnects: int
+    schema_reloads: int
+    discarded: int
 
-    def __init__(self):
+    def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def as_dict(self):
+    def as_dict(self) -> "dict[str, int]":
+        """:returns: every counter by name."""
         return {name: getattr(self, name) for name in self.__slots__}
 
     def __repr__(self):
