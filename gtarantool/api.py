@@ -39,6 +39,23 @@ TupleLike = Union[Tuple[Any, ...], List[Any]]
 OnPush = Optional[Callable[[Any, Any], Any]]
 
 
+# The errors of any request: the end of each data method's docstring.
+_REQUEST_ERRORS = """
+        :raises tarantool.error.DatabaseError: the server refused the request
+            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
+        :raises tarantool.error.NetworkError: the connection could not be (re)established.
+"""
+
+
+def _request_errors(method):
+    """``method`` with the errors of any request at the end of its docstring."""
+    if method.__doc__:   # (None under python -OO)
+        method.__doc__ = method.__doc__.rstrip() + "\n" + _REQUEST_ERRORS.lstrip("\n")
+    return method
+
+
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
@@ -85,6 +102,7 @@ class RequestMethods:
                            self._encoder.space(space.space_no, index_no))
         return found
 
+    @_request_errors
     def insert(self, space_name: NameOrId, values: TupleLike,
                *, on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
         """Insert a tuple into a space; the server refuses it when its primary
@@ -100,11 +118,6 @@ class RequestMethods:
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         # The data methods repeat their first lines on purpose: a shared
         # helper would cost every request one more Python call.
@@ -116,6 +129,7 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_INSERT, space.join(space.insert_prefix, values),
                              on_push, on_push_ctx)
 
+    @_request_errors
     def replace(self, space_name: NameOrId, values: TupleLike,
                 *, on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
         """Insert a tuple into a space, replacing the one with the same primary key.
@@ -130,11 +144,6 @@ class RequestMethods:
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         space = self._spaces.get(space_name)
         if space is None:
@@ -210,6 +219,7 @@ class RequestMethods:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
 
+    @_request_errors
     def update(self, space_name: NameOrId, key: Any,
                op_list: TupleLike, *, index: NameOrId = 0,
                on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
@@ -229,11 +239,6 @@ class RequestMethods:
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         space = self._spaces.get(space_name)
         if space is None:
@@ -254,6 +259,7 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_UPDATE, space.join(prefix, key, OPS_KEY, op_list),
                              on_push, on_push_ctx)
 
+    @_request_errors
     def upsert(self, space_name: NameOrId,
                tuple_value: TupleLike,
                op_list: TupleLike, *, index: NameOrId = 0,
@@ -275,11 +281,6 @@ class RequestMethods:
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         space = self._spaces.get(space_name)
         if space is None:
@@ -291,6 +292,7 @@ class RequestMethods:
         return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
             space.space_no, space.index_no, tuple_value, op_list), on_push, on_push_ctx)
 
+    @_request_errors
     def delete(self, space_name: NameOrId, key: Any, *, index: NameOrId = 0,
                on_push: OnPush = None, on_push_ctx: Any = None) -> Any:
         """Delete the tuple with this key.
@@ -306,11 +308,6 @@ class RequestMethods:
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``on_push`` is not callable, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         space = self._spaces.get(space_name)
         if space is None:
@@ -326,6 +323,7 @@ class RequestMethods:
             _check_args((), on_push)
         return self._request(REQUEST_TYPE_DELETE, body, on_push, on_push_ctx)
 
+    @_request_errors
     def call(self, func_name: str, *args: Any, on_push: OnPush = None,
              on_push_ctx: Any = None) -> Any:
         """Call a stored function (``call_16=True``: with the 1.6 request, each
@@ -341,16 +339,12 @@ class RequestMethods:
             on a pipeline, the request's place in
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``func_name`` is not a str, or ``on_push`` is not callable.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         code = REQUEST_TYPE_CALL16 if self._conn.call_16 else REQUEST_TYPE_CALL
         return self._invoke(code, IPROTO_FUNCTION_NAME, "func_name", func_name, args,
                             on_push, on_push_ctx)
 
+    @_request_errors
     def eval(self, expr: str, *args: Any, on_push: OnPush = None,
              on_push_ctx: Any = None) -> Any:
         """Run Lua code on the server.
@@ -365,11 +359,6 @@ class RequestMethods:
             on a pipeline, the request's place in
             :meth:`~gtarantool.pipeline.Pipeline.results`.
         :raises TypeError: ``expr`` is not a str, or ``on_push`` is not callable.
-        :raises tarantool.error.DatabaseError: the server refused the request
-            (:class:`gtarantool.LazyDatabaseError` with ``lazy_errors=True``).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises gtarantool.ConnectionClosed: the connection closed while the request waited.
-        :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         return self._invoke(REQUEST_TYPE_EVAL, IPROTO_EXPR, "expr", expr, args,
                             on_push, on_push_ctx)

@@ -77,6 +77,31 @@ READS = frozenset(("select", "ping", "crud_get", "crud_select", "crud_min", "cru
 
 # -- the pool ----------------------------------------------------------------------
 
+# The errors of any request through the pool: the end of each data method's docstring.
+_REQUEST_ERRORS = """
+        :raises tarantool.error.PoolTopologyError: no instance has that role
+            (after waiting ``wait_timeout``).
+        :raises ValueError: ``mode`` is no ``tarantool.Mode``{missing}.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the
+            connection closed while the request waited.
+        :raises tarantool.error.DatabaseError: the instance refused the request
+            (a write refused before it was applied goes to the new read-write
+            instance first).
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises tarantool.error.NetworkError: the instance's connection failed
+            (with ``retry_reads``, a read is re-sent once to another instance first).
+"""
+
+
+def _request_errors(method):
+    """``method`` with the errors of a request through the pool at the end of its docstring."""
+    if method.__doc__:   # (None under python -OO)
+        missing = "" if (method.__kwdefaults__ or {}).get("mode") is not None else ", or is missing"
+        method.__doc__ = (method.__doc__.rstrip() + "\n"
+                          + _REQUEST_ERRORS.lstrip("\n").format(missing=missing))
+    return method
+
+
 def _routed(method):
     """``method`` as a ``gtarantool._pool.Route`` (see ``_pool.c``): the usual call
     in C, any other through ``method``.  ``inspect.signature`` and ``help`` see
@@ -454,6 +479,7 @@ class ConnectionPool(_PicksBase):
     # _route with ValueError.
 
     @_routed
+    @_request_errors
     def select(self, space_name: Union[str, int], key: Any = None, *, offset: int = 0,
                limit: int = NO_LIMIT, index: Union[str, int] = 0,
                iterator: Union[str, int, None] = None, mode: Mode = ANY,
@@ -470,23 +496,13 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "select", space_name, key, offset=offset, limit=limit,
                              index=index, iterator=iterator, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
+    @_request_errors
     def insert(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
                on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.insert`` (default mode RW).
@@ -497,22 +513,12 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "insert", space_name, values, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
+    @_request_errors
     def replace(self, space_name: Union[str, int], values: Union[tuple, list], *, mode: Mode = RW,
                 on_push: Optional[Callable[[Any, Any], Any]] = None,
                 on_push_ctx: Any = None) -> Any:
@@ -524,22 +530,12 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "replace", space_name, values, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
     @_routed
+    @_request_errors
     def update(self, space_name: Union[str, int], key: Any, op_list: Union[tuple, list], *,
                index: Union[str, int] = 0, mode: Mode = RW,
                on_push: Optional[Callable[[Any, Any], Any]] = None,
@@ -554,22 +550,12 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "update", space_name, key, op_list, index=index,
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
+    @_request_errors
     def upsert(self, space_name: Union[str, int], tuple_value: Union[tuple, list],
                op_list: Union[tuple, list], *,
                index: Union[str, int] = 0, mode: Mode = RW,
@@ -585,22 +571,12 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "upsert", space_name, tuple_value, op_list, index=index,
                              on_push=on_push, on_push_ctx=on_push_ctx)
 
     @_routed
+    @_request_errors
     def delete(self, space_name: Union[str, int], key: Any, *, index: Union[str, int] = 0,
                mode: Mode = RW, on_push: Optional[Callable[[Any, Any], Any]] = None,
                on_push_ctx: Any = None) -> Any:
@@ -613,21 +589,11 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         return self._request(mode, "delete", space_name, key, index=index, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
+    @_request_errors
     def call(self, func_name: str, *args: Any, mode: Optional[Mode] = None,
              on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.call``; ``mode`` is required.
@@ -638,23 +604,13 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "call", func_name, *args, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
+    @_request_errors
     def eval(self, expr: str, *args: Any, mode: Optional[Mode] = None,
              on_push: Optional[Callable[[Any, Any], Any]] = None, on_push_ctx: Any = None) -> Any:
         """``Connection.eval``; ``mode`` is required.
@@ -665,45 +621,25 @@ class ConnectionPool(_PicksBase):
         :param on_push: ``on_push(message, on_push_ctx)`` for each out-of-band message.
         :param on_push_ctx: the second argument of ``on_push``.
         :returns: the instance's reply, as the connection's method returns it.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "eval", expr, *args, on_push=on_push,
                              on_push_ctx=on_push_ctx)
 
+    @_request_errors
     def ping(self, notime: bool = False, *, mode: Optional[Mode] = None) -> Union[float, str]:
         """``Connection.ping``; ``mode`` is required.
 
         :param notime: return ``"Success"`` rather than the round trip's time.
         :param mode: the role of the instance to send it to (required).
         :returns: the seconds the round trip took, or ``"Success"``.
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
         return self._request(mode, "ping", notime)
 
+    @_request_errors
     def execute(self, query: str, params: Any = None, *,
                 mode: Optional[Mode] = None) -> Any:
         """``Connection.execute`` (SQL); ``mode`` is required.
@@ -712,17 +648,6 @@ class ConnectionPool(_PicksBase):
         :param params: a sequence (``?``) or a mapping (``:name``) of values.
         :param mode: the role of the instance to send it to (required).
         :returns: the instance's reply (``tarantool.response.ResponseExecute``).
-        :raises tarantool.error.PoolTopologyError: no instance has that role
-            (after waiting ``wait_timeout``).
-        :raises ValueError: ``mode`` is no ``tarantool.Mode``, or is missing.
-        :raises gtarantool.ConnectionClosed: the pool is closed, or the
-            connection closed while the request waited.
-        :raises tarantool.error.DatabaseError: the instance refused the request
-            (a write refused before it was applied goes to the new read-write
-            instance first).
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
-        :raises tarantool.error.NetworkError: the instance's connection failed
-            (with ``retry_reads``, a read is re-sent once to another instance first).
         """
         if mode is None:
             raise ValueError("Please, specify 'mode' keyword argument")
