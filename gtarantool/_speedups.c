@@ -81,11 +81,10 @@ after_fork_in_child(void)
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early, *str_sent, *str_fd, *str_stats, *str_requests, *str_send_calls,
-    *str_bytes_out, *str_max_in_flight, *str_flush_due, *str_flush_early,
-    *unpack_escaped_kwnames, *str_backslashreplace, *str_size, *str_ready_attr, *str_queue,
-    *str_wbuf, *str_reader, *str_hub, *str_rlen, *str_waking, *str_rbuf,
-    *str_max_response_size, *str_received_lone, *str_hand_on, *str_handle_error, *str_flush,
+    *str_switched_early, *str_sent, *str_requests, *str_send_calls,
+    *str_bytes_out, *str_max_in_flight, *str_flush_early,
+    *unpack_escaped_kwnames, *str_backslashreplace, *str_size,
+    *str_received_lone, *str_hand_on, *str_handle_error, *str_flush,
     *str_recv_calls, *str_bytes_in, *str_responses;
 
 /* The fields ok_response sets (find_slots names them in this order). */
@@ -1319,6 +1318,146 @@ static PyTypeObject ReplyCutterType = {
     .tp_methods = ReplyCutter_methods,
 };
 
+/* TransportCore: the state of a transport that the C paths share with the
+ * Python code, kept in this object rather than looked up on it by name.
+ * transport.Transport derives from it (from its Python twin,
+ * transport.TransportState, when the package is built without a compiler);
+ * each field is a member of the same name, read and written by the Python
+ * code as an ordinary attribute and by the C code as a struct field:
+ *
+ *     _pending            dict: sync -> waiting greenlet, ReplySink or _Pushes
+ *     _ready              deque of (greenlet, reply): callers to wake, in order
+ *     _wbuf               list of frames for the writer, two entries per request
+ *     _queue              deque of Waiters: callers in line for max_in_flight
+ *     _hub                the gevent hub the transport runs in
+ *     _reader             the reader greenlet
+ *     _rbuf               bytearray: the read buffer
+ *     stats               transport.Stats: the counters
+ *     _fd                 int: the socket's descriptor
+ *     _rlen               int: bytes of an incomplete frame at _rbuf's front
+ *     _waking             true while callers in _ready are being woken
+ *     _flush_due          true while whoever woke the callers sends what they queue
+ *     max_response_size   int: the longest reply frame accepted
+ *
+ * A field never set raises AttributeError, as an unset __slots__ entry does;
+ * the C paths check each field's type where they use it.  tests/test_speedups.py
+ * checks that the twin declares the same names. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *pending, *ready, *wbuf, *queue, *hub, *reader, *rbuf, *stats, *fd, *rlen,
+        *waking, *flush_due, *max_response_size;
+} TransportCore;
+
+#define CORE_MEMBER(name, field) \
+    {name, T_OBJECT_EX, offsetof(TransportCore, field), 0, NULL}
+
+static PyMemberDef TransportCore_members[] = {
+    CORE_MEMBER("_pending", pending),
+    CORE_MEMBER("_ready", ready),
+    CORE_MEMBER("_wbuf", wbuf),
+    CORE_MEMBER("_queue", queue),
+    CORE_MEMBER("_hub", hub),
+    CORE_MEMBER("_reader", reader),
+    CORE_MEMBER("_rbuf", rbuf),
+    CORE_MEMBER("stats", stats),
+    CORE_MEMBER("_fd", fd),
+    CORE_MEMBER("_rlen", rlen),
+    CORE_MEMBER("_waking", waking),
+    CORE_MEMBER("_flush_due", flush_due),
+    CORE_MEMBER("max_response_size", max_response_size),
+    {NULL}
+};
+
+static int
+TransportCore_traverse(TransportCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->pending);
+    Py_VISIT(self->ready);
+    Py_VISIT(self->wbuf);
+    Py_VISIT(self->queue);
+    Py_VISIT(self->hub);
+    Py_VISIT(self->reader);
+    Py_VISIT(self->rbuf);
+    Py_VISIT(self->stats);
+    Py_VISIT(self->fd);
+    Py_VISIT(self->rlen);
+    Py_VISIT(self->waking);
+    Py_VISIT(self->flush_due);
+    Py_VISIT(self->max_response_size);
+    return 0;
+}
+
+static int
+TransportCore_clear(TransportCore *self)
+{
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->ready);
+    Py_CLEAR(self->wbuf);
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->hub);
+    Py_CLEAR(self->reader);
+    Py_CLEAR(self->rbuf);
+    Py_CLEAR(self->stats);
+    Py_CLEAR(self->fd);
+    Py_CLEAR(self->rlen);
+    Py_CLEAR(self->waking);
+    Py_CLEAR(self->flush_due);
+    Py_CLEAR(self->max_response_size);
+    return 0;
+}
+
+static void
+TransportCore_dealloc(TransportCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    TransportCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TransportCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.TransportCore",
+    .tp_basicsize = sizeof(TransportCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The state a transport shares with the C paths (see TransportCore in "
+              "_speedups.c); transport.Transport derives from it.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = TransportCore_members,
+    .tp_traverse = (traverseproc)TransportCore_traverse,
+    .tp_clear = (inquiry)TransportCore_clear,
+    .tp_dealloc = (destructor)TransportCore_dealloc,
+};
+
+/* The field `value` of a TransportCore (borrowed), or NULL with the
+ * AttributeError an unset slot raises. */
+static PyObject *
+core_field(PyObject *core, PyObject *value, const char *name)
+{
+    if (value == NULL)
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%s'",
+                     Py_TYPE(core)->tp_name, name);
+    return value;
+}
+
+#define CORE(obj) ((TransportCore *)(obj))
+#define FIELD(obj, field, name) core_field((obj), CORE(obj)->field, (name))
+
+/* The true value of a field: 1, 0, or -1 with an exception set. */
+static int
+core_flag(PyObject *core, PyObject *value, const char *name)
+{
+    if (core_field(core, value, name) == NULL)
+        return -1;
+    return PyObject_IsTrue(value);
+}
+
+/* Set a flag field to True or False. */
+static void
+core_set_flag(PyObject **field, int value)
+{
+    Py_XSETREF(*field, Py_NewRef(value ? Py_True : Py_False));
+}
+
 /* A Stats object's counters (transport.Stats) that the C paths add to, and
  * where its type keeps them: their __slots__ are written in place, anything
  * else goes through update(). */
@@ -1487,11 +1626,10 @@ send_now(Requester *self, PyObject *header, PyObject *body)
     long fd;
     int ok;
 
-    fd_obj = PyObject_GetAttr(self->transport, str_fd);
+    fd_obj = FIELD(self->transport, fd, "_fd");
     if (fd_obj == NULL)
         return -1;
     fd = PyLong_AsLong(fd_obj);
-    Py_DECREF(fd_obj);
     if (fd == -1 && PyErr_Occurred())
         return -1;
     iov[0].iov_base = PyBytes_AS_STRING(header);
@@ -1505,7 +1643,7 @@ send_now(Requester *self, PyObject *header, PyObject *body)
     if (sent < 0 && PyErr_Occurred())
         return -1;
     if (sent == total) {
-        stats = PyObject_GetAttr(self->transport, str_stats);
+        stats = Py_XNewRef(FIELD(self->transport, stats, "stats"));
         if (stats == NULL)
             return -1;
         ok = count(&self->counters, stats, C_SEND_CALLS, 1, 0) < 0
@@ -1599,10 +1737,8 @@ Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
     } else {
         if (queued == 0) {
             /* the writer is woken unless a flush is due (Transport._flush) */
-            int due;
-            res = PyObject_GetAttr(self->transport, str_flush_due);
-            due = res == NULL ? -1 : PyObject_IsTrue(res);
-            Py_XDECREF(res);
+            int due = core_flag(self->transport, CORE(self->transport)->flush_due,
+                                "_flush_due");
             if (due < 0) {
                 Py_DECREF(header);
                 goto unregister;
@@ -1723,6 +1859,10 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
                                      &flush_every, &cutter)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
+    if (!PyObject_TypeCheck(transport, &TransportCoreType)) {
+        PyErr_SetString(PyExc_TypeError, "transport must be a TransportCore");
+        return -1;
+    }
     if (cutter != Py_None && !Py_IS_TYPE(cutter, &ReplyCutterType)) {
         PyErr_SetString(PyExc_TypeError, "cutter must be a ReplyCutter or None");
         return -1;
@@ -1853,29 +1993,32 @@ LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
     static char *names[] = {"transport", "slow", "cutter", NULL};
     PyObject **fields[] = {&self->ready, &self->queue, &self->wbuf, &self->stats, &self->reader,
                            &self->hub};
-    PyObject **attributes[] = {&str_ready_attr, &str_queue, &str_wbuf, &str_stats, &str_reader,
-                               &str_hub};
+    static const char *field_names[] = {"_ready", "_queue", "_wbuf", "stats", "_reader", "_hub"};
     PyObject *transport, *slow, *cutter, *fd;
+    TransportCore *core;
     size_t i;
 
     if (!initialised((PyObject *)self, self->transport, 0))
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!:LoneReader", names, &transport, &slow,
-                                     &ReplyCutterType, &cutter))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!:LoneReader", names, &TransportCoreType,
+                                     &transport, &slow, &ReplyCutterType, &cutter))
         return -1;
-    for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
-        PyObject *value = PyObject_GetAttr(transport, *attributes[i]);
-        if (value == NULL)
+    core = CORE(transport);
+    {
+        PyObject *values[] = {core->ready, core->queue, core->wbuf, core->stats, core->reader,
+                              core->hub};
+        for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+            if (core_field(transport, values[i], field_names[i]) == NULL)
+                return -1;
+        fd = FIELD(transport, fd, "_fd");
+        if (fd == NULL)
             return -1;
-        Py_XSETREF(*fields[i], value);
+        self->fd = PyLong_AsLong(fd);
+        if (self->fd == -1 && PyErr_Occurred())
+            return -1;
+        for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+            Py_XSETREF(*fields[i], Py_NewRef(values[i]));
     }
-    fd = PyObject_GetAttr(transport, str_fd);
-    if (fd == NULL)
-        return -1;
-    self->fd = PyLong_AsLong(fd);
-    Py_DECREF(fd);
-    if (self->fd == -1 && PyErr_Occurred())
-        return -1;
     if (!PyList_CheckExact(self->wbuf)) {
         PyErr_SetString(PyExc_TypeError, "LoneReader: transport._wbuf must be a list");
         return -1;
@@ -1885,20 +2028,6 @@ LoneReader_init(LoneReader *self, PyObject *args, PyObject *kwds)
     self->generation = fork_generation;
     self->transport = Py_NewRef(transport);   /* last: initialised() looks at it */
     return 0;
-}
-
-/* A true attribute of the transport: 1, 0, or -1 with an exception set. */
-static int
-transport_flag(LoneReader *self, PyObject *name)
-{
-    PyObject *value = PyObject_GetAttr(self->transport, name);
-    int res;
-
-    if (value == NULL)
-        return -1;
-    res = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return res;
 }
 
 /* The exception raised: to the reader greenlet, which fails the transport
@@ -1935,8 +2064,7 @@ hand_on_lone(LoneReader *self)
     }
     waiting = Py_NewRef(PyTuple_GET_ITEM(first, 0));
     Py_DECREF(first);
-    if (PyObject_SetAttr(self->transport, str_flush_due, Py_True) < 0)
-        goto error;
+    core_set_flag(&CORE(self->transport)->flush_due, 1);
     res = PyObject_CallMethodNoArgs(waiting, str_switch);
     if (res == NULL) {   /* as gevent's Waiter: a greenlet that died raising */
         PyObject *type, *exc, *tb;
@@ -1952,8 +2080,7 @@ hand_on_lone(LoneReader *self)
             goto error;
     }
     Py_DECREF(res);
-    if (PyObject_SetAttr(self->transport, str_flush_due, Py_False) < 0)
-        goto error;
+    core_set_flag(&CORE(self->transport)->flush_due, 0);
     if (PyObject_Size(self->ready) > 0) {
         PyObject *glet;
         first = PySequence_GetItem(self->ready, 0);
@@ -1981,7 +2108,8 @@ error:
 static PyObject *
 LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *rlen, *rbuf, *limit_obj, *more, *res;
+    PyObject *rbuf, *limit_obj, *more, *res;
+    TransportCore *core;
     Py_ssize_t received, limit;
     int busy, taken, got;
 
@@ -1993,26 +2121,22 @@ LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
     }
     if (self->generation != fork_generation)   /* a forked child: no receive here */
         return PyObject_CallOneArg(self->slow, self->transport);
-    rlen = PyObject_GetAttr(self->transport, str_rlen);
-    if (rlen == NULL)
-        return NULL;
-    busy = PyObject_IsTrue(rlen);
-    Py_DECREF(rlen);
+    core = CORE(self->transport);
+    busy = core_flag(self->transport, core->rlen, "_rlen");
     if (busy == 0)
         busy = PyObject_Size(self->ready) != 0 || PyObject_Size(self->queue) != 0;
     if (busy == 0)
-        busy = transport_flag(self, str_waking);
+        busy = core_flag(self->transport, core->waking, "_waking");
     if (busy < 0)
         return NULL;
     if (busy)
         return PyObject_CallOneArg(self->slow, self->transport);
 
-    rbuf = PyObject_GetAttr(self->transport, str_rbuf);
+    rbuf = Py_XNewRef(FIELD(self->transport, rbuf, "_rbuf"));
     if (rbuf == NULL)
         return to_reader(self);
-    limit_obj = PyObject_GetAttr(self->transport, str_max_response_size);
+    limit_obj = FIELD(self->transport, max_response_size, "max_response_size");
     limit = limit_obj == NULL ? -1 : PyLong_AsSsize_t(limit_obj);
-    Py_XDECREF(limit_obj);
     if (limit == -1 && PyErr_Occurred()) {
         Py_DECREF(rbuf);
         return to_reader(self);
@@ -2274,23 +2398,11 @@ PyInit__speedups(void)
             || !(str_forget = PyUnicode_InternFromString("_forget"))
             || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
             || !(str_sent = PyUnicode_InternFromString("_sent"))
-            || !(str_fd = PyUnicode_InternFromString("_fd"))
-            || !(str_stats = PyUnicode_InternFromString("stats"))
             || !(str_requests = PyUnicode_InternFromString("requests"))
             || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
             || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight"))
-            || !(str_flush_due = PyUnicode_InternFromString("_flush_due"))
             || !(str_flush_early = PyUnicode_InternFromString("_flush_early"))
-            || !(str_ready_attr = PyUnicode_InternFromString("_ready"))
-            || !(str_queue = PyUnicode_InternFromString("_queue"))
-            || !(str_wbuf = PyUnicode_InternFromString("_wbuf"))
-            || !(str_reader = PyUnicode_InternFromString("_reader"))
-            || !(str_hub = PyUnicode_InternFromString("_hub"))
-            || !(str_rlen = PyUnicode_InternFromString("_rlen"))
-            || !(str_waking = PyUnicode_InternFromString("_waking"))
-            || !(str_rbuf = PyUnicode_InternFromString("_rbuf"))
-            || !(str_max_response_size = PyUnicode_InternFromString("max_response_size"))
             || !(str_received_lone = PyUnicode_InternFromString("_received_lone"))
             || !(str_hand_on = PyUnicode_InternFromString("_hand_on"))
             || !(str_handle_error = PyUnicode_InternFromString("handle_error"))
@@ -2307,14 +2419,16 @@ PyInit__speedups(void)
         }
         fork_handler_installed = 1;
     }
-    if (PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
+    if (PyType_Ready(&TransportCoreType) < 0
+            || PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
             || PyType_Ready(&RawReplyType) < 0
             || PyType_Ready(&LoneReaderType) < 0)
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
+    if (PyModule_AddObjectRef(module, "TransportCore", (PyObject *)&TransportCoreType) < 0
+            || PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
             || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0
             || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0
             || PyModule_AddObjectRef(module, "LoneReader", (PyObject *)&LoneReaderType) < 0) {

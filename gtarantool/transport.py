@@ -132,7 +132,21 @@ class Stats:
         return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
-class Transport:
+class TransportState:
+    """The state a transport shares with its C paths: the Python twin of
+    ``_speedups.TransportCore`` (see the top of ``_speedups.c``), whose fields
+    are the same names as members of the C object.  ``Transport`` derives from
+    the C type when the package was built with a compiler, from this class
+    otherwise; the rest of its state is ordinary attributes."""
+
+    __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
+                 "_fd", "_rlen", "_waking", "_flush_due", "max_response_size")
+
+
+_State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
+
+
+class Transport(_State):
     """A connected socket with its reader and writer greenlets.
 
     ``request(sync, code, schema_version, body)`` sends a request and returns

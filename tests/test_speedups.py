@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gtarantool.compiled import speedups as _speedups
 from gtarantool.protocol import ERROR_STRINGS, Response
-from gtarantool.transport import ReplySink, _Pushes
+from gtarantool.transport import ReplySink, Transport, TransportState, _Pushes
 from tests import fuzz
 from tests.fakepeer import tarantool_frame
 
@@ -310,8 +310,8 @@ def test_objects_are_initialised_once():
     cutter = _speedups.ReplyCutter(*args)
     with pytest.raises(RuntimeError, match="initialised already"):
         cutter.__init__(*args)
-    requester_args = (None, None, {}, ready, [], None, types.SimpleNamespace(switch=None), None, 1,
-                      1, cutter)
+    requester_args = (_speedups.TransportCore(), None, {}, ready, [], None,
+                      types.SimpleNamespace(switch=None), None, 1, 1, cutter)
     requester = _speedups.Requester(*requester_args)
     with pytest.raises(RuntimeError, match="initialised already"):
         requester.__init__(*requester_args)
@@ -319,8 +319,10 @@ def test_objects_are_initialised_once():
         _speedups.Requester(*requester_args[:-2], 0, None)
     with pytest.raises(TypeError, match="cutter"):
         _speedups.Requester(*requester_args[:-1], object())
-    transport = types.SimpleNamespace(_ready=ready, _queue=collections.deque(), _wbuf=[],
-                                      stats=None, _reader=None, _hub=None, _fd=0)
+    with pytest.raises(TypeError, match="TransportCore"):
+        _speedups.Requester(types.SimpleNamespace(), *requester_args[1:])
+    transport = _core(_ready=ready, _queue=collections.deque(), _wbuf=[], stats=None,
+                      _reader=None, _hub=None, _fd=0)
     reader = _speedups.LoneReader(transport, None, cutter)
     with pytest.raises(RuntimeError, match="initialised already"):
         reader.__init__(transport, None, cutter)
@@ -328,9 +330,11 @@ def test_objects_are_initialised_once():
         reader(1)
     with pytest.raises(TypeError, match="ReplyCutter"):
         _speedups.LoneReader(transport, None, object())
+    with pytest.raises(TypeError, match="TransportCore"):
+        _speedups.LoneReader(types.SimpleNamespace(), None, cutter)
     with pytest.raises(TypeError, match="list"):
-        _speedups.LoneReader(types.SimpleNamespace(**dict(vars(transport), _wbuf=())), None,
-                             cutter)
+        _speedups.LoneReader(_core(_ready=ready, _queue=collections.deque(), _wbuf=(),
+                                   stats=None, _reader=None, _hub=None, _fd=0), None, cutter)
     with pytest.raises(AttributeError, match="_fd"):
         del transport._fd
         _speedups.LoneReader(transport, None, cutter)
@@ -339,6 +343,36 @@ def test_objects_are_initialised_once():
         reader.__init__(transport, None, cutter)
     transport._fd = 0
     reader.__init__(transport, None, cutter)
+
+
+def _core(**fields):
+    core = _speedups.TransportCore()
+    for name, value in fields.items():
+        setattr(core, name, value)
+    return core
+
+
+def test_the_transport_core_and_its_python_twin_hold_the_same_fields():
+    """The C paths read a transport's shared state as the fields of
+    ``TransportCore``; the Python twin declares the same names, so the
+    transport's Python code runs on either base."""
+    members = {name for name, value in vars(_speedups.TransportCore).items()
+               if type(value) is types.MemberDescriptorType}
+    assert members == set(TransportState.__slots__)
+    assert issubclass(Transport, _speedups.TransportCore)
+
+
+def test_a_transport_cores_fields_start_unset_and_hold_any_object():
+    core = _speedups.TransportCore()
+    for name in TransportState.__slots__:
+        with pytest.raises(AttributeError, match=name):
+            getattr(core, name)
+        value = object()
+        setattr(core, name, value)
+        assert getattr(core, name) is value
+        delattr(core, name)
+        with pytest.raises(AttributeError, match=name):
+            getattr(core, name)
 
 
 class _Big:
