@@ -81,7 +81,7 @@ after_fork_in_child(void)
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early, *str_sent, *str_requests, *str_send_calls,
+    *str_switched_early, *str_sent, *str_requests, *str_send_calls, *str_request_general,
     *str_bytes_out, *str_max_in_flight, *str_flush_early,
     *unpack_escaped_kwnames, *str_backslashreplace, *str_size,
     *str_received_lone, *str_hand_on, *str_handle_error, *str_flush,
@@ -1338,15 +1338,47 @@ static PyTypeObject ReplyCutterType = {
  *     _waking             true while callers in _ready are being woken
  *     _flush_due          true while whoever woke the callers sends what they queue
  *     max_response_size   int: the longest reply frame accepted
+ *     _requester          the Requester that runs request() in C, or None
  *
  * A field never set raises AttributeError, as an unset __slots__ entry does;
  * the C paths check each field's type where they use it.  tests/test_speedups.py
- * checks that the twin declares the same names. */
+ * checks that the twin declares the same names.
+ *
+ * Its method request(sync, code, schema_version, body) is the transport's:
+ * the Requester's (below) when _requester is one, else the Python code's,
+ * the hook request_general(sync, code, schema_version, body) (the twin's
+ * request, transport.TransportState.request). */
 typedef struct {
     PyObject_HEAD
     PyObject *pending, *ready, *wbuf, *queue, *hub, *reader, *rbuf, *stats, *fd, *rlen,
-        *waking, *flush_due, *max_response_size;
+        *waking, *flush_due, *max_response_size, *requester;
 } TransportCore;
+
+static PyTypeObject RequesterType;
+static PyObject *Requester_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* The transport's request (see above). */
+static PyObject *
+TransportCore_request(TransportCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *call[5];
+
+    if (self->requester != NULL && Py_IS_TYPE(self->requester, &RequesterType))
+        return Requester_request(self->requester, args, nargs);
+    if (nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "request(sync, code, schema_version, body)");
+        return NULL;
+    }
+    call[0] = (PyObject *)self;
+    memcpy(call + 1, args, nargs * sizeof(PyObject *));
+    return PyObject_VectorcallMethod(str_request_general, call, nargs + 1, NULL);
+}
+
+static PyMethodDef TransportCore_methods[] = {
+    {"request", (PyCFunction)(void (*)(void))TransportCore_request, METH_FASTCALL,
+     "request(sync, code, schema_version, body) -> the reply (see Transport.request)"},
+    {NULL, NULL, 0, NULL}
+};
 
 #define CORE_MEMBER(name, field) \
     {name, T_OBJECT_EX, offsetof(TransportCore, field), 0, NULL}
@@ -1365,6 +1397,7 @@ static PyMemberDef TransportCore_members[] = {
     CORE_MEMBER("_waking", waking),
     CORE_MEMBER("_flush_due", flush_due),
     CORE_MEMBER("max_response_size", max_response_size),
+    CORE_MEMBER("_requester", requester),
     {NULL}
 };
 
@@ -1384,6 +1417,7 @@ TransportCore_traverse(TransportCore *self, visitproc visit, void *arg)
     Py_VISIT(self->waking);
     Py_VISIT(self->flush_due);
     Py_VISIT(self->max_response_size);
+    Py_VISIT(self->requester);
     return 0;
 }
 
@@ -1403,6 +1437,7 @@ TransportCore_clear(TransportCore *self)
     Py_CLEAR(self->waking);
     Py_CLEAR(self->flush_due);
     Py_CLEAR(self->max_response_size);
+    Py_CLEAR(self->requester);
     return 0;
 }
 
@@ -1423,6 +1458,7 @@ static PyTypeObject TransportCoreType = {
               "_speedups.c); transport.Transport derives from it.",
     .tp_new = PyType_GenericNew,
     .tp_members = TransportCore_members,
+    .tp_methods = TransportCore_methods,
     .tp_traverse = (traverseproc)TransportCore_traverse,
     .tp_clear = (inquiry)TransportCore_clear,
     .tp_dealloc = (destructor)TransportCore_dealloc,
@@ -1677,8 +1713,9 @@ send_now(Requester *self, PyObject *header, PyObject *body)
 }
 
 static PyObject *
-Requester_request(Requester *self, PyObject *const *args, Py_ssize_t nargs)
+Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
 {
+    Requester *self = (Requester *)requester;
     PyObject *sync, *body, *header, *current, *next, *res, *item, *value;
     unsigned long long sync_value;
     unsigned long schema_value;
@@ -2398,6 +2435,7 @@ PyInit__speedups(void)
             || !(str_forget = PyUnicode_InternFromString("_forget"))
             || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
             || !(str_sent = PyUnicode_InternFromString("_sent"))
+            || !(str_request_general = PyUnicode_InternFromString("request_general"))
             || !(str_requests = PyUnicode_InternFromString("requests"))
             || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))

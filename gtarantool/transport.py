@@ -133,99 +133,16 @@ class Stats:
 
 
 class TransportState:
-    """The state a transport shares with its C paths: the Python twin of
+    """What a transport shares with its C paths: the Python twin of
     ``_speedups.TransportCore`` (see the top of ``_speedups.c``), whose fields
-    are the same names as members of the C object.  ``Transport`` derives from
-    the C type when the package was built with a compiler, from this class
-    otherwise; the rest of its state is ordinary attributes."""
+    are the same names as members of the C object, and whose ``request`` is
+    the C method's specification.  ``Transport`` derives from the C type when
+    the package was built with a compiler, from this class otherwise: the
+    choice is made once, here, at import.  The C ``request`` takes the common
+    case and hands every other call to ``request_general``, this ``request``."""
 
     __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
-                 "_fd", "_rlen", "_waking", "_flush_due", "max_response_size")
-
-
-_State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
-
-
-class Transport(_State):
-    """A connected socket with its reader and writer greenlets.
-
-    ``request(sync, code, schema_version, body)`` sends a request and returns
-    its reply: for an OK reply whose body is a map, and without push messages
-    (nearly every reply), its ``protocol.Response`` with ``conn`` None (the
-    caller sets it); otherwise ``(sync, code, schema version, body, pushes)``,
-    or the exception that failed the connection.  ``body`` is the decoded
-    body, or the exception decoding it raised (that request fails, the
-    connection stays up), or an error reply's undecoded bytes; ``pushes`` is
-    None or a list of ``(code, schema version, body)``.  (Nothing in a reply
-    refers to the connection: the greenlet that switches with it holds it until
-    it runs again, and must not keep a dropped connection alive.)
-    ``send_many`` queues many requests whose replies go to one ``ReplySink``
-    (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
-    """
-
-    def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
-                 decoder=None):
-        self._sock = sock
-        self._token = _token_source()     # process_token's, without its call
-        self._process = self._token()      # see _inherited
-        self._pid = os.getpid()
-        self.stats = stats
-        self._decoder = decoder or BodyDecoder()
-        self.max_in_flight = max_in_flight
-        self.max_response_size = max_response_size
-        self.error = None                 # set once: why the transport died
-        self._hub = get_hub()
-        self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
-        self._ready = collections.deque()  # (greenlet, reply) to wake, in order
-        self._waking = False              # _run_ready is scheduled or running
-        # Callers are being woken, and whoever woke them sends what they queue
-        # once they all wait again (_flush): they need not wake the writer.
-        self._flush_due = False
-        self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
-        self._wbuf = []                   # frames to send, two pieces per request
-        self._wakeup = Event()            # the writer's: something to send
-        self._sending = False             # the writer is sending the front of _wbuf
-        self._fd = sock.fileno()          # callers' own sends and the reader use it directly
-        self._read_watcher = None         # the reader's, while it runs
-        self._write_watcher = None        # the writer's, once the socket was full
-        self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
-        # The reader receives into one reused buffer (a fresh large bytes object
-        # per read costs page faults); an incomplete frame is kept at its front.
-        self._rbuf = bytearray(RECV_SIZE)
-        self._rview = memoryview(self._rbuf)
-        self._rlen = 0                    # bytes of an incomplete frame at the front
-        self._need = 0                    # bytes there must be before parsing again
-        self._cutter = None               # _cut's fast loop in C, when built
-        speedups = compiled.speedups
-        if speedups is not None and self._decoder.options is not None:
-            self._cutter = speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
-                                                 self._decoder.options, Response, ReplySink,
-                                                 _Pushes)
-        self.on_event = None              # IPROTO_EVENT frames go here: on_event(sync, body bytes)
-        self.on_fail = None               # called with the error once the transport dies
-        self._requester = None            # request()'s common case in C, when built
-        if speedups is not None:
-            self._requester = speedups.Requester(self, Transport.request, self._pending,
-                                                  self._ready, self._wbuf, self._wakeup.set,
-                                                  self._hub, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY, self._cutter)
-            self.request = self._requester.request   # shadows the method below
-        self._reader = Greenlet(self._read_loop)
-        self._writer = Greenlet(self._write_loop)
-        self._reader.name = "%s-reader" % name
-        self._writer.name = "%s-writer" % name
-        self._reader.start()
-        self._writer.start()
-
-    @property
-    def alive(self):
-        return self.error is None
-
-    @property
-    def in_flight(self):
-        return len(self._pending)
-
-    # -- the caller's side ---------------------------------------------------
+                 "_fd", "_rlen", "_waking", "_flush_due", "max_response_size", "_requester")
 
     def request(self, sync, code, schema_version, body):
         """Send request ``code`` with its encoded ``body`` and wait for its reply
@@ -283,6 +200,97 @@ class Transport(_State):
                 return self._cutter.finish(value)
             return value
         self._switched_early(sync, current)
+
+
+_State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
+
+
+class Transport(_State):
+    """A connected socket with its reader and writer greenlets.
+
+    ``request(sync, code, schema_version, body)`` sends a request and returns
+    its reply: for an OK reply whose body is a map, and without push messages
+    (nearly every reply), its ``protocol.Response`` with ``conn`` None (the
+    caller sets it); otherwise ``(sync, code, schema version, body, pushes)``,
+    or the exception that failed the connection.  ``body`` is the decoded
+    body, or the exception decoding it raised (that request fails, the
+    connection stays up), or an error reply's undecoded bytes; ``pushes`` is
+    None or a list of ``(code, schema version, body)``.  (Nothing in a reply
+    refers to the connection: the greenlet that switches with it holds it until
+    it runs again, and must not keep a dropped connection alive.)
+    ``send_many`` queues many requests whose replies go to one ``ReplySink``
+    (a pipeline's) instead.  ``close()`` kills and joins both greenlets.
+    """
+
+    __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
+                 "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
+                 "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "__weakref__")
+
+    # The Python request, for what the C one hands back (see TransportState).
+    request_general = TransportState.request
+
+    def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
+                 decoder=None):
+        self._sock = sock
+        self._token = _token_source()     # process_token's, without its call
+        self._process = self._token()      # see _inherited
+        self._pid = os.getpid()
+        self.stats = stats
+        self._decoder = decoder or BodyDecoder()
+        self.max_in_flight = max_in_flight
+        self.max_response_size = max_response_size
+        self.error = None                 # set once: why the transport died
+        self._hub = get_hub()
+        self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
+        self._ready = collections.deque()  # (greenlet, reply) to wake, in order
+        self._waking = False              # _run_ready is scheduled or running
+        # Callers are being woken, and whoever woke them sends what they queue
+        # once they all wait again (_flush): they need not wake the writer.
+        self._flush_due = False
+        self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
+        self._wbuf = []                   # frames to send, two pieces per request
+        self._wakeup = Event()            # the writer's: something to send
+        self._sending = False             # the writer is sending the front of _wbuf
+        self._fd = sock.fileno()          # callers' own sends and the reader use it directly
+        self._read_watcher = None         # the reader's, while it runs
+        self._write_watcher = None        # the writer's, once the socket was full
+        self._queue = collections.deque()  # Waiters of callers beyond max_in_flight, in order
+        # The reader receives into one reused buffer (a fresh large bytes object
+        # per read costs page faults); an incomplete frame is kept at its front.
+        self._rbuf = bytearray(RECV_SIZE)
+        self._rview = memoryview(self._rbuf)
+        self._rlen = 0                    # bytes of an incomplete frame at the front
+        self._need = 0                    # bytes there must be before parsing again
+        self._cutter = None               # _cut's fast loop in C, when built
+        speedups = compiled.speedups
+        if speedups is not None and self._decoder.options is not None:
+            self._cutter = speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,
+                                                 self._decoder.options, Response, ReplySink,
+                                                 _Pushes)
+        self.on_event = None              # IPROTO_EVENT frames go here: on_event(sync, body bytes)
+        self.on_fail = None               # called with the error once the transport dies
+        self._requester = None            # request()'s common case in C, when built
+        if speedups is not None:
+            self._requester = speedups.Requester(self, Transport.request_general, self._pending,
+                                                  self._ready, self._wbuf, self._wakeup.set,
+                                                  self._hub, getcurrent, max_in_flight,
+                                                  FLUSH_EVERY, self._cutter)
+        self._reader = Greenlet(self._read_loop)
+        self._writer = Greenlet(self._write_loop)
+        self._reader.name = "%s-reader" % name
+        self._writer.name = "%s-writer" % name
+        self._reader.start()
+        self._writer.start()
+
+    @property
+    def alive(self):
+        return self.error is None
+
+    @property
+    def in_flight(self):
+        return len(self._pending)
+
+    # -- the caller's side ---------------------------------------------------
 
     def _send_now(self, header, body):
         """Send one request from its caller's greenlet, without blocking."""

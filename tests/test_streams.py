@@ -247,14 +247,15 @@ def test_lost_connection_fails_the_transaction_and_resends_nothing():
 
 @needs_streams
 @pytest.mark.usefixtures("reader")
-def test_stream_replies_take_the_plain_replies_path(mconn):
+def test_stream_replies_take_the_plain_replies_path(mconn, monkeypatch):
     """The server's replies to stream requests carry no stream id: the reader
     takes them the way it takes plain replies (its fixed-layout loop, in C or
     Python, when it knows the server's layout; ``_frame`` otherwise)."""
     transport = mconn._transport
-    general = transport._frame
+    general = type(transport)._frame
     slow = []
-    transport._frame = lambda *args: slow.append(args[1]) or general(*args)
+    monkeypatch.setattr(type(transport), "_frame",
+                        lambda self, *args: slow.append(args[1]) or general(self, *args))
     for i in range(100):
         mconn.insert("tester", (i, "plain"))
     plain, slow[:] = len(slow), []
