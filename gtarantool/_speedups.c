@@ -80,12 +80,22 @@ after_fork_in_child(void)
 
 static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
     *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
-    *empty_tuple, *str_switch, *str_popleft, *str_forget,
-    *str_switched_early, *str_sent, *str_requests, *str_send_calls, *str_request_general,
-    *str_bytes_out, *str_max_in_flight, *str_flush_early,
+    *empty_tuple, *str_switch, *str_popleft, *str_requests, *str_send_calls,
+    *str_bytes_out, *str_max_in_flight,
     *unpack_escaped_kwnames, *str_backslashreplace, *str_size,
-    *str_received_lone, *str_hand_on, *str_handle_error, *str_flush,
+    *str_handle_error,
     *str_recv_calls, *str_bytes_in, *str_responses;
+
+/* The hooks: the methods of a transport (transport.Transport) that the C
+ * paths call for what they hand back to the Python code, by these names (see
+ * TransportCore below; the module's TRANSPORT_HOOKS lists them, and
+ * transport.TransportState.HOOKS must match it). */
+enum { H_REQUEST_GENERAL, H_FORGET, H_SWITCHED_EARLY, H_AFTER_SEND, H_FLUSH_EARLY,
+       H_AFTER_LONE_RECEIVE, H_HAND_ON, H_FLUSH, N_HOOKS };
+static const char *hook_names[N_HOOKS] = {
+    "request_general", "forget", "switched_early", "after_send", "flush_early",
+    "after_lone_receive", "hand_on", "flush"};
+static PyObject *hooks[N_HOOKS];   /* their interned names */
 
 /* The fields ok_response sets (find_slots names them in this order). */
 enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, F_SIZE, N_FIELDS };
@@ -1371,7 +1381,7 @@ TransportCore_request(TransportCore *self, PyObject *const *args, Py_ssize_t nar
     }
     call[0] = (PyObject *)self;
     memcpy(call + 1, args, nargs * sizeof(PyObject *));
-    return PyObject_VectorcallMethod(str_request_general, call, nargs + 1, NULL);
+    return PyObject_VectorcallMethod(hooks[H_REQUEST_GENERAL], call, nargs + 1, NULL);
 }
 
 static PyMethodDef TransportCore_methods[] = {
@@ -1518,13 +1528,13 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
  * frames the header, queues header and body for the writer (a lone request:
  * sends them, as send_now below),
  * registers the current greenlet under its sync (every flush_every requests
- * queued, calls transport._flush_early()) and switches away (to
+ * queued, calls transport.flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready` (a RawReply finished by `cutter`, the transport's ReplyCutter
  * or None).  Any other call goes to slow(transport, sync, code,
  * schema_version, body), the Python method, unchanged; so do the rare ends:
- * transport._forget(sync, greenlet) when the switch raises (a timeout, a
- * kill), transport._switched_early(sync, greenlet) when it returns with no
+ * transport.forget(sync, greenlet) when the switch raises (a timeout, a
+ * kill), transport.switched_early(sync, greenlet) when it returns with no
  * reply. */
 typedef struct {
     PyObject_HEAD
@@ -1651,7 +1661,7 @@ count(Counters *c, PyObject *stats, int which, Py_ssize_t n, int highest)
 
 /* Transport._send_now: one non-blocking writev of header and body from the
  * caller's greenlet.  The common end (all sent) is counted here; the others
- * (part sent, none, an error) go to transport._sent(header, body, sent).
+ * (part sent, none, an error) go to transport.after_send(header, body, sent).
  * 0, or -1 with an exception set. */
 static int
 send_now(Requester *self, PyObject *header, PyObject *body)
@@ -1704,7 +1714,7 @@ send_now(Requester *self, PyObject *header, PyObject *body)
     }
     if (sent_obj == NULL)
         return -1;
-    res = PyObject_CallMethodObjArgs(self->transport, str_sent, header, body, sent_obj, NULL);
+    res = PyObject_CallMethodObjArgs(self->transport, hooks[H_AFTER_SEND], header, body, sent_obj, NULL);
     Py_DECREF(sent_obj);
     if (res == NULL)
         return -1;
@@ -1773,7 +1783,7 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
             goto unregister;
     } else {
         if (queued == 0) {
-            /* the writer is woken unless a flush is due (Transport._flush) */
+            /* the writer is woken unless a flush is due (Transport.flush) */
             int due = core_flag(self->transport, CORE(self->transport)->flush_due,
                                 "_flush_due");
             if (due < 0) {
@@ -1801,7 +1811,7 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
         }
         if (PyList_GET_SIZE(self->wbuf) % self->flush_entries == 0) {
             /* queued and registered: a failed send fails the transport, and so this caller */
-            res = PyObject_CallMethodNoArgs(self->transport, str_flush_early);
+            res = PyObject_CallMethodNoArgs(self->transport, hooks[H_FLUSH_EARLY]);
             if (res == NULL)
                 goto forget;
             Py_DECREF(res);
@@ -1822,7 +1832,7 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
         goto forget;
     Py_DECREF(res);
     if (first_ready(self) != current) {
-        res = PyObject_CallMethodObjArgs(self->transport, str_switched_early, sync, current,
+        res = PyObject_CallMethodObjArgs(self->transport, hooks[H_SWITCHED_EARLY], sync, current,
                                          NULL);
         Py_DECREF(current);
         return res;
@@ -1843,9 +1853,9 @@ forget:   /* a timeout, a kill (or a failed early flush): forget the request, th
     {
         PyObject *type, *exc, *tb;
         PyErr_Fetch(&type, &exc, &tb);
-        res = PyObject_CallMethodObjArgs(self->transport, str_forget, sync, current, NULL);
+        res = PyObject_CallMethodObjArgs(self->transport, hooks[H_FORGET], sync, current, NULL);
         Py_DECREF(current);
-        if (res == NULL) {   /* raise what _forget raised, in the context of the first */
+        if (res == NULL) {   /* raise what forget raised, in the context of the first */
             PyObject *type2, *exc2, *tb2;
             PyErr_NormalizeException(&type, &exc, &tb);
             if (tb != NULL)
@@ -2006,11 +2016,11 @@ static PyTypeObject RequesterType = {
  * read watcher's callback in the hub, for what it nearly always does with one
  * greenlet's requests in sequence: one receive (cutter's receive_lone) that
  * brings exactly the reply of the one request in flight, counted in
- * transport.stats, and a switch straight to its caller (Transport._hand_on).
+ * transport.stats, and a switch straight to its caller (Transport.hand_on).
  * With anything buffered, queued or being woken, or in a process forked since
  * (see fork_generation), it calls slow(transport),
  * the Python method, instead; a receive that is not one whole reply goes on
- * in Python (transport._received_lone, then _hand_on), and an error goes to
+ * in Python (transport.after_lone_receive, then hand_on), and an error goes to
  * the reader greenlet as there.  The transport's _ready, _queue, _wbuf, stats,
  * _reader, _hub and _fd are read once, by __init__ (they stay for its life);
  * _rlen, _waking, _rbuf and max_response_size at each call. */
@@ -2085,7 +2095,7 @@ to_reader(LoneReader *self)
     return res;
 }
 
-/* Transport._hand_on(False) with the one reply in `ready`: switch to its caller. */
+/* Transport.hand_on(False) with the one reply in `ready`: switch to its caller. */
 static PyObject *
 hand_on_lone(LoneReader *self)
 {
@@ -2135,7 +2145,7 @@ hand_on_lone(LoneReader *self)
     }
     Py_DECREF(waiting);
     if (PyList_GET_SIZE(self->wbuf) > 0)
-        return PyObject_CallMethodNoArgs(self->transport, str_flush);
+        return PyObject_CallMethodNoArgs(self->transport, hooks[H_FLUSH]);
     Py_RETURN_NONE;
 error:
     Py_DECREF(waiting);
@@ -2188,12 +2198,12 @@ LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
         PyObject *received_obj = PyLong_FromSsize_t(received);
         if (received_obj == NULL)
             return to_reader(self);
-        more = PyObject_CallMethodObjArgs(self->transport, str_received_lone, received_obj,
+        more = PyObject_CallMethodObjArgs(self->transport, hooks[H_AFTER_LONE_RECEIVE], received_obj,
                                           taken ? Py_True : Py_False, NULL);
         Py_DECREF(received_obj);
         if (more == NULL)
             return to_reader(self);
-        res = PyObject_CallMethodOneArg(self->transport, str_hand_on, more);
+        res = PyObject_CallMethodOneArg(self->transport, hooks[H_HAND_ON], more);
         Py_DECREF(more);
         return res;
     }
@@ -2202,7 +2212,7 @@ LoneReader_call(LoneReader *self, PyObject *args, PyObject *kwds)
             || count(&self->counters, self->stats, C_RESPONSES, 1, 0) < 0)
         return to_reader(self);
     if (PyObject_Size(self->ready) != 1)   /* (decoding ran Python: an ext_hook) */
-        return PyObject_CallMethodOneArg(self->transport, str_hand_on, Py_False);
+        return PyObject_CallMethodOneArg(self->transport, hooks[H_HAND_ON], Py_False);
     return hand_on_lone(self);
 }
 
@@ -2432,23 +2442,18 @@ PyInit__speedups(void)
             || !(empty_tuple = PyTuple_New(0))
             || !(str_switch = PyUnicode_InternFromString("switch"))
             || !(str_popleft = PyUnicode_InternFromString("popleft"))
-            || !(str_forget = PyUnicode_InternFromString("_forget"))
-            || !(str_switched_early = PyUnicode_InternFromString("_switched_early"))
-            || !(str_sent = PyUnicode_InternFromString("_sent"))
-            || !(str_request_general = PyUnicode_InternFromString("request_general"))
             || !(str_requests = PyUnicode_InternFromString("requests"))
             || !(str_send_calls = PyUnicode_InternFromString("send_calls"))
             || !(str_bytes_out = PyUnicode_InternFromString("bytes_out"))
             || !(str_max_in_flight = PyUnicode_InternFromString("max_in_flight"))
-            || !(str_flush_early = PyUnicode_InternFromString("_flush_early"))
-            || !(str_received_lone = PyUnicode_InternFromString("_received_lone"))
-            || !(str_hand_on = PyUnicode_InternFromString("_hand_on"))
             || !(str_handle_error = PyUnicode_InternFromString("handle_error"))
-            || !(str_flush = PyUnicode_InternFromString("_flush"))
             || !(str_recv_calls = PyUnicode_InternFromString("recv_calls"))
             || !(str_bytes_in = PyUnicode_InternFromString("bytes_in"))
             || !(str_responses = PyUnicode_InternFromString("responses")))
         return NULL;
+    for (int i = 0; i < N_HOOKS; i++)
+        if (hooks[i] == NULL && !(hooks[i] = PyUnicode_InternFromString(hook_names[i])))
+            return NULL;
     if (!fork_handler_installed) {   /* once per process, whatever imports the module */
         int err = pthread_atfork(NULL, NULL, after_fork_in_child);
         if (err != 0) {
@@ -2472,6 +2477,21 @@ PyInit__speedups(void)
             || PyModule_AddObjectRef(module, "LoneReader", (PyObject *)&LoneReaderType) < 0) {
         Py_DECREF(module);
         return NULL;
+    }
+    {
+        PyObject *names = PyTuple_New(N_HOOKS);
+        if (names == NULL) {
+            Py_DECREF(module);
+            return NULL;
+        }
+        for (int i = 0; i < N_HOOKS; i++)
+            PyTuple_SET_ITEM(names, i, Py_NewRef(hooks[i]));
+        int added = PyModule_AddObjectRef(module, "TRANSPORT_HOOKS", names);
+        Py_DECREF(names);
+        if (added < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

@@ -89,7 +89,7 @@ class State:
             self._shutdown = registry.watch(SHUTDOWN_KEY, self._on_shutdown, internal=True)
         # Out now, not with the caller's first request: counts and first
         # requests stay those of the caller.
-        conn._transport._flush()
+        conn._transport.flush()
 
     def _on_shutdown(self, key, value):
         """In a watcher runner: on ``true``, take the socket out of use and drain it."""

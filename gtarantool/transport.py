@@ -14,7 +14,7 @@ The hub wakes the first greenlet of the queue; each woken caller takes its
 reply from the queue and, when it waits for its next one, wakes the next caller
 itself: one greenlet switch per request instead of two through the hub.  What
 the callers of such a batch queue is sent by the hub once they all wait again
-(``_flush``, one write), not by the writer, which takes only what the socket
+(``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
 on the first while the rest still queue theirs.
@@ -139,7 +139,23 @@ class TransportState:
     the C method's specification.  ``Transport`` derives from the C type when
     the package was built with a compiler, from this class otherwise: the
     choice is made once, here, at import.  The C ``request`` takes the common
-    case and hands every other call to ``request_general``, this ``request``."""
+    case and hands every other call to ``request_general``, this ``request``.
+
+    ``HOOKS`` names the methods of ``Transport`` that the C paths call for
+    what they hand back (the same names as ``_speedups.TRANSPORT_HOOKS``):
+    ``request_general(sync, code, schema_version, body)``, a request the C
+    path does not take; ``forget(sync, greenlet)``, a caller interrupted
+    while it waited; ``switched_early(sync, greenlet)``, a caller switched to
+    before its reply came; ``after_send(header, body, sent)``, a caller's own
+    send that the socket did not take whole (``sent`` bytes, or the OSError);
+    ``flush_early()``, every ``FLUSH_EVERY`` queued requests;
+    ``after_lone_receive(received, taken)``, a lone receive that was not one
+    whole reply; ``hand_on(more)``, after the read watcher's receive; and
+    ``flush()``, callers woken by the read watcher queued requests.
+    """
+
+    HOOKS = ("request_general", "forget", "switched_early", "after_send", "flush_early",
+             "after_lone_receive", "hand_on", "flush")
 
     __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
                  "_fd", "_rlen", "_waking", "_flush_due", "max_response_size", "_requester")
@@ -178,9 +194,9 @@ class TransportState:
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
             if len(buf) % (2 * FLUSH_EVERY) == 0:
                 try:
-                    self._flush_early()
+                    self.flush_early()
                 except BaseException:   # queued: its reply, if it comes, is discarded
-                    self._forget(sync, current)
+                    self.forget(sync, current)
                     raise
         try:
             if ready and current is not self._hub:
@@ -192,14 +208,14 @@ class TransportState:
             else:
                 self._hub.switch()
         except BaseException:
-            self._forget(sync, current)
+            self.forget(sync, current)
             raise
         if ready and ready[0][0] is current:
             value = ready.popleft()[1]
             if type(value) is _RawReply:   # (the C reader's: see _speedups.c)
                 return self._cutter.finish(value)
             return value
-        self._switched_early(sync, current)
+        self.switched_early(sync, current)
 
 
 _State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
@@ -245,7 +261,7 @@ class Transport(_State):
         self._ready = collections.deque()  # (greenlet, reply) to wake, in order
         self._waking = False              # _run_ready is scheduled or running
         # Callers are being woken, and whoever woke them sends what they queue
-        # once they all wait again (_flush): they need not wake the writer.
+        # once they all wait again (flush): they need not wake the writer.
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
@@ -300,9 +316,9 @@ class Transport(_State):
             sent = 0
         except OSError as exc:
             sent = exc
-        self._sent(header, body, sent)
+        self.after_send(header, body, sent)
 
-    def _sent(self, header, body, sent):
+    def after_send(self, header, body, sent):
         """After a caller's own send of ``sent`` bytes (or the OSError it raised):
         what the socket did not take goes to the writer, ahead of anything
         queued later; a failure fails the transport (and so the caller,
@@ -322,9 +338,9 @@ class Transport(_State):
         self._wbuf += ((header + body)[sent:], b"")
         self._wakeup.set()
 
-    def _switched_early(self, sync, waiting):
+    def switched_early(self, sync, waiting):
         """Something switched to ``waiting`` before its reply came: give up on it."""
-        self._forget(sync, waiting)
+        self.forget(sync, waiting)
         raise InvalidSwitchError("%r was switched to while it waited for the reply to "
                                  "request %d, which has not come" % (waiting, sync))
 
@@ -412,7 +428,7 @@ class Transport(_State):
             self._abandoned.add(sync)
             self._pass_on()
 
-    def _forget(self, sync, waiting):
+    def forget(self, sync, waiting):
         """``abandon(sync)`` for the greenlet ``waiting``, whose reply may be
         queued to wake it already: that wake-up must not reach it later, while
         it waits for something else."""
@@ -451,16 +467,16 @@ class Transport(_State):
             if ready and ready[0][0] is waiting:
                 ready.popleft()   # it did not take its reply (it was dead): never retry it
         self._waking = self._flush_due = False
-        self._flush()
+        self.flush()
 
-    def _flush_early(self):
+    def flush_early(self):
         """Every ``FLUSH_EVERY`` requests queued: send them now (see the module),
         unless the writer has a backlog (the socket was full): that would be
         copied again for every ``FLUSH_EVERY`` requests."""
         if not self._wakeup.is_set():
-            self._flush()
+            self.flush()
 
-    def _flush(self):
+    def flush(self):
         """After a batch of woken callers (in the hub; or every ``FLUSH_EVERY``
         of their requests): send what they queued now, in one non-blocking
         write, instead of waking the writer (which takes what the socket does
@@ -514,7 +530,7 @@ class Transport(_State):
                     data = b"".join(buf)
                     # Left in buf until sent: a caller that finds buf empty sends
                     # itself, and must not do so in the middle of this batch,
-                    # nor _flush.
+                    # nor flush.
                     self._sending = True
                     self._send_all(data)
                     self._sending = False
@@ -595,9 +611,9 @@ class Transport(_State):
             got = self._receive_lone()
         if got is None:
             return False
-        return self._received_lone(*got)
+        return self.after_lone_receive(*got)
 
-    def _received_lone(self, received, taken):
+    def after_lone_receive(self, received, taken):
         """The rest of ``_read_lone`` after its receive of ``received`` bytes."""
         if not received:
             raise _lost("the server closed the connection")
@@ -657,9 +673,9 @@ class Transport(_State):
         except BaseException as exc:   # raised in the reader, which owns failures
             self._reader.switch(exc)
             return
-        self._hand_on(more)
+        self.hand_on(more)
 
-    def _hand_on(self, more):
+    def hand_on(self, more):
         """After the read watcher's receive: resume the reader when it should
         read ``more``, or switch to the one caller whose reply is in."""
         if more:
@@ -677,7 +693,7 @@ class Transport(_State):
             if ready and ready[0][0] is waiting:
                 ready.popleft()   # it did not take its reply (it was dead)
             if self._wbuf:
-                self._flush()
+                self.flush()
 
     def feed(self, data):
         """Cut ``data`` (any piece of the stream) into frames and hand each reply

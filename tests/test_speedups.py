@@ -362,6 +362,13 @@ def test_the_transport_core_and_its_python_twin_hold_the_same_fields():
     assert issubclass(Transport, _speedups.TransportCore)
 
 
+def test_the_hooks_the_c_paths_call_are_the_transports_declared_hooks():
+    assert _speedups.TRANSPORT_HOOKS == TransportState.HOOKS
+    for name in TransportState.HOOKS:
+        assert callable(getattr(Transport, name)), name
+        assert not name.startswith("_"), name
+
+
 def test_a_transport_cores_fields_start_unset_and_hold_any_object():
     core = _speedups.TransportCore()
     for name in TransportState.__slots__:

@@ -285,7 +285,7 @@ def test_an_error_while_forgetting_a_request_is_raised_in_the_interruptions_cont
     def broken_forget(self, sync, waiting):
         raise RuntimeError("forget failed for %d" % sync)
 
-    monkeypatch.setattr(type(transport), "_forget", broken_forget)
+    monkeypatch.setattr(type(transport), "forget", broken_forget)
     try:
         glet = gevent.spawn(transport.request, 7, code, schema, b"")
         gevent.sleep(0)
