@@ -1,7 +1,14 @@
 /* The hot paths of transport.py in C, for what nearly every request does:
- * Requester (below) sends a request and waits, as Transport.request; and the
- * reader's inner loop, what transport.Transport._cut does, written out in
- * Python there:
+ * Requester (below) sends a request and waits, as TransportState.request; and
+ * the reader's inner loop, what transport.Transport._cut does, written out in
+ * Python there.
+ *
+ * The boundary with transport.py: a transport is a TransportCore (below),
+ * whose fields hold the state the C paths share with the Python code (read
+ * here as struct fields, never looked up by name), whose request method is
+ * the transport's, and whose rare paths go back to Python through the hooks
+ * listed in TRANSPORT_HOOKS (documented methods of transport.Transport).
+ *
  *
  * ReplyCutter(pending, ready, unpackb, options, response_type, sink_type,
  * pushes_type, defer_after=64).cut(data, pos, end, limit, wake) takes the
