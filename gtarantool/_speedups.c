@@ -85,11 +85,10 @@ after_fork_in_child(void)
     fork_generation++;
 }
 
-static PyObject *str_sync, *str_code, *str_body, *str_schema_version, *str_return_code,
-    *str_data, *str_conn, *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
+static PyObject *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_requests, *str_send_calls,
     *str_bytes_out, *str_max_in_flight,
-    *unpack_escaped_kwnames, *str_backslashreplace, *str_size,
+    *unpack_escaped_kwnames, *str_backslashreplace,
     *str_handle_error,
     *str_recv_calls, *str_bytes_in, *str_responses;
 
@@ -104,17 +103,91 @@ static const char *hook_names[N_HOOKS] = {
     "after_lone_receive", "hand_on", "flush"};
 static PyObject *hooks[N_HOOKS];   /* their interned names */
 
-/* The fields ok_response sets (find_slots names them in this order). */
-enum { F_DATA, F_SYNC, F_CODE, F_BODY, F_SCHEMA_VERSION, F_RETURN_CODE, F_SIZE, N_FIELDS };
+/* ResponseCore: the fields of a response (protocol.responses.Response and
+ * its siblings derive from it; from their Python twin,
+ * protocol.responses.ResponseFields, without a compiler), each a member of
+ * the name tarantool-python's Response gives it, set here as struct fields:
+ *
+ *     conn  _sync  _code  _body  _schema_version  _return_code  _data  _size
+ *
+ * (_size: the reply's bytes on the wire, set by the reader's fast paths).
+ * Anything else a response holds (an error's _return_message ...) is an
+ * ordinary attribute of the Python class. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *conn, *sync, *code, *body, *schema_version, *return_code, *data, *size;
+} ResponseCore;
+
+#define RESPONSE_MEMBER(name, field) \
+    {name, T_OBJECT_EX, offsetof(ResponseCore, field), 0, NULL}
+
+static PyMemberDef ResponseCore_members[] = {
+    RESPONSE_MEMBER("conn", conn),
+    RESPONSE_MEMBER("_sync", sync),
+    RESPONSE_MEMBER("_code", code),
+    RESPONSE_MEMBER("_body", body),
+    RESPONSE_MEMBER("_schema_version", schema_version),
+    RESPONSE_MEMBER("_return_code", return_code),
+    RESPONSE_MEMBER("_data", data),
+    RESPONSE_MEMBER("_size", size),
+    {NULL}
+};
+
+static int
+ResponseCore_traverse(ResponseCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->conn);
+    Py_VISIT(self->sync);
+    Py_VISIT(self->code);
+    Py_VISIT(self->body);
+    Py_VISIT(self->schema_version);
+    Py_VISIT(self->return_code);
+    Py_VISIT(self->data);
+    Py_VISIT(self->size);
+    return 0;
+}
+
+static int
+ResponseCore_clear(ResponseCore *self)
+{
+    Py_CLEAR(self->conn);
+    Py_CLEAR(self->sync);
+    Py_CLEAR(self->code);
+    Py_CLEAR(self->body);
+    Py_CLEAR(self->schema_version);
+    Py_CLEAR(self->return_code);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->size);
+    return 0;
+}
+
+static void
+ResponseCore_dealloc(ResponseCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    ResponseCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ResponseCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.ResponseCore",
+    .tp_basicsize = sizeof(ResponseCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of a response (see ResponseCore in _speedups.c); "
+              "protocol.responses.Response derives from it.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = ResponseCore_members,
+    .tp_traverse = (traverseproc)ResponseCore_traverse,
+    .tp_clear = (inquiry)ResponseCore_clear,
+    .tp_dealloc = (destructor)ResponseCore_dealloc,
+};
 
 /* How bodies are decoded and OK replies built: a ReplyCutter's own references,
  * or responses()'s borrowed arguments. */
 typedef struct {
     PyObject *unpackb, *use_list, *raw, *ext_hook;
-    PyTypeObject *response_type;
-    /* response_type's slot for each field: its offset in the object, or 0
-     * where the field is set as an attribute (see find_slots) */
-    Py_ssize_t slots[N_FIELDS];
+    PyTypeObject *response_type;   /* a ResponseCore subtype */
 } Decoding;
 
 typedef struct {
@@ -635,15 +708,11 @@ decode_body(const Decoding *d, const unsigned char *start, Py_ssize_t size, int 
     return value;
 }
 
-/* Fill d->slots: where response_type keeps each field, when that is a
- * plain object slot (__slots__), which ok_response then writes directly, as
- * the slot's descriptor would; a field kept any other way gets 0.  Only a
- * descriptor of response_type's own layout counts (one of its bases', inside
- * its size): any object could be put on the class under a field's name,
- * another class's slot descriptor too.  -1 with an error set when
- * response_type cannot make objects. */
 /* Where a `type` object keeps its attribute `name` when that is one of its
- * __slots__ (a writable object member): the offset, else 0. */
+ * __slots__ (a writable object member): the offset, else 0.  Only a
+ * descriptor of the type's own layout counts (one of its bases', inside its
+ * size): any object could be put on the class under the name, another
+ * class's slot descriptor too. */
 static Py_ssize_t
 member_offset(PyTypeObject *type, PyObject *name)
 {
@@ -666,38 +735,26 @@ member_offset(PyTypeObject *type, PyObject *name)
     return offset;
 }
 
+/* 0 when `type` can be a Decoding's response_type (a ResponseCore subtype
+ * that makes objects), else -1 with a TypeError. */
 static int
-find_slots(Decoding *d)
+check_response_type(PyObject *type)
 {
-    PyObject **names[N_FIELDS] = {&str_data, &str_sync, &str_code, &str_body,
-                                  &str_schema_version, &str_return_code, &str_size};
-    int i;
-
-    for (i = 0; i < N_FIELDS; i++)
-        d->slots[i] = member_offset(d->response_type, *names[i]);
-    if (d->response_type->tp_new == NULL) {
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &ResponseCoreType)) {
+        PyErr_Format(PyExc_TypeError, "response_type must be a subclass of ResponseCore, "
+                     "not %.100R", type);
+        return -1;
+    }
+    if (((PyTypeObject *)type)->tp_new == NULL) {
         PyErr_Format(PyExc_TypeError, "cannot create '%.100s' objects",
-                     d->response_type->tp_name);
+                     ((PyTypeObject *)type)->tp_name);
         return -1;
     }
     return 0;
 }
 
-static int
-set_field(const Decoding *d, PyObject *resp, int field, PyObject *name, PyObject *value)
-{
-    PyObject **slot;
-
-    /* (tp_new may return an object of another type: no slots of ours there) */
-    if (d->slots[field] == 0 || !Py_IS_TYPE(resp, d->response_type))
-        return PyObject_SetAttr(resp, name, value);
-    slot = (PyObject **)((char *)resp + d->slots[field]);
-    Py_XSETREF(*slot, Py_NewRef(value));
-    return 0;
-}
-
 /* protocol.ok_response, without conn (the caller sets it); `size`, the
- * frame's bytes, goes to a _size slot when there are both (else unset). */
+ * frame's bytes, goes to _size when there is one (else unset). */
 static PyObject *
 ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
             PyObject *size)
@@ -707,6 +764,11 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
     resp = d->response_type->tp_new(d->response_type, empty_tuple, NULL);
     if (resp == NULL)
         return NULL;
+    if (!PyObject_TypeCheck(resp, &ResponseCoreType)) {
+        PyErr_Format(PyExc_TypeError, "%.100s() made a %.100s object, not a ResponseCore",
+                     d->response_type->tp_name, Py_TYPE(resp)->tp_name);
+        goto fail;
+    }
     rows = PyDict_GetItemWithError(body, data_key);   /* borrowed */
     if (rows == NULL && PyErr_Occurred())
         goto fail;
@@ -723,19 +785,18 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
         }
         PyList_SET_ITEM(data, 0, rows);
     }
-    if (set_field(d, resp, F_DATA, str_data, data) < 0) {
-        Py_DECREF(data);
-        goto fail;
+    {
+        ResponseCore *r = (ResponseCore *)resp;
+
+        Py_XSETREF(r->data, data);
+        Py_XSETREF(r->sync, Py_NewRef(sync));
+        Py_XSETREF(r->code, Py_NewRef(zero));
+        Py_XSETREF(r->body, Py_NewRef(body));
+        Py_XSETREF(r->schema_version, Py_NewRef(schema));
+        Py_XSETREF(r->return_code, Py_NewRef(zero));
+        if (size != NULL)
+            Py_XSETREF(r->size, Py_NewRef(size));
     }
-    Py_DECREF(data);
-    if (set_field(d, resp, F_SYNC, str_sync, sync) < 0
-            || set_field(d, resp, F_CODE, str_code, zero) < 0
-            || set_field(d, resp, F_BODY, str_body, body) < 0
-            || set_field(d, resp, F_SCHEMA_VERSION, str_schema_version, schema) < 0
-            || set_field(d, resp, F_RETURN_CODE, str_return_code, zero) < 0
-            || (size != NULL && d->slots[F_SIZE]
-                && set_field(d, resp, F_SIZE, str_size, size) < 0))
-        goto fail;
     return resp;
 fail:
     Py_DECREF(resp);
@@ -1243,10 +1304,10 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "options must be (use_list, raw, ext_hook)");
         return -1;
     }
-    /* What runs Python first (find_slots, getattr), then the fields, all at once */
-    decoding.response_type = (PyTypeObject *)response_type;
-    if (find_slots(&decoding) < 0)
+    /* What runs Python first (getattr), then the fields, all at once */
+    if (check_response_type(response_type) < 0)
         return -1;
+    decoding.response_type = (PyTypeObject *)response_type;
     ready_append = PyObject_GetAttrString(ready, "append");
     if (ready_append == NULL)
         return -1;
@@ -2312,7 +2373,7 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d.raw = PyTuple_GET_ITEM(options, 1);
     d.ext_hook = PyTuple_GET_ITEM(options, 2);
     d.response_type = (PyTypeObject *)args[5];
-    if (find_slots(&d) < 0)
+    if (check_response_type(args[5]) < 0)
         return NULL;
     /* Decoding can run Python (ext_hook), which may change `syncs` and
      * `replies`: the loop works on its own references to both's items. */
@@ -2345,8 +2406,8 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             if (PyDict_CheckExact(body)) {
                 result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body, NULL);
-                if (result != NULL && PyObject_SetAttr(result, str_conn, conn) < 0)
-                    Py_CLEAR(result);
+                if (result != NULL)
+                    Py_XSETREF(((ResponseCore *)result)->conn, Py_NewRef(conn));
                 Py_DECREF(body);
                 if (result == NULL) {
                     Py_DECREF(value);
@@ -2427,15 +2488,7 @@ PyInit__speedups(void)
 {
     PyObject *module;
 
-    if (!(str_sync = PyUnicode_InternFromString("_sync"))
-            || !(str_code = PyUnicode_InternFromString("_code"))
-            || !(str_body = PyUnicode_InternFromString("_body"))
-            || !(str_schema_version = PyUnicode_InternFromString("_schema_version"))
-            || !(str_return_code = PyUnicode_InternFromString("_return_code"))
-            || !(str_size = PyUnicode_InternFromString("_size"))
-            || !(str_data = PyUnicode_InternFromString("_data"))
-            || !(str_conn = PyUnicode_InternFromString("conn"))
-            || !(str_replies = PyUnicode_InternFromString("replies"))
+    if (!(str_replies = PyUnicode_InternFromString("replies"))
             || !(str_outstanding = PyUnicode_InternFromString("outstanding"))
             || !(unpack_kwnames = Py_BuildValue("(ssss)", "use_list", "raw", "strict_map_key",
                                                 "ext_hook"))
@@ -2469,7 +2522,7 @@ PyInit__speedups(void)
         }
         fork_handler_installed = 1;
     }
-    if (PyType_Ready(&TransportCoreType) < 0
+    if (PyType_Ready(&TransportCoreType) < 0 || PyType_Ready(&ResponseCoreType) < 0
             || PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
             || PyType_Ready(&RawReplyType) < 0
             || PyType_Ready(&LoneReaderType) < 0)
@@ -2478,6 +2531,7 @@ PyInit__speedups(void)
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "TransportCore", (PyObject *)&TransportCoreType) < 0
+            || PyModule_AddObjectRef(module, "ResponseCore", (PyObject *)&ResponseCoreType) < 0
             || PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
             || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0
             || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0

@@ -17,7 +17,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gtarantool.compiled import speedups as _speedups
-from gtarantool.protocol import ERROR_STRINGS, Response
+from gtarantool.protocol import ERROR_STRINGS, RESPONSE_CLASSES, Response
+from gtarantool.protocol.responses import ResponseFields
 from gtarantool.transport import ReplySink, Transport, TransportState, _Pushes
 from tests import fuzz
 from tests.fakepeer import tarantool_frame
@@ -382,23 +383,32 @@ def test_a_transport_cores_fields_start_unset_and_hold_any_object():
             getattr(core, name)
 
 
+def test_the_response_core_and_its_python_twin_hold_the_same_fields():
+    members = {name for name, value in vars(_speedups.ResponseCore).items()
+               if type(value) is types.MemberDescriptorType}
+    assert members == set(ResponseFields.__slots__)
+    for cls in RESPONSE_CLASSES.values():
+        assert issubclass(cls, _speedups.ResponseCore)
+
+
 class _Big:
     __slots__ = tuple("s%d" % i for i in range(64)) + ("_data",)
 
 
-def test_a_slot_descriptor_of_another_class_is_not_written_through():
-    """A response type whose field name is another (larger) class's slot: the
-    reply sets that field as Python would (the descriptor refuses the object),
-    never at the other layout's offset."""
+def test_responses_are_made_of_a_response_core_subclass_only():
+    """The C paths write a response's fields into its ResponseCore struct: any
+    other type is refused before a reply is taken (a class with the fields'
+    names as another class's slots too)."""
     class Small:
         __slots__ = ()
     Small._data = _Big.__dict__["_data"]
-    pending, ready = {7: object()}, collections.deque()
-    cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Small,
-                                   ReplySink, _Pushes)
-    frame = _frame_for(7)
-    with pytest.raises(TypeError, match="doesn't apply"):
-        cutter.cut(frame, 0, len(frame), 1 << 20, [])
+    for response_type in (Small, _Big, tuple):
+        with pytest.raises(TypeError, match="ResponseCore"):
+            _speedups.ReplyCutter({}, collections.deque(), msgpack.unpackb, (True, False, None),
+                                  response_type, ReplySink, _Pushes)
+        with pytest.raises(TypeError, match="ResponseCore"):
+            _speedups.responses(None, [], {}, msgpack.unpackb, (True, False, None),
+                                response_type, None)
 
 
 def test_replies_past_defer_after_are_queued_undecoded_and_finish_as_decoded():
@@ -436,7 +446,9 @@ def test_replies_past_defer_after_are_queued_undecoded_and_finish_as_decoded():
 
 
 def test_a_response_type_whose_new_returns_something_else():
-    """Fields go to whatever tp_new returned, as attributes when it is not of the type."""
+    """A response type whose __new__ makes something that is not a
+    ResponseCore: the reply is refused with a TypeError (the Python code then
+    fails the connection), never written into another layout."""
     class Other:
         pass
 
@@ -450,9 +462,9 @@ def test_a_response_type_whose_new_returns_something_else():
     cutter = _speedups.ReplyCutter(pending, ready, msgpack.unpackb, (True, False, None), Odd,
                                    ReplySink, _Pushes)
     frame = _frame_for(7, b"\x81\x30\x91\x05")
-    assert cutter.cut(frame, 0, len(frame), 1 << 20, []) == (len(frame), 0)
-    (_, resp), = ready
-    assert type(resp) is Other and resp._data == [5] and resp._sync == 7
+    with pytest.raises(TypeError, match="Other object, not a ResponseCore"):
+        cutter.cut(frame, 0, len(frame), 1 << 20, [])
+    assert not ready
 
 
 @pytest.mark.parametrize("outstanding", [-2**63, 2**64, 1])

@@ -20,15 +20,24 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_ERROR,
 )
 
-_FIELDS = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code", "_data",
-           "_size")
-
-
-class Response(tarantool_response.Response):
-    """tarantool-python's ``Response``, its fields in slots (cheaper to build than a dict).
+class ResponseFields:
+    """A response's fields, the names tarantool-python's ``Response`` gives
+    them: the Python twin of ``_speedups.ResponseCore``, whose C paths set
+    them as struct fields.  The response classes derive from the C type when
+    the package was built with a compiler, from this class otherwise (chosen
+    once, here, at import); other attributes go to the instance dictionary.
     ``_size``: the reply's bytes on the wire, set when the reader's fast path
     built it (nearly every reply; unset otherwise)."""
-    __slots__ = _FIELDS
+    __slots__ = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code",
+                 "_data", "_size")
+
+
+_Fields = compiled.speedups.ResponseCore if compiled.speedups is not None else ResponseFields
+
+
+class Response(_Fields, tarantool_response.Response):
+    """tarantool-python's ``Response``, its fields in slots (cheaper to build than a dict)."""
+    __slots__ = ()
 
     # Read on nearly every reply: a getter in C instead of a Python function.
     data = property(operator.attrgetter("_data"), doc=tarantool_response.Response.data.__doc__)
@@ -45,19 +54,19 @@ class Response(tarantool_response.Response):
 _new_response = Response.__new__
 
 
-class ResponseExecute(tarantool_response.ResponseExecute):
+class ResponseExecute(_Fields, tarantool_response.ResponseExecute):
     """tarantool-python's ``ResponseExecute`` (SQL), its fields in slots."""
-    __slots__ = _FIELDS
+    __slots__ = ()
 
 
-class ResponseProtocolVersion(tarantool_response.ResponseProtocolVersion):
+class ResponseProtocolVersion(_Fields, tarantool_response.ResponseProtocolVersion):
     """tarantool-python's ``ResponseProtocolVersion``, its fields in slots."""
-    __slots__ = _FIELDS
+    __slots__ = ()
 
 
 # tarantool-python's response classes (a Request's response_class) -> ours.
-RESPONSE_CLASSES = {base: cls for cls in (Response, ResponseExecute, ResponseProtocolVersion)
-                    for base in cls.__bases__}
+RESPONSE_CLASSES = {cls.__bases__[-1]: cls
+                    for cls in (Response, ResponseExecute, ResponseProtocolVersion)}
 
 
 def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
