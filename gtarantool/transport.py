@@ -43,6 +43,7 @@ import errno
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 import msgpack
 from gevent import Greenlet, getcurrent
@@ -218,7 +219,10 @@ class TransportState:
         self.switched_early(sync, current)
 
 
-_State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
+if TYPE_CHECKING:   # (the checker reads the twin: the C module's stub is untyped)
+    _State = TransportState
+else:
+    _State = compiled.speedups.TransportCore if compiled.speedups is not None else TransportState
 
 
 class Transport(_State):

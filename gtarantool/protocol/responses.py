@@ -4,6 +4,7 @@ header fields and body (``make_response``, ``ok_response``, a pipeline's
 ``responses``); ``LazyDatabaseError`` and ``ErrorReply`` for error replies.
 """
 import operator
+from typing import TYPE_CHECKING
 
 import msgpack
 from tarantool import response as tarantool_response
@@ -20,6 +21,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_ERROR,
 )
 
+
 class ResponseFields:
     """A response's fields, the names tarantool-python's ``Response`` gives
     them: the Python twin of ``_speedups.ResponseCore``, whose C paths set
@@ -32,7 +34,10 @@ class ResponseFields:
                  "_data", "_size")
 
 
-_Fields = compiled.speedups.ResponseCore if compiled.speedups is not None else ResponseFields
+if TYPE_CHECKING:   # (the checker reads the twin: the C module's stub is untyped)
+    _Fields = ResponseFields
+else:
+    _Fields = compiled.speedups.ResponseCore if compiled.speedups is not None else ResponseFields
 
 
 class Response(_Fields, tarantool_response.Response):
