@@ -1587,8 +1587,8 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
                                                &str_recv_calls, &str_bytes_out, &str_bytes_in,
                                                &str_max_in_flight};
 
-/* Requester(transport, slow, pending, ready, wbuf, wakeup_set, hub, getcurrent,
- * max_in_flight, flush_every, cutter).request(sync, code, schema_version, body) is
+/* Requester(transport, slow, wakeup_set, getcurrent, max_in_flight,
+ * flush_every, cutter).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
@@ -1964,20 +1964,14 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent,
         *cutter;
     Py_ssize_t max_in_flight, flush_every;
-    static char *names[] = {"transport", "slow", "pending", "ready", "wbuf", "wakeup_set",
-                            "hub", "getcurrent", "max_in_flight", "flush_every", "cutter",
-                            NULL};
+    static char *names[] = {"transport", "slow", "wakeup_set", "getcurrent", "max_in_flight",
+                            "flush_every", "cutter", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OO!OOOnnO:Requester", names, &transport,
-                                     &slow, &PyDict_Type, &pending, &ready, &PyList_Type,
-                                     &wbuf, &wakeup_set, &hub, &getcurrent, &max_in_flight,
-                                     &flush_every, &cutter)
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOnnO:Requester", names,
+                                     &TransportCoreType, &transport, &slow, &wakeup_set,
+                                     &getcurrent, &max_in_flight, &flush_every, &cutter)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
-    if (!PyObject_TypeCheck(transport, &TransportCoreType)) {
-        PyErr_SetString(PyExc_TypeError, "transport must be a TransportCore");
-        return -1;
-    }
     if (cutter != Py_None && !Py_IS_TYPE(cutter, &ReplyCutterType)) {
         PyErr_SetString(PyExc_TypeError, "cutter must be a ReplyCutter or None");
         return -1;
@@ -1986,25 +1980,47 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "flush_every must be a positive number of requests");
         return -1;
     }
+    /* the transport's containers, read once: they stay for its life */
+    if ((pending = FIELD(transport, pending, "_pending")) == NULL
+            || (ready = FIELD(transport, ready, "_ready")) == NULL
+            || (wbuf = FIELD(transport, wbuf, "_wbuf")) == NULL
+            || (hub = FIELD(transport, hub, "_hub")) == NULL)
+        return -1;
+    if (!PyDict_CheckExact(pending) || !PyList_CheckExact(wbuf)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Requester: the transport's _pending must be a dict, its _wbuf a list");
+        return -1;
+    }
+    /* (getattr runs Python, which may replace the fields: hold them meanwhile) */
+    Py_INCREF(pending);
+    Py_INCREF(ready);
+    Py_INCREF(wbuf);
+    Py_INCREF(hub);
     Py_XSETREF(self->hub_switch, PyObject_GetAttr(hub, str_switch));
     if (self->hub_switch == NULL)
-        return -1;
+        goto error;
     Py_XSETREF(self->ready_popleft, PyObject_GetAttr(ready, str_popleft));
     if (self->ready_popleft == NULL)
-        return -1;
+        goto error;
     Py_XSETREF(self->transport, Py_NewRef(transport));
     Py_XSETREF(self->slow, Py_NewRef(slow));
-    Py_XSETREF(self->ready, Py_NewRef(ready));
-    Py_XSETREF(self->wbuf, Py_NewRef(wbuf));
+    Py_XSETREF(self->ready, ready);
+    Py_XSETREF(self->wbuf, wbuf);
     Py_XSETREF(self->wakeup_set, Py_NewRef(wakeup_set));
-    Py_XSETREF(self->hub, Py_NewRef(hub));
+    Py_XSETREF(self->hub, hub);
     Py_XSETREF(self->getcurrent, Py_NewRef(getcurrent));
     Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->max_in_flight = max_in_flight;
     self->flush_entries = 2 * flush_every;
     self->generation = fork_generation;
-    Py_XSETREF(self->pending, Py_NewRef(pending));   /* last: request() checks it */
+    Py_XSETREF(self->pending, pending);   /* last: request() checks it */
     return 0;
+error:
+    Py_DECREF(pending);
+    Py_DECREF(ready);
+    Py_DECREF(wbuf);
+    Py_DECREF(hub);
+    return -1;
 }
 
 static int

@@ -291,9 +291,8 @@ class Transport(_State):
         self.on_fail = None               # called with the error once the transport dies
         self._requester = None            # request()'s common case in C, when built
         if speedups is not None:
-            self._requester = speedups.Requester(self, Transport.request_general, self._pending,
-                                                  self._ready, self._wbuf, self._wakeup.set,
-                                                  self._hub, getcurrent, max_in_flight,
+            self._requester = speedups.Requester(self, Transport.request_general,
+                                                  self._wakeup.set, getcurrent, max_in_flight,
                                                   FLUSH_EVERY, self._cutter)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)

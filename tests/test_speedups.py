@@ -313,8 +313,8 @@ def test_objects_are_initialised_once():
     cutter = _speedups.ReplyCutter(*args)
     with pytest.raises(RuntimeError, match="initialised already"):
         cutter.__init__(*args)
-    requester_args = (_speedups.TransportCore(), None, {}, ready, [], None,
-                      types.SimpleNamespace(switch=None), None, 1, 1, cutter)
+    core = _core(_pending={}, _ready=ready, _wbuf=[], _hub=types.SimpleNamespace(switch=None))
+    requester_args = (core, None, None, None, 1, 1, cutter)
     requester = _speedups.Requester(*requester_args)
     with pytest.raises(RuntimeError, match="initialised already"):
         requester.__init__(*requester_args)
@@ -324,6 +324,12 @@ def test_objects_are_initialised_once():
         _speedups.Requester(*requester_args[:-1], object())
     with pytest.raises(TypeError, match="TransportCore"):
         _speedups.Requester(types.SimpleNamespace(), *requester_args[1:])
+    with pytest.raises(TypeError, match="must be a dict"):
+        _speedups.Requester(_core(_pending=(), _ready=ready, _wbuf=[], _hub=core._hub),
+                            *requester_args[1:])
+    del core._hub
+    with pytest.raises(AttributeError, match="_hub"):
+        _speedups.Requester(*requester_args)
     transport = _core(_ready=ready, _queue=collections.deque(), _wbuf=[], stats=None,
                       _reader=None, _hub=None, _fd=0)
     reader = _speedups.LoneReader(transport, None, cutter)
