@@ -152,7 +152,7 @@ class TransportState:
     ``flush_early()``, every ``FLUSH_EVERY`` queued requests;
     ``after_lone_receive(received, taken)``, a lone receive that was not one
     whole reply; ``hand_on(more)``, after the read watcher's receive; and
-    ``flush()``, callers woken by the read watcher queued requests.
+    ``flush()``, to send what the caller the read watcher woke has queued.
     """
 
     HOOKS = ("request_general", "forget", "switched_early", "after_send", "flush_early",
