@@ -8,13 +8,9 @@
     for reply in p.results():
         ...   # a Response, or the exception that request raised, in request order
 
-Each request is encoded at once and handed to the connection with the ones
-queued before it, every 256 requests and when the replies are awaited (the
-writer greenlet sends them in large batches); the reader stores the replies
-without waking the pipeline's greenlet, which wakes once, when the last reply
-is in.  Every request handed over holds one of the connection's
-``max_in_flight`` slots until its reply arrives, so a long pipeline waits for
-room instead of growing memory.
+Every request handed over holds one of the connection's ``max_in_flight``
+slots until its reply arrives, so a long pipeline waits for room instead of
+growing memory (how it travels: "Pipelines" in docs/design.rst).
 
 Differences from single calls: ``on_push`` messages are dropped, and requests
 are sent without a schema version (as tarantool-python does), so a schema

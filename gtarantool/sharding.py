@@ -657,13 +657,7 @@ class Router:
                 timeout: Optional[float] = None) -> Any:
         """As :meth:`callro`, balanced over every member of the replica set.
 
-        :param bucket_id: 1..bucket_count.
-        :param func: the storage function's name.
-        :param args: its arguments (a list or tuple).
-        :param timeout: seconds for the whole call (default: the router's ``timeout``).
-        :returns: the function's first return value.
-        :raises: as :meth:`callrw`; a connection failure is not raised but
-            the call sent again, within ``timeout``.
+        Parameters, return value and errors as :meth:`callro`.
         """
         return self._call(bucket_id, ANY, "read", func, args, timeout)
 
@@ -671,13 +665,7 @@ class Router:
                timeout: Optional[float] = None) -> Any:
         """As :meth:`callro` on a replica (the master when no replica is up).
 
-        :param bucket_id: 1..bucket_count.
-        :param func: the storage function's name.
-        :param args: its arguments (a list or tuple).
-        :param timeout: seconds for the whole call (default: the router's ``timeout``).
-        :returns: the function's first return value.
-        :raises: as :meth:`callrw`; a connection failure is not raised but
-            the call sent again, within ``timeout``.
+        Parameters, return value and errors as :meth:`callro`.
         """
         return self._call(bucket_id, PREFER_RO, "read", func, args, timeout)
 
@@ -685,13 +673,7 @@ class Router:
                 timeout: Optional[float] = None) -> Any:
         """As :meth:`callre`, balanced over the replicas.
 
-        :param bucket_id: 1..bucket_count.
-        :param func: the storage function's name.
-        :param args: its arguments (a list or tuple).
-        :param timeout: seconds for the whole call (default: the router's ``timeout``).
-        :returns: the function's first return value.
-        :raises: as :meth:`callrw`; a connection failure is not raised but
-            the call sent again, within ``timeout``.
+        Parameters, return value and errors as :meth:`callro`.
         """
         return self._call(bucket_id, PREFER_RO, "read", func, args, timeout)
 

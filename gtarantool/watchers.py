@@ -1,25 +1,10 @@
 """Watchers (Tarantool 2.10+): the server pushes the value of a key
 (``box.status``, ``box.id``, a key set with ``box.broadcast``) when it changes.
 
-The protocol: the client sends IPROTO_WATCH for a key; the server answers
-(only) with an IPROTO_EVENT carrying the key's current value, and with one
-more each time the value changes, as soon as the client has acknowledged
-the last one by sending IPROTO_WATCH again; IPROTO_UNWATCH ends it.  A
-session has one subscription per key, so the watchers of one key share it
-(a ``_Key``).
-
-Events reach ``Watchers._on_event`` from the reader greenlet, which only
-records the value and starts the key's runner greenlet: callbacks never run
-in the reader.  The runner calls each watcher of the key with every value it
-has not seen yet, one at a time, then acknowledges; a callback that takes
-long thus sees the newest value next (the server coalesces the changes made
-meanwhile), never an older one.  After a reconnect every key is watched
-again, so each callback gets the current value again.
-
-The connection itself watches ``box.shutdown`` (see ``graceful.py``) as an
-internal watcher: it shares the key's subscription with a user's watcher of
-that key, and, unlike a user's watcher, holds the connection only weakly, so
-a connection dropped without ``close()`` is still collected.
+What callers rely on: callbacks never run in the reader greenlet; a callback
+that takes long sees the newest value next, never an older one; after a
+reconnect each callback gets the key's current value again.  How it works:
+"Watchers" in docs/design.rst.
 """
 from __future__ import annotations
 

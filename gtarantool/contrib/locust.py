@@ -14,33 +14,11 @@ sends gtarantool requests and reports each one to Locust.
         def get(self):
             self.client.select("bench", 42)
 
-and ``locust --host tarantool://user@10.0.0.5:3301 ...`` with the password in the
-environment variable ``TARANTOOL_PASSWORD`` (a password in the URL works too: each
-process takes it out of the host Locust shows and reports, and keeps it to connect).
-
-A sharded cluster: ``--host tarantool+vshard://user:secret@router:3301`` opens a
-``gtarantool.Router`` configured from that Lua router (calls go straight to the
-storages); tasks call ``self.client.callrw(bucket_id, "func", args)`` (and
-``callro``, ``callbro``, ``callre``, ``callbre``, ``map_callrw``), reported as
-``"callrw func"``.
-
-Every request fires Locust's ``request`` event: request type ``"tarantool"``,
-name ``"<method> <space or function>"``, the response time in milliseconds as
-a float, the reply's size in bytes, and for failures an exception whose text is
-stable (``DatabaseError(3)``, ``RequestTimeout``), so Locust's error table has a
-row per kind of failure.  A failed request raises :class:`RequestFailed`, which
-ends the task quietly (Locust's ``RescheduleTask``) unless the task catches it.
-An error code in ``expected_errors`` is a success: the call returns the error
-reply as tarantool-python does with ``error=False`` (``return_code``,
-``return_message``, no data) and the task goes on.
-
-One connection per worker process (``connection_scope = "process"``, the
-default), opened by the first user that needs it, after Locust forks its
-workers; ``connection_scope = "user"`` gives each user its own.  A server that
-cannot be reached stops the whole run once, with one error and exit code 1.
-
-Importing this module changes nothing in Locust's statistics; the load
-generator's finer response-time buckets and tables are in ``bench/locust``.
+What callers rely on: every request fires Locust's ``request`` event (name
+``"<method> <space or function>"``, an error named the same way every time); a
+failed request raises :class:`RequestFailed`, which ends the task quietly unless
+the task catches it; an error code in ``expected_errors`` is a success.
+Importing this module changes nothing in Locust.  The guide: docs/locust.rst.
 ``gtarantool.locust`` is an alias of this module.
 """
 import contextlib
