@@ -1,29 +1,31 @@
 /* ConnectionPool's data methods (select, insert, replace, update, upsert,
  * delete) in C, for the call nearly every request makes: positional arguments
- * and at most mode=.  connection_pool.py's Python methods are their specification; a
- * Route does what its Python method does, without the Python frame, the
- * keyword arguments passed on at their defaults and the counters as Python
- * ints, which together made a request through the pool dearer than on a plain
- * connection:
+ * and at most mode=.  connection_pool.py's Python methods are their
+ * specification; a Route does what its Python method does, without the Python
+ * frame, the keyword arguments passed on at their defaults and the counters as
+ * Python ints:
  *
  *     instance = next(pool._next[mode's value])   # pool._route's pick
  *     instance.in_flight += 1; instance.requests += 1
  *     try:
  *         return getattr(instance.conn, name)(*args)   # (the class's method: see method())
  *     except Exception as exc:
- *         other = pool._failed(instance, exc, mode, may_resend)
+ *         other = failed(pool, instance, exc, mode, may_resend)
  *     finally:
  *         instance.in_flight -= 1
  *         if instance.drained is not None:
- *             pool._drained(instance)
- *     return pool._send(other, mode, name, args, {}, False)
+ *             drained(instance)
+ *     return send(pool, other, mode, name, args, {}, False)
  *
  * Any other call (other keywords, a mode that is no tarantool.Mode, too few or
- * too many arguments) goes to the Python method itself.
+ * too many arguments, hooks not set) goes to the Python method itself.
  *
- * Counted is the base of pool.Instance: the fields a Route reads and writes on
- * every request, as C fields (pool._Counted is its Python twin); Picks the base
- * of pool.ConnectionPool, for its _next (a plain attribute without it).
+ * The interface: the state a Route reads and writes lives in two C types,
+ * InstanceCore (the base of pool.Instance: conn, drained, in_flight, requests;
+ * Python twin pool.InstanceFields) and PoolCore (the base of
+ * pool.ConnectionPool: _next; twin pool.PoolFields).  The rare paths go back to
+ * Python through three functions given once by set_hooks(failed, drained,
+ * send) (POOL_HOOKS): ConnectionPool's _failed, _drained and _send.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,9 +38,12 @@
 #define MAX_ARGS 8                /* positional arguments a Route takes, the pool's included */
 #define N_MODES 5                 /* tarantool.Mode's values are 1..5 */
 
-static PyObject *str_failed, *str_send, *str_drained, *str_mode;
+static PyObject *str_mode;
 
-/* -- Counted ------------------------------------------------------------------ */
+/* The hooks (set_hooks): the Python functions a Route calls for its rare paths. */
+static PyObject *hook_failed, *hook_drained, *hook_send;
+
+/* -- InstanceCore: the base of pool.Instance ------------------------------------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
@@ -46,19 +51,19 @@ typedef struct {
     PyObject *drained;            /* NULL reads as None */
     Py_ssize_t in_flight;
     Py_ssize_t requests;
-} Counted;
+} InstanceCore;
 
-static PyMemberDef Counted_members[] = {
-    {"conn", T_OBJECT_EX, offsetof(Counted, conn), 0, "the instance's gtarantool.Connection"},
-    {"drained", T_OBJECT, offsetof(Counted, drained), 0,
+static PyMemberDef InstanceCore_members[] = {
+    {"conn", T_OBJECT_EX, offsetof(InstanceCore, conn), 0, "the instance's gtarantool.Connection"},
+    {"drained", T_OBJECT, offsetof(InstanceCore, drained), 0,
      "an Event while remove() waits for the requests in flight, else None"},
-    {"in_flight", T_PYSSIZET, offsetof(Counted, in_flight), 0, "requests awaiting replies"},
-    {"requests", T_PYSSIZET, offsetof(Counted, requests), 0, "requests routed here"},
+    {"in_flight", T_PYSSIZET, offsetof(InstanceCore, in_flight), 0, "requests awaiting replies"},
+    {"requests", T_PYSSIZET, offsetof(InstanceCore, requests), 0, "requests routed here"},
     {NULL, 0, 0, 0, NULL}
 };
 
 static int
-Counted_traverse(Counted *self, visitproc visit, void *arg)
+InstanceCore_traverse(InstanceCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->conn);
     Py_VISIT(self->drained);
@@ -66,7 +71,7 @@ Counted_traverse(Counted *self, visitproc visit, void *arg)
 }
 
 static int
-Counted_clear(Counted *self)
+InstanceCore_clear(InstanceCore *self)
 {
     Py_CLEAR(self->conn);
     Py_CLEAR(self->drained);
@@ -74,72 +79,73 @@ Counted_clear(Counted *self)
 }
 
 static void
-Counted_dealloc(Counted *self)
+InstanceCore_dealloc(InstanceCore *self)
 {
     PyObject_GC_UnTrack(self);
-    Counted_clear(self);
+    InstanceCore_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyTypeObject CountedType = {
+static PyTypeObject InstanceCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gtarantool._pool.Counted",
-    .tp_basicsize = sizeof(Counted),
+    .tp_name = "gtarantool._pool.InstanceCore",
+    .tp_basicsize = sizeof(InstanceCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The base of pool.Instance: conn, drained, in_flight, requests.",
+    .tp_doc = "The base of pool.Instance: conn, drained, in_flight, requests (twin: "
+              "pool.InstanceFields).",
     .tp_new = PyType_GenericNew,
-    .tp_traverse = (traverseproc)Counted_traverse,
-    .tp_clear = (inquiry)Counted_clear,
-    .tp_dealloc = (destructor)Counted_dealloc,
-    .tp_members = Counted_members,
+    .tp_traverse = (traverseproc)InstanceCore_traverse,
+    .tp_clear = (inquiry)InstanceCore_clear,
+    .tp_dealloc = (destructor)InstanceCore_dealloc,
+    .tp_members = InstanceCore_members,
 };
 
-/* -- Picks: the base of pool.ConnectionPool ------------------------------------ */
+/* -- PoolCore: the base of pool.ConnectionPool ------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
     PyObject *next;               /* _next: the iterators of picks by mode value */
-} Picks;
+} PoolCore;
 
-static PyMemberDef Picks_members[] = {
-    {"_next", T_OBJECT, offsetof(Picks, next), 0,
+static PyMemberDef PoolCore_members[] = {
+    {"_next", T_OBJECT, offsetof(PoolCore, next), 0,
      "the iterator of picks of each mode, by mode value (see ConnectionPool._reroute)"},
     {NULL, 0, 0, 0, NULL}
 };
 
 static int
-Picks_traverse(Picks *self, visitproc visit, void *arg)
+PoolCore_traverse(PoolCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->next);
     return 0;
 }
 
 static int
-Picks_clear(Picks *self)
+PoolCore_clear(PoolCore *self)
 {
     Py_CLEAR(self->next);
     return 0;
 }
 
 static void
-Picks_dealloc(Picks *self)
+PoolCore_dealloc(PoolCore *self)
 {
     PyObject_GC_UnTrack(self);
-    Picks_clear(self);
+    PoolCore_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyTypeObject PicksType = {
+static PyTypeObject PoolCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gtarantool._pool.Picks",
-    .tp_basicsize = sizeof(Picks),
+    .tp_name = "gtarantool._pool.PoolCore",
+    .tp_basicsize = sizeof(PoolCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The base of pool.ConnectionPool: _next, as a C field.",
+    .tp_doc = "The base of pool.ConnectionPool: _next, as a C field (twin: pool.PoolFields).",
     .tp_new = PyType_GenericNew,
-    .tp_traverse = (traverseproc)Picks_traverse,
-    .tp_clear = (inquiry)Picks_clear,
-    .tp_dealloc = (destructor)Picks_dealloc,
-    .tp_members = Picks_members,
+    .tp_traverse = (traverseproc)PoolCore_traverse,
+    .tp_clear = (inquiry)PoolCore_clear,
+    .tp_dealloc = (destructor)PoolCore_dealloc,
+    .tp_members = PoolCore_members,
 };
 
 /* -- Route ------------------------------------------------------------------- */
@@ -189,7 +195,7 @@ method(Route *self, PyTypeObject *type)
     return func;
 }
 
-/* _failed's part of the except clause; returns the instance to re-send to or
+/* The failed hook's part of the except clause; returns the instance to re-send to or
  * NULL with the error it raised (the request's, nearly always). */
 static PyObject *
 failed(Route *self, PyObject *pool, PyObject *instance, PyObject *mode)
@@ -200,8 +206,8 @@ failed(Route *self, PyObject *pool, PyObject *instance, PyObject *mode)
     PyErr_NormalizeException(&type, &exc, &tb);
     if (tb != NULL)
         PyException_SetTraceback(exc, tb);
-    other = PyObject_CallMethodObjArgs(pool, str_failed, instance, exc, mode, self->may_resend,
-                                       NULL);
+    other = PyObject_CallFunctionObjArgs(hook_failed, pool, instance, exc, mode,
+                                         self->may_resend, NULL);
     Py_XDECREF(type);
     Py_XDECREF(exc);
     Py_XDECREF(tb);
@@ -214,9 +220,9 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), value, i;
     PyObject *mode = self->mode, *pool, *table, *picks, *instance, *conn, *result, *other = NULL;
     PyObject *call[MAX_ARGS], *func;
-    Counted *counted;
+    InstanceCore *counted;
 
-    if (nargs < self->min_args || nargs > self->max_args)
+    if (nargs < self->min_args || nargs > self->max_args || hook_send == NULL)
         goto python;
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, 0);
@@ -230,9 +236,9 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
     if (value == N_MODES)
         goto python;          /* (where a mode that is no tarantool.Mode gets its ValueError) */
     pool = args[0];
-    if (!PyObject_TypeCheck(pool, &PicksType))
+    if (!PyObject_TypeCheck(pool, &PoolCoreType))
         goto python;
-    table = ((Picks *)pool)->next;
+    table = ((PoolCore *)pool)->next;
     if (table == NULL || !PyTuple_Check(table) || PyTuple_GET_SIZE(table) <= value + 1
             || !PyIter_Check(PyTuple_GET_ITEM(table, value + 1)))
         goto python;          /* (a pool without instances yet) */
@@ -246,12 +252,12 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
             PyErr_SetString(PyExc_RuntimeError, "the pool's picks ran out");
         return NULL;
     }
-    if (!PyObject_TypeCheck(instance, &CountedType) || ((Counted *)instance)->conn == NULL) {
+    if (!PyObject_TypeCheck(instance, &InstanceCoreType) || ((InstanceCore *)instance)->conn == NULL) {
         PyErr_Format(PyExc_TypeError, "the pool picked %R, not a pool.Instance", instance);
         Py_DECREF(instance);
         return NULL;
     }
-    counted = (Counted *)instance;
+    counted = (InstanceCore *)instance;
     conn = Py_NewRef(counted->conn);
     counted->in_flight++;
     counted->requests++;
@@ -273,7 +279,7 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
     if (counted->drained != NULL && counted->drained != Py_None) {
         PyObject *type, *exc, *tb, *done;
         PyErr_Fetch(&type, &exc, &tb);
-        done = PyObject_CallMethodOneArg(pool, str_drained, instance);
+        done = PyObject_CallOneArg(hook_drained, instance);
         if (done == NULL) {   /* an error in finally replaces the request's outcome */
             Py_XDECREF(type);
             Py_XDECREF(exc);
@@ -290,8 +296,8 @@ Route_vectorcall(Route *self, PyObject *const *args, size_t nargsf, PyObject *kw
         if (rest != NULL && kwargs != NULL) {
             for (i = 1; i < nargs; i++)
                 PyTuple_SET_ITEM(rest, i - 1, Py_NewRef(args[i]));
-            result = PyObject_CallMethodObjArgs(pool, str_send, other, mode, self->name, rest,
-                                                kwargs, Py_False, NULL);
+            result = PyObject_CallFunctionObjArgs(hook_send, pool, other, mode, self->name, rest,
+                                                  kwargs, Py_False, NULL);
         }
         Py_XDECREF(rest);
         Py_XDECREF(kwargs);
@@ -416,8 +422,39 @@ static PyTypeObject RouteType = {
     .tp_getset = Route_getset,
 };
 
+/* set_hooks(failed, drained, send): the functions a Route calls for its rare
+ * paths (see the top of this file); until they are set every call goes to the
+ * Python method. */
+static PyObject *
+set_hooks(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"failed", "drained", "send", NULL};
+    PyObject *failed, *drained, *send;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:set_hooks", names, &failed, &drained,
+                                     &send))
+        return NULL;
+    if (!PyCallable_Check(failed) || !PyCallable_Check(drained) || !PyCallable_Check(send)) {
+        PyErr_SetString(PyExc_TypeError, "the pool's hooks must be callable");
+        return NULL;
+    }
+    Py_XSETREF(hook_failed, Py_NewRef(failed));
+    Py_XSETREF(hook_drained, Py_NewRef(drained));
+    Py_XSETREF(hook_send, Py_NewRef(send));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef pool_functions[] = {
+    {"set_hooks", (PyCFunction)(void (*)(void))set_hooks, METH_VARARGS | METH_KEYWORDS,
+     "set_hooks(failed, drained, send): failed(pool, instance, exc, mode, may_resend) -> the "
+     "instance to re-send to, or raises; drained(instance); send(pool, instance, mode, name, "
+     "args, kwargs, may_resend) -> the reply"},
+    {NULL, NULL, 0, NULL}
+};
+
 static struct PyModuleDef pool_module = {
     PyModuleDef_HEAD_INIT,
+    .m_methods = pool_functions,
     .m_name = "gtarantool._pool",
     .m_doc = "connection_pool.py's data methods in C (optional: connection_pool.py does the same without it).",
     .m_size = -1,
@@ -426,24 +463,25 @@ static struct PyModuleDef pool_module = {
 PyMODINIT_FUNC
 PyInit__pool(void)
 {
-    PyObject *module;
+    PyObject *module, *hook_names = NULL;
 
-    if (!(str_failed = PyUnicode_InternFromString("_failed"))
-            || !(str_send = PyUnicode_InternFromString("_send"))
-            || !(str_drained = PyUnicode_InternFromString("_drained"))
-            || !(str_mode = PyUnicode_InternFromString("mode")))
+    if (!(str_mode = PyUnicode_InternFromString("mode")))
         return NULL;
-    if (PyType_Ready(&CountedType) < 0 || PyType_Ready(&PicksType) < 0
+    if (PyType_Ready(&InstanceCoreType) < 0 || PyType_Ready(&PoolCoreType) < 0
             || PyType_Ready(&RouteType) < 0)
         return NULL;
     module = PyModule_Create(&pool_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "Counted", (PyObject *)&CountedType) < 0
-            || PyModule_AddObjectRef(module, "Picks", (PyObject *)&PicksType) < 0
-            || PyModule_AddObjectRef(module, "Route", (PyObject *)&RouteType) < 0) {
+    if (PyModule_AddObjectRef(module, "InstanceCore", (PyObject *)&InstanceCoreType) < 0
+            || PyModule_AddObjectRef(module, "PoolCore", (PyObject *)&PoolCoreType) < 0
+            || PyModule_AddObjectRef(module, "Route", (PyObject *)&RouteType) < 0
+            || !(hook_names = Py_BuildValue("(sss)", "failed", "drained", "send"))
+            || PyModule_AddObjectRef(module, "POOL_HOOKS", hook_names) < 0) {
+        Py_XDECREF(hook_names);
         Py_DECREF(module);
         return NULL;
     }
+    Py_DECREF(hook_names);
     return module;
 }

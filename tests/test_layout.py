@@ -7,6 +7,7 @@ import ast
 import glob
 import graphlib
 import os
+import re
 
 import pytest
 
@@ -140,3 +141,27 @@ def test_the_constants_defined_here_are_not_tarantool_pythons():
            for target in node.targets if isinstance(target, ast.Name)}
     assert not own & set(vars(const)), "tarantool.const has %s" % sorted(own & set(vars(const)))
     assert constants.IPROTO_DATA == const.IPROTO_DATA   # its own, re-exported
+
+
+# The calls that look a Python attribute up by a name written in C, and the
+# transport's hook table, whose names the C code looks up on a transport.
+_NAMED_LOOKUPS = re.compile(r"(?:PyUnicode_InternFromString|PyObject_(?:Get|Set|Has|Del)AttrString"
+                            r"|PyObject_CallMethod)\(\s*(?:[^,()]*,\s*)?\"([^\"]*)\"")
+_HOOK_TABLE = re.compile(r"hook_names\[N_HOOKS\] = \{([^}]*)\}")
+
+
+@pytest.mark.parametrize("source", sorted(glob.glob(os.path.join(PACKAGE, "_*.c"))),
+                         ids=os.path.basename)
+def test_the_c_code_looks_up_no_private_attribute_by_name(source):
+    """The C paths reach the state they share with Python through their core
+    types' fields and go back to Python through documented hooks: no private
+    attribute of a Python object is looked up by name."""
+    text = open(source).read()
+    names = set(_NAMED_LOOKUPS.findall(text))
+    for table in _HOOK_TABLE.findall(text):
+        names |= set(re.findall(r"\"([^\"]*)\"", table))
+    if source.endswith("_speedups.c"):   # (the patterns find what they are for)
+        assert {"replies", "request_general", "flush"} <= names
+    private = [name for name in names
+               if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))]
+    assert not private

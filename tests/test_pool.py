@@ -10,6 +10,7 @@ import inspect
 import itertools
 import signal
 import time
+import types
 
 import gevent
 import pytest
@@ -18,8 +19,13 @@ import tarantool.connection_pool
 from tarantool.error import DatabaseError, NetworkError, PoolTopologyError
 
 import gtarantool
-from gtarantool import ConnectionClosed, Mode
-from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, RoundRobinStrategy
+from gtarantool import ConnectionClosed, Mode, compiled
+from gtarantool.pool import (
+    ConnectionPool,
+    LeastInFlightStrategy,
+    RoundRobinStrategy,
+    connection_pool,
+)
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import binary_version
 
@@ -113,6 +119,22 @@ def test_same_methods_arguments_and_defaults_as_tarantool_python():
             # crud_* take their arguments positionally here; the mode's default must agree.
             assert (mine["mode"].default
                     == inspect.signature(func).parameters["mode"].default), method
+
+
+@pytest.mark.skipif(compiled.pool is None, reason="_pool.c is built for Python 3.10 and later")
+def test_the_c_routes_and_their_python_twins_share_one_interface():
+    """The pool's C types hold the fields their Python twins name, and the
+    Routes' hooks are the pool's own functions, set once."""
+    def members(cls):
+        return {name for name, value in vars(cls).items()
+                if type(value) is types.MemberDescriptorType}
+    assert members(compiled.pool.InstanceCore) == set(connection_pool.InstanceFields.__slots__)
+    assert members(compiled.pool.PoolCore) == set(connection_pool.PoolFields.__slots__)
+    assert issubclass(ConnectionPool, compiled.pool.PoolCore)
+    assert issubclass(connection_pool.Instance, compiled.pool.InstanceCore)
+    assert compiled.pool.POOL_HOOKS == ("failed", "drained", "send")
+    with pytest.raises(TypeError, match="callable"):
+        compiled.pool.set_hooks(failed=None, drained=None, send=None)
 
 
 def test_bad_arguments_fail_clearly():

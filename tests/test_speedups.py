@@ -7,9 +7,7 @@ a ``ReplyCutter`` (the way replies reach it) and compare.
 """
 import collections
 import math
-import pathlib
 import random
-import re
 import struct
 import types
 
@@ -379,20 +377,6 @@ def test_the_hooks_the_c_paths_call_are_the_transports_declared_hooks():
 
 
 # The calls of the C API that name an attribute of a Python object.
-_NAMED_LOOKUPS = re.compile(r"(?:PyUnicode_InternFromString|PyObject_(?:Get|Set|Has|Del)AttrString"
-                            r"|PyObject_CallMethod)\(\s*(?:[^,()]*,\s*)?\"([^\"]*)\"")
-
-
-def test_the_c_code_looks_up_no_private_attribute_by_name():
-    """The C paths reach a transport's and a response's state through their
-    core types' fields, and hand rare paths back through public hooks: no
-    private attribute of a Python object is looked up by name."""
-    source = (pathlib.Path(_speedups.__file__).parent / "_speedups.c").read_text()
-    names = set(_NAMED_LOOKUPS.findall(source)) | set(_speedups.TRANSPORT_HOOKS)
-    assert "replies" in names and "request_general" in names   # (the pattern finds them)
-    assert not [name for name in names if name.startswith("_")]
-
-
 def test_a_transport_cores_fields_start_unset_and_hold_any_object():
     core = _speedups.TransportCore()
     for name in TransportState.__slots__:

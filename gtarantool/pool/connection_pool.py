@@ -114,11 +114,18 @@ def _routed(method):
                        method.__name__ in READS)
 
 
-class _Counted:
-    """What a request reads and writes on its instance (``gtarantool._pool.Counted``
-    in C, where the data methods' Routes use them as C fields)."""
+class InstanceFields:
+    """What a request reads and writes on its instance: the Python twin of
+    ``gtarantool._pool.InstanceCore``, whose C fields the data methods' Routes use."""
 
     __slots__ = ("conn", "drained", "in_flight", "requests")
+
+
+class PoolFields:
+    """The pool's picks by mode (``_next``): the Python twin of
+    ``gtarantool._pool.PoolCore``, whose C field the Routes read."""
+
+    __slots__ = ("_next",)
 
 
 if TYPE_CHECKING:
@@ -126,14 +133,14 @@ if TYPE_CHECKING:
     from gtarantool.streams import Stream
 
 if TYPE_CHECKING or _pool is None:
-    _CountedBase = _Counted
-    _PicksBase = object
+    _InstanceBase = InstanceFields
+    _PoolBase = PoolFields
 else:
-    _CountedBase = _pool.Counted
-    _PicksBase = _pool.Picks
+    _InstanceBase = _pool.InstanceCore
+    _PoolBase = _pool.PoolCore
 
 
-class Instance(_CountedBase):
+class Instance(_InstanceBase):
     """One replica set member: its connection, role and counters (see ``info()``)."""
 
     __slots__ = ("name", "addr", "state", "errors", "rerouted", "last_change", "box_status",
@@ -155,7 +162,7 @@ class Instance(_CountedBase):
         self.drained = None          # an Event while remove() waits for in-flight requests
 
 
-class ConnectionPool(_PicksBase):
+class ConnectionPool(_PoolBase):
     """``tarantool.ConnectionPool`` for gevent: the same arguments, methods,
     ``mode=`` defaults (writes RW, ``select`` and ``crud_*`` ANY; ``call``,
     ``eval``, ``execute`` and ``ping`` need a mode) and errors
@@ -694,3 +701,8 @@ def _crud_method(name):
 for _name in CRUD_METHODS:
     setattr(ConnectionPool, _name, _crud_method(_name))
 del _name
+
+if _pool is not None:
+    # The rare paths of the data methods' Routes (see _pool.c's POOL_HOOKS).
+    _pool.set_hooks(failed=ConnectionPool._failed, drained=ConnectionPool._drained,
+                    send=ConnectionPool._send)
