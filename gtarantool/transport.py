@@ -57,26 +57,21 @@ from gtarantool.errors import ConnectionClosed, ProtocolError
 from gtarantool.protocol.codec import BodyDecoder, decode_or_error
 from gtarantool.protocol.constants import (
     IPROTO_CHUNK,
-    IPROTO_DATA,
     IPROTO_EVENT,
     REQUEST_TYPE_ERROR,
 )
 from gtarantool.protocol.frames import (
-    REPLY_FRAME,
-    REQUEST_HEADER,
-    REQUEST_HEADER_LEN,
     parse_header,
     reply_header,
     request_header,
     slow_prefix,
 )
-from gtarantool.protocol.responses import Response
+from gtarantool.protocol.responses import Response, ok_response
 
 RECV_SIZE = 256 * 1024
 _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else None
-# Requests that a batch of woken callers sends at a time: at 1,000 greenlets one
-# write at the end of the batch left the server idle while they all ran (1.5x
-# the inserts per second with WAL on); 100 still go out in one.
+# Requests that a batch of woken callers sends at a time: one write at the end
+# of a batch of 1,000 would leave the server idle while they all ran.
 FLUSH_EVERY = 128
 
 class InheritedSocket(ConnectionClosed):
@@ -173,8 +168,7 @@ class TransportState:
         if code is None:
             header, body = body, b""
         else:
-            header = REQUEST_HEADER.pack(0xce, REQUEST_HEADER_LEN + len(body), 0x8300, code,
-                                          0x01cf, sync, 0x05ce, schema_version)
+            header = request_header(code, sync, schema_version, len(body))
         alone = not pending
         current = getcurrent()
         pending[sync] = current   # only once nothing above can raise
@@ -366,7 +360,6 @@ class Transport(_State):
             raise self._inherited()
         pending = self._pending
         buf = self._wbuf
-        pack = REQUEST_HEADER.pack
         start, total = 0, len(requests)
         while start < total:
             if len(pending) >= self.max_in_flight or self.error is not None:
@@ -376,16 +369,9 @@ class Transport(_State):
                 self._wakeup.set()
             sink.outstanding += stop - start
             sink.syncs += syncs[start:stop]
-            if stream_id:
-                for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
-                    pending[sync] = sink
-                    buf += (request_header(code, sync, 0, len(body), stream_id), body)
-                start = stop
-                continue
             for (code, body), sync in zip(requests[start:stop], syncs[start:stop]):
                 pending[sync] = sink
-                buf += (pack(0xce, REQUEST_HEADER_LEN + len(body), 0x8300, code, 0x01cf, sync,
-                             0x05ce, 0), body)
+                buf += (request_header(code, sync, 0, len(body), stream_id), body)
             start = stop
 
     def _wait_for_room(self):
@@ -739,105 +725,27 @@ class Transport(_State):
         """Queue the reply in every whole frame of ``data[:end]`` for its caller
         (in ``_ready``, or in ``wake`` for the hub to hand over); return where
         the rest starts."""
-        pop = self._pending.pop
-        ready = self._ready
-        first_ready = len(ready)
-        view = self._rview
+        first, first_ready = len(wake), len(self._ready)
+        stored = 0   # replies the C cutter put in a ReplySink: not in wake
+        # The C cutter decodes bodies as msgpack.unpackb with the decoder's options.
+        fast_end = end if self._decoder.options is not None else 0
         pos = 0
-        limit = self.max_response_size
-        unpack = REPLY_FRAME.unpack_from
-        unpackb = msgpack.unpackb
-        new_response = Response.__new__
-        cut = self._cutter and self._cutter.cut
-        options = self._decoder.options
-        if options is not None:
-            use_list, raw, ext_hook = options
-            fast_end = end
-        else:
-            fast_end = 0   # another unpacker factory: every frame takes _frame()
-        first = len(wake)
-        stored = 0   # replies put in a ReplySink: not in wake
         self._need = 0
         try:
-            while True:
-                if cut:   # the loop below, in C; it stops at pushes and anything odd
-                    pos, in_sinks = cut(data, pos, fast_end, limit, wake)
+            while pos < end:
+                if self._cutter is not None:   # the common frames, up to any other
+                    pos, in_sinks = self._cutter.cut(data, pos, fast_end,
+                                                     self.max_response_size, wake)
                     stored += in_sinks
-                # Tarantool writes every reply's length and header in one of two
-                # fixed layouts: one struct call reads 2.6's, _reply_header the
-                # rest.  Anything odd (a header that is no map of uints, a push,
-                # an unknown sync, a partial frame, a last frame shorter than
-                # 2.6's header) takes _frame().
-                while fast_end - pos >= 28:
-                    ce, length, m1, m2, code, m3, sync, m4, schema = unpack(data, pos)
-                    # (separate int tests: a tuple or bytes comparison costs twice as much)
-                    if (ce == 0xce and m1 == 0x83 and m2 == 0x00ce and m3 == 0x01cf
-                            and m4 == 0x05ce and 23 <= length <= limit):
-                        head, stop = pos + 28, pos + 5 + length
-                    else:
-                        header = reply_header(data, pos, fast_end, limit)
-                        if header is None:
-                            break
-                        head, stop, code, sync, schema = header
-                    if stop > end or code == IPROTO_CHUNK:
+                    if pos == end:
                         break
-                    waiter = pop(sync, None)
-                    if waiter is None:   # given up or unknown: _frame() decides
-                        break
-                    kind = type(waiter)
-                    if kind is not ReplySink and kind is not _Pushes:   # a caller's greenlet
-                        if code:
-                            # An error's body stays bytes, decoded when read
-                            # (protocol.make_response): most callers test the code.
-                            body = (bytes(view[head:stop]) if code >= REQUEST_TYPE_ERROR
-                                    else decode_or_error(self._decoder, view[head:stop]))
-                            ready.append((waiter, (sync, code, schema, body, None)))
-                            pos = stop
-                            continue
-                        try:
-                            body = unpackb(view[head:stop], use_list=use_list, raw=raw,
-                                           strict_map_key=False, ext_hook=ext_hook)
-                        except Exception as exc:  # noqa: BLE001 - that caller's error
-                            body = {} if stop == head else exc.with_traceback(None)
-                        if type(body) is not dict:
-                            ready.append((waiter, (sync, code, schema, body, None)))
-                            pos = stop
-                            continue
-                        # An OK reply: protocol.ok_response, written out (a
-                        # call per reply costs more than the rest of it).
-                        resp = new_response(Response)
-                        resp._sync = sync
-                        resp._code = 0
-                        resp._body = body
-                        resp._schema_version = schema
-                        resp._return_code = 0
-                        resp._size = stop - pos
-                        rows = resp._data = body.get(IPROTO_DATA)
-                        if rows is not None and type(rows) is not list and not isinstance(
-                                rows, (list, tuple)):
-                            resp._data = [rows]
-                        ready.append((waiter, resp))
-                    elif kind is ReplySink:
-                        # Stored as bytes: decoded objects held until the
-                        # pipeline collects them would keep the cyclic GC busy.
-                        waiter.replies[sync] = (code, schema, data[head:stop])
-                        stored += 1
-                        waiter.outstanding -= 1
-                        if waiter.outstanding <= 0:
-                            wake.append((waiter, None))
-                            stored -= 1   # that entry is no reply
-                    else:   # a _Pushes
-                        self._deliver(*waiter.final((sync, code, schema, data[head:stop])),
-                                      wake)
-                    pos = stop
-                if pos == end:
-                    return pos
                 stop = self._frame(data, pos, end, wake)
                 if stop is None:
-                    return pos
+                    break
                 pos = stop
+            return pos
         finally:
-            self.stats.responses += len(wake) - first + len(ready) - first_ready + stored
+            self.stats.responses += len(wake) - first + len(self._ready) - first_ready + stored
             if self._queue:
                 self._let_in(wake)
 
@@ -872,10 +780,16 @@ class Transport(_State):
         elif waiter is not None:
             if type(waiter) is _Pushes:
                 waiter, value = waiter.final((sync, code, schema, body))
-            else:
-                if type(waiter) is not ReplySink and code < REQUEST_TYPE_ERROR:
-                    body = decode_or_error(self._decoder, body)
+            elif type(waiter) is ReplySink or code >= REQUEST_TYPE_ERROR:
+                # A pipeline's reply and an error's body stay bytes, decoded when read.
                 value = (sync, code, schema, body, None)
+            else:
+                body = decode_or_error(self._decoder, body)
+                if code == 0 and type(body) is dict:   # an OK reply, as the C cutter makes it
+                    value = ok_response(None, sync, schema, body)
+                    value._size = stop - pos
+                else:
+                    value = (sync, code, schema, body, None)
             self._deliver(waiter, value, wake)
         elif sync in self._abandoned:
             if code != IPROTO_CHUNK:

@@ -26,10 +26,9 @@ REQUEST_HEADER_LEN = REQUEST_HEADER.size - 5   # the header's bytes after the le
 _STREAM_HEADER = struct.Struct(">BIBBBBBQBBIBBQ")
 _STREAM_HEADER_LEN = _STREAM_HEADER.size - 5
 
-# uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint32 schema
-# version}: how Tarantool up to 2.9 writes every reply (since 2.10 the schema
-# version is a uint64: REPLY_FRAME_64); reply_header reads any other layout.
-REPLY_FRAME = struct.Struct(">BIBHIHQHI")
+# uint32 length, then {0: uint32 code, 1: uint64 sync, 5: uint64 schema
+# version}: how Tarantool 2.10+ writes every reply; reply_header reads any
+# other layout (up to 2.9 the schema version is a uint32) field by field.
 REPLY_FRAME_64 = struct.Struct(">BIBHIHQHQ")
 
 _UINT_SIZES = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
