@@ -119,11 +119,7 @@ class RequestMethods:
         :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
         """
-        # The data methods repeat their first lines on purpose: a shared
-        # helper would cost every request one more Python call.
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
         return self._request(REQUEST_TYPE_INSERT, space.join(space.insert_prefix, values),
@@ -145,9 +141,7 @@ class RequestMethods:
         :raises TypeError: ``values`` is not a tuple or list, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
         """
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if type(values) is not tuple or on_push is not None:
             _check_args(values, on_push)
         return self._request(REQUEST_TYPE_REPLACE, space.join(space.insert_prefix, values),
@@ -194,9 +188,7 @@ class RequestMethods:
         :raises gtarantool.FeatureNotSupported: ``after`` or ``fetch_pos`` on a
             server without pagination (before 2.11).
         """
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
         if fetch_pos or after is not None:
@@ -240,9 +232,7 @@ class RequestMethods:
         :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
         """
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
         kind = type(key)
@@ -282,9 +272,7 @@ class RequestMethods:
         :raises TypeError: ``op_list`` is not a list or tuple, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
         """
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
         _check_args(op_list, on_push)
@@ -309,9 +297,7 @@ class RequestMethods:
         :raises TypeError: ``on_push`` is not callable, or ``on_push`` is not callable.
         :raises tarantool.error.SchemaError: no space or index has that name.
         """
-        space = self._spaces.get(space_name)
-        if space is None:
-            space = self._space(space_name)
+        space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
         kind = type(key)
