@@ -73,7 +73,7 @@ CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
 HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
-.PHONY: all install server test bench compare capacity perf sweep instructions profile soak locust \
+.PHONY: all install server test test-python bench compare capacity perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz docs lint clean
 
 all: test
@@ -112,6 +112,10 @@ install: server $(STAMP)
 # PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m "not packaging"'
 test: install
 	$(PY) -m pytest -q tests bench/tests $(PYTEST_ARGS)
+
+# the suite with every compiled path switched off, as a build without a compiler runs
+test-python: install
+	GTARANTOOL_PURE_PYTHON=1 $(PY) -m pytest -q tests -m "not packaging" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) $(if $(SHARDS),--shards $(SHARDS))

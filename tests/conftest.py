@@ -1,12 +1,14 @@
 """One real Tarantool for the whole test session, started from Debian's binary,
 and the ``reader`` switch between the C and Python hot paths.  The rules for CI
 (``timing``, ``needs_tool``) are in the checkout's top ``conftest.py``."""
+import inspect
 import os
 
 import pytest
 
 import gtarantool
 from gtarantool import compiled
+from gtarantool.pool import ConnectionPool
 from gtarantool.testing.server import TarantoolServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,8 +48,8 @@ def conn(server):
 
 def pytest_addoption(parser):
     parser.addoption("--reader", choices=("c", "python"),
-                     help="run only this half of the tests that use the reader fixture "
-                          "(make sanitize: the C half)")
+                     help="run only this half of the tests that use the reader or the "
+                          "routes fixture (make sanitize: the C half)")
     parser.addoption("--update-golden", action="store_true",
                      help="tests/test_golden.py writes tests/golden/ from the frames sent "
                           "instead of comparing (after a wire change that is meant)")
@@ -63,11 +65,25 @@ def needs_tool(available, what):
     return pytest.mark.needs_tool(available=bool(available), what=what)
 
 
+# Parameters that run a test with the C paths ("c") and with their Python twins
+# ("python"): the fixtures reader and routes here, loop in test_reliability.py
+# (the reader's loop), encoder in test_protocol.py (request bodies).
+TWIN_FIXTURES = ("reader", "routes", "loop", "encoder")
+# Test modules of the compiled paths themselves: not run where they are switched off.
+COMPILED_ONLY = ("test_speedups.py", "test_encoder.py")
+
+
 def pytest_collection_modifyitems(config, items):
     wanted = config.getoption("--reader")
+    if compiled.PURE_PYTHON:   # GTARANTOOL_PURE_PYTHON: every path in Python
+        wanted = "python"
+        drop = [item for item in items if item.path.name in COMPILED_ONLY]
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item not in drop]
     if wanted:
         drop = [item for item in items if getattr(item, "callspec", None) is not None
-                and item.callspec.params.get("reader", wanted) != wanted]
+                and any(item.callspec.params.get(name, wanted) != wanted
+                        for name in TWIN_FIXTURES)]
         config.hook.pytest_deselected(items=drop)
         items[:] = [item for item in items if item not in drop]
 
@@ -84,4 +100,22 @@ def reader(request, monkeypatch):
     elif compiled.speedups is None or compiled.encoder is None:
         pytest.fail("gtarantool._speedups or _encoder is not built (pip install -e . "
                     "compiles them)")
+    return request.param
+
+
+# The data methods of ConnectionPool that gtarantool._pool serves in C.
+ROUTED = ("select", "insert", "replace", "update", "upsert", "delete")
+
+
+@pytest.fixture(params=["c", "python"])
+def routes(request, monkeypatch):
+    """Runs a test with the pool's data methods in C (gtarantool._pool, which
+    must be built) and with connection_pool.py's Python methods, as without a
+    compiler."""
+    if request.param == "python":
+        for method in ROUTED:
+            monkeypatch.setattr(ConnectionPool, method,
+                                inspect.unwrap(getattr(ConnectionPool, method)))
+    elif compiled.pool is None:
+        pytest.fail("gtarantool._pool is not built (pip install -e . compiles it)")
     return request.param

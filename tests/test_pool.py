@@ -33,8 +33,6 @@ from .conftest import PASSWORD, USER, _lua
 from .timing import slack
 
 REFRESH = 0.1     # refresh_delay in these tests
-# The data methods gtarantool._pool.Route runs in C (pool.py's are their specification).
-ROUTED = ("select", "insert", "replace", "update", "upsert", "delete")
 
 
 @pytest.fixture
@@ -43,19 +41,6 @@ def rs():
     replicaset.start()
     yield replicaset
     replicaset.cleanup()
-
-
-@pytest.fixture(params=["c", "python"])
-def routes(request, monkeypatch):
-    """Runs a test with the data methods in C (gtarantool._pool, which must be
-    built) and with pool.py's Python methods, as without a compiler."""
-    if request.param == "python":
-        for method in ROUTED:
-            monkeypatch.setattr(ConnectionPool, method,
-                                inspect.unwrap(getattr(ConnectionPool, method)))
-    elif gtarantool.pool._pool is None:
-        pytest.fail("gtarantool._pool is not built (pip install -e . compiles it)")
-    return request.param
 
 
 def make_pool(rs, servers=None, **kw):

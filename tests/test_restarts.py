@@ -6,7 +6,6 @@ crash (kill -9); a server dropping an idle connection; a rolling restart of a
 replica set with a switchover through the pool.  Servers are stopped and
 started from gevent's thread pool (or polled), so the hub keeps running.
 """
-import inspect
 import json
 import os
 import signal
@@ -422,18 +421,6 @@ def rs():
     replicaset.start()
     yield replicaset
     replicaset.cleanup()
-
-
-@pytest.fixture(params=["c", "python"])
-def routes(request, monkeypatch):
-    """The pool's data methods in C (gtarantool._pool) and in Python (pool.py's)."""
-    if request.param == "python":
-        for method in ("select", "insert"):
-            monkeypatch.setattr(ConnectionPool, method,
-                                inspect.unwrap(getattr(ConnectionPool, method)))
-    elif gtarantool.pool._pool is None:
-        pytest.fail("gtarantool._pool is not built (pip install -e . compiles it)")
-    return request.param
 
 
 def _role(pool, srv):
