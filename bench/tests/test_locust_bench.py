@@ -104,8 +104,10 @@ def test_unreachable_server_fails_once_and_stops(tmp_path):
     although -t asks for a minute."""
     report = tmp_path / "report.json"
     started = time.monotonic()
+    port = str(free_port())   # (not Locust's default: another run may hold it)
     out = subprocess.run(LOCUST + [
-        "--headless", "--processes", "2", "-u", "20", "-r", "20", "-t", "60s",
+        "--headless", "--processes", "2", "--master-bind-port", port, "--master-port", port,
+        "-u", "20", "-r", "20", "-t", "60s",
         "--host", "tarantool://127.0.0.1:%d" % free_port(), "--bench-report", str(report),
         "--only-summary"], cwd=ROOT, timeout=90,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
