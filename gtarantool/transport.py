@@ -275,7 +275,7 @@ class Transport(_State):
         self._rview = memoryview(self._rbuf)
         self._rlen = 0                    # bytes of an incomplete frame at the front
         self._need = 0                    # bytes there must be before parsing again
-        self._cutter = None               # _cut's fast loop in C, when built
+        self._cutter = None               # _cut's common frames in C, when built
         speedups = compiled.speedups
         if speedups is not None and self._decoder.options is not None:
             self._cutter = speedups.ReplyCutter(self._pending, self._ready, msgpack.unpackb,

@@ -28,8 +28,8 @@ class ResponseFields:
     them as struct fields.  The response classes derive from the C type when
     the package was built with a compiler, from this class otherwise (chosen
     once, here, at import); other attributes go to the instance dictionary.
-    ``_size``: the reply's bytes on the wire, set when the reader's fast path
-    built it (nearly every reply; unset otherwise)."""
+    ``_size``: the reply's bytes on the wire, set by the reader on the OK
+    replies it builds (nearly every reply; unset otherwise)."""
     __slots__ = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code",
                  "_data", "_size")
 
