@@ -314,9 +314,11 @@ def test_callers_that_also_wait_for_other_things_get_their_own_replies(conn):
             elif n % 3 == 1 and i % 2:
                 go.wait()
             if i % 10 == 0 and n == 5:
+                # (the reply comes long after the timer: were the process stalled
+                # past both, the loop would run the reader first, and the reply win)
                 with pytest.raises(gevent.Timeout):
                     with gevent.Timeout(0.001):
-                        conn.call("sleep_and_return", 0.05, "late")
+                        conn.call("sleep_and_return", 1, "late")
             got.append(conn.call("echo", i, n).data)
         return got
 
