@@ -1,0 +1,179 @@
+"""One storage replica set of a :class:`gtarantool.Router`: its pool, the order its
+replicas are tried in for reads, and calls on it that name no bucket
+(``callrw``/``callro``/``callbro``, as vshard's ``replicaset`` objects).
+
+Reads pick their instance here (the pool's roles, as its monitor last saw
+them): ``ro`` the master, else the replicas in order; ``re`` the replicas in
+order, then the master; ``bro``/``bre`` the same, balanced round-robin.  The
+order is the configuration's, sorted by ``weights[zone][replica's zone]``
+when the router has a zone.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import gevent
+from tarantool.connection_pool import Mode, Status
+from tarantool.error import ConfigurationError, NetworkError
+
+from gtarantool.errors import ConnectionClosed, RequestTimeout
+from gtarantool.pool import ConnectionPool
+
+__all__ = ["Replicaset"]
+
+HEALTHY = Status.HEALTHY
+RW, PREFER_RW, ANY = Mode.RW, Mode.PREFER_RW, Mode.ANY
+
+
+def parse_uri(uri: Any) -> Tuple[Any, Union[int, str], Optional[str], Optional[str]]:
+    """(host, port, user, password) of a vshard replica's ``uri``: ``[user[:password]@]
+    host:port``, ``[ipv6]:port``, ``unix/:/path`` or ``/path`` (a unix socket: host None,
+    port the path), or a bare port number."""
+    if isinstance(uri, dict):
+        uri = uri.get("uri", uri)
+    if isinstance(uri, int):
+        return "127.0.0.1", uri, None, None
+    if not isinstance(uri, str):
+        raise ConfigurationError("a replica's uri must be a string, not %r" % (uri,))
+    user = password = None
+    creds, at, address = uri.rpartition("@")
+    if at:
+        user, _, password = creds.partition(":")
+        password = password or None
+    if address.startswith("unix/:"):
+        return None, address[len("unix/:"):], user, password
+    if address.startswith(("/", "./")):
+        return None, address, user, password
+    if address.startswith("["):
+        host, bracket, rest = address[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+        if not bracket or not port.isdigit():
+            raise ConfigurationError("a replica's uri must name a TCP port: %r" % (uri,))
+        return host, int(port), user, password
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or ":" in host:
+        raise ConfigurationError("a replica's uri must name a TCP port (an IPv6 address "
+                                 "in brackets): %r" % (uri,))
+    return host or "127.0.0.1", int(port), user, password
+
+
+class Replicaset:
+    """One storage replica set: ``id`` (vshard's uuid or name), ``name`` (for
+    messages), ``pool`` (its :class:`gtarantool.ConnectionPool`), ``bucket_count``
+    (the buckets the router maps to it), ``order`` (instance names, the order
+    reads try them in)."""
+
+    discovery_error: Optional[Exception]
+    discovery: Any   # its discovery greenlet, or None
+
+    def __init__(self, rs_id: Any, name: str, pool: ConnectionPool,
+                 order: Optional[List[str]] = None) -> None:
+        self.id, self.name, self.pool = rs_id, name, pool
+        self.order = list(order or pool.pool)
+        self.bucket_count = 0
+        self.discovery_error = None
+        self.discovery_rounds = 0
+        self.discovery = None
+        self.count_checked = False   # its storages' bucket count compared with the router's
+        self._turn = itertools.count()
+
+    def __repr__(self) -> str:
+        return "replicaset %s" % (self.name if self.name == self.id
+                                  else "%s (%s)" % (self.name, self.id))
+
+    # -- picks ------------------------------------------------------------------------
+
+    def _healthy(self, tried):
+        members = self.pool.pool
+        master, replicas = None, []
+        for name in self.order:
+            instance = members.get(name)
+            if instance is None or instance.state.status is not HEALTHY or (
+                    tried and instance in tried):
+                continue
+            if instance.state.read_only:
+                replicas.append(instance)
+            else:
+                master = instance
+        return master, replicas
+
+    def pick(self, kind: str, tried: Optional[Sequence[Any]] = None) -> Any:
+        """The pool instance a read of ``kind`` (``'ro'``, ``'bro'``, ``'re'``,
+        ``'bre'``) goes to, skipping ``tried``; None when no healthy one is left."""
+        master, replicas = self._healthy(tried)
+        if kind == "ro":
+            return master or (replicas[0] if replicas else None)
+        if kind == "re":
+            return replicas[0] if replicas else master
+        if kind == "bre" and replicas:
+            return replicas[next(self._turn) % len(replicas)]
+        everyone = replicas + [master] if master is not None else replicas
+        return everyone[next(self._turn) % len(everyone)] if everyone else None
+
+    @staticmethod
+    def is_master(instance: Any) -> bool:
+        return instance.state.read_only is False
+
+    @staticmethod
+    def send(instance: Any, func: str, args: Sequence[Any]) -> Any:
+        """``instance.conn.call(func, *args)``, counted in the pool's ``info()``;
+        a failed connection wakes the instance's monitor."""
+        instance.in_flight += 1
+        instance.requests += 1
+        try:
+            return instance.conn.call(func, *args)
+        except NetworkError:
+            instance.errors += 1
+            instance.wakeup.set()
+            raise
+        finally:
+            instance.in_flight -= 1
+            if instance.drained is not None and not instance.in_flight:
+                instance.drained.set()
+
+    # -- calls that name no bucket ----------------------------------------------------
+
+    def callrw(self, func: str, args: Sequence[Any] = (), timeout: Optional[float] = None) -> Any:
+        """``func(*args)`` on the master, as vshard's ``replicaset:callrw``.
+
+        :param func: the function's name.
+        :param args: its arguments (a list or tuple).
+        :param timeout: seconds (default: none but the pool's).
+        :returns: the function's first return value.
+        :raises tarantool.error.DatabaseError: the function failed.
+        :raises tarantool.error.PoolTopologyError: no master is up.
+        :raises gtarantool.RequestTimeout: no reply within ``timeout``.
+        :raises tarantool.error.NetworkError: the connection failed.
+        """
+        return self._call(RW, func, args, timeout)
+
+    def callro(self, func: str, args: Sequence[Any] = (), timeout: Optional[float] = None) -> Any:
+        """As :meth:`callrw` on the master while it is up, else a replica."""
+        return self._call(PREFER_RW, func, args, timeout)
+
+    def callbro(self, func: str, args: Sequence[Any] = (),
+                timeout: Optional[float] = None) -> Any:
+        """As :meth:`callrw`, balanced over every healthy member."""
+        return self._call(ANY, func, args, timeout)
+
+    def _call(self, mode, func, args, timeout):
+        if not isinstance(args, (list, tuple)):
+            raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
+        if self.pool.is_closed():
+            raise ConnectionClosed("the router is closed")
+        with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):
+            data = self.pool.call(func, *args, mode=mode).data
+        return data[0] if data else None
+
+    def info(self) -> Dict[str, Any]:
+        """The pool's ``info()``."""
+        return self.pool.info()
+
+
+def _timeout_error(rs, func, timeout):
+    exc = RequestTimeout("no reply from replicaset %s to %s within %ss; it may still run"
+                         % (rs.name, func, timeout))
+    exc.replicaset = rs.id
+    exc.applied = None
+    return exc
