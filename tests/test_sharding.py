@@ -218,9 +218,11 @@ def test_calls_land_on_the_replicaset_holding_their_bucket(cluster, router):
         for bucket_id, n in by_bucket.items():
             assert after[rs_id].get(bucket_id, 0) - before[rs_id].get(bucket_id, 0) == n
     info = router.info()
-    assert info["bucket"] == {"total": cluster.bucket_count, "known": cluster.bucket_count,
-                              "unknown": 0}
-    assert sum(rs["bucket_count"] for rs in info["replicasets"].values()) == cluster.bucket_count
+    assert info["bucket"] == {"total": cluster.bucket_count, "available_rw": cluster.bucket_count,
+                              "available_ro": 0, "unreachable": 0, "unknown": 0}
+    assert sum(rs["bucket"]["available_rw"] for rs in info["replicasets"].values()) \
+        == cluster.bucket_count
+    assert info["status"] == 0 and info["alerts"] == []
 
 
 def test_errors_of_the_function_reach_the_caller(cluster, router):

@@ -1,0 +1,325 @@
+"""gtarantool.Router's outcomes and vshard's semantics on a real cluster of two
+replica sets of three storages: a call is re-sent only after a proven refusal,
+every error says whether the call may have run (``applied``), a disabled
+storage is waited out, reads go to another replica first, the bucket count is
+the cluster's, one search per unknown bucket, map_callrw over some buckets."""
+import time
+
+import gevent
+import pytest
+from tarantool.error import ConfigurationError
+
+import gtarantool
+from gtarantool import RequestTimeout, Router, ShardingError, StorageError
+from gtarantool.sharding.replicaset import parse_uri
+from gtarantool.testing.cluster import ShardedCluster, vshard_missing
+
+MISSING = vshard_missing()
+needs_vshard = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+
+STORAGE = """
+local fiber = require('fiber')
+if not box.info.ro then box.once('kv', function()
+    local s = box.schema.space.create('kv')
+    s:create_index('pk', {parts = {{1, 'unsigned'}}})
+    s:create_index('bucket_id', {parts = {{2, 'unsigned'}}, unique = false})
+end) end
+calls = 0   -- kv_* calls on this instance
+function kv_put(bucket_id, id, value)
+    calls = calls + 1
+    box.space.kv:insert{id, bucket_id, value}
+    return cluster_replicaset
+end
+function kv_get(bucket_id, id)
+    calls = calls + 1
+    local t = box.space.kv:get(id)
+    return {cluster_replicaset, t and t[3]}
+end
+function slow_put(bucket_id, id, delay)
+    box.space.kv:insert{id, bucket_id, 'slow'}
+    fiber.sleep(delay)
+    return true
+end
+function own_wrong_bucket(bucket_id, id)
+    box.space.kv:insert{id, bucket_id, 'ran'}
+    error(vshard.error.vshard(vshard.error.code.WRONG_BUCKET, bucket_id, 'its own', nil))
+end
+function kv_fail(message) error(message) end
+function kv_count() return box.space.kv:count() end
+function slow_count(delay) fiber.sleep(delay) return box.space.kv:count() end
+function disable_for(seconds)
+    vshard.storage.disable()
+    fiber.create(function() fiber.sleep(seconds) vshard.storage.enable() end)
+end
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if MISSING is not None:
+        pytest.skip(MISSING)
+    c = ShardedCluster(2, replicas=2, storage_lua=STORAGE).start()
+    yield c
+    c.cleanup()
+
+
+def open_router(cluster, **options):
+    options.setdefault("discovery_mode", "once")
+    router = Router(cluster.cfg, user=cluster.user, password=cluster.password, **options)
+    with gevent.Timeout(10):
+        while options["discovery_mode"] != "off" and router.known_bucket_count < router.bucket_count:
+            gevent.sleep(0.02)
+    return router
+
+
+@pytest.fixture
+def router(cluster):
+    r = open_router(cluster)
+    yield r
+    r.close()
+
+
+keys = iter(range(5_000_000, 6_000_000))
+
+
+def row(cluster, key):
+    """The kv row ``key`` on whichever master holds it, or None."""
+    for shard in cluster.shards:
+        got = cluster.eval(shard.master, "return box.space.kv:get(...)", key)
+        if got and got[0] is not None:
+            return got[0]
+    return None
+
+
+def bucket_of(cluster, rs_index):
+    shard = cluster.shards[rs_index]
+    return next(b for b, rs in sorted(cluster.buckets().items()) if rs == shard.uuid)
+
+
+# -- outcomes -----------------------------------------------------------------------
+
+@needs_vshard
+def test_a_write_that_ran_after_a_stale_map_resend_is_a_timeout_that_may_have_applied(
+        cluster, router):
+    """The map is stale (the bucket moved): the first send is refused, the second
+    runs on the new owner past the timeout: a RequestTimeout with applied None,
+    the refusal attached, never the refusal itself."""
+    src, dst = cluster.shards
+    bucket_id = bucket_of(cluster, 0)
+    assert router.route(bucket_id).id == src.uuid
+    assert cluster.bucket_send(bucket_id, dst.uuid)
+    key = next(keys)
+    with pytest.raises(RequestTimeout) as info:
+        router.callrw(bucket_id, "slow_put", (bucket_id, key, 1.5), timeout=0.5)
+    assert info.value.applied is None
+    assert isinstance(info.value.last_refusal, ShardingError)
+    assert info.value.last_refusal.applied is False
+    assert row(cluster, key) is not None   # it ran: a retry would apply it twice
+    assert cluster.bucket_send(bucket_id, src.uuid)
+
+
+@needs_vshard
+def test_a_function_raising_a_sharding_error_ran_once_and_is_not_resent(cluster, router):
+    """``false, err`` is the function's own failure, even when err is a vshard
+    error: only ``nil, err`` is vshard's refusal."""
+    bucket_id = bucket_of(cluster, 1)
+    key = next(keys)
+    with pytest.raises(StorageError) as info:
+        router.callrw(bucket_id, "own_wrong_bucket", (bucket_id, key), timeout=2)
+    assert info.value.applied is None
+    assert row(cluster, key) is not None
+    assert router.route(bucket_id).id == cluster.shards[1].uuid   # the map kept
+
+
+@needs_vshard
+def test_a_disabled_storage_is_decoded_and_waited_out(cluster, router):
+    """vshard raises STORAGE_IS_DISABLED with error(): a PROC_LUA error holding
+    JSON.  It is decoded, waited out within the timeout, and at the timeout
+    raised as a refusal (applied False)."""
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0)
+    cluster.eval(shard.master, "disable_for(...)", 0.7)
+    key = next(keys)
+    started = time.monotonic()
+    assert router.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=5) == shard.uuid
+    assert time.monotonic() - started > 0.3   # it waited for the storage
+    cluster.eval(shard.master, "disable_for(...)", 1.5)
+    key = next(keys)
+    with pytest.raises(ShardingError) as info:
+        router.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=0.4)
+    assert info.value.name == "STORAGE_IS_DISABLED" and info.value.applied is False
+    assert info.value.replicaset == shard.uuid
+    assert row(cluster, key) is None
+    gevent.sleep(1.2)
+
+
+@needs_vshard
+def test_a_read_goes_to_another_replica_when_one_is_disabled(cluster, router):
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0)
+    first = router.route(bucket_id).pick("re")
+    disabled = next(srv for srv in shard.servers if srv.port == first.addr["port"])
+    cluster.eval(disabled, "disable_for(...)", 2)
+    try:
+        for method in (router.callre, router.callbre, router.callbro):
+            for _ in range(4):
+                assert method(bucket_id, "kv_get", (bucket_id, 1), timeout=0.5)[0] == shard.uuid
+    finally:
+        cluster.eval(disabled, "vshard.storage.enable()")
+
+
+@needs_vshard
+def test_every_error_carries_applied(cluster):
+    router = open_router(cluster)
+    bucket_id = bucket_of(cluster, 1)
+    with pytest.raises(StorageError) as info:
+        router.callrw(bucket_id, "kv_fail", ("boom",), timeout=2)
+    assert info.value.applied is None
+    with pytest.raises(StorageError) as info:
+        router.callro(bucket_id, "no_such_function", timeout=2)
+    assert info.value.applied is None
+    with pytest.raises(StorageError) as info:
+        router.map_callrw("kv_fail", ("map boom",), timeout=2)
+    assert info.value.applied is None
+    router.close()
+    with pytest.raises(gtarantool.ConnectionClosed) as info:
+        router.callrw(bucket_id, "kv_count")
+    assert info.value.applied is False
+
+
+# -- vshard's semantics --------------------------------------------------------------
+
+@needs_vshard
+def test_callre_stays_on_one_replica_and_callbre_balances(cluster, router):
+    shard = cluster.shards[1]
+    bucket_id = bucket_of(cluster, 1)
+
+    def calls():
+        return [cluster.eval(srv, "return calls")[0] for srv in shard.servers]
+
+    before = calls()
+    for _ in range(6):
+        router.callre(bucket_id, "kv_get", (bucket_id, 1), timeout=2)
+    after_re = calls()
+    for _ in range(6):
+        router.callbre(bucket_id, "kv_get", (bucket_id, 1), timeout=2)
+    after_bre = calls()
+    master = next(i for i, srv in enumerate(shard.servers) if srv is shard.master)
+    by_re = [a - b for a, b in zip(after_re, before)]
+    by_bre = [a - b for a, b in zip(after_bre, after_re)]
+    assert sorted(by_re) == [0, 0, 6] and by_re[master] == 0
+    assert by_bre[master] == 0 and sorted(by_bre) == [0, 3, 3]
+
+
+@needs_vshard
+def test_one_search_per_unknown_bucket_however_many_wait(cluster):
+    router = open_router(cluster, discovery_mode="off")
+    searches = []
+    resolve = router._resolve
+    router._resolve = lambda bucket_id: (searches.append(bucket_id), resolve(bucket_id))[1]
+    try:
+        bucket_id = bucket_of(cluster, 1)
+        greenlets = [gevent.spawn(router.callro, bucket_id, "kv_get", (bucket_id, 1), 2)
+                     for _ in range(20)]
+        gevent.joinall(greenlets, raise_error=True)
+        assert searches == [bucket_id]
+        assert {g.value[0] for g in greenlets} == {cluster.shards[1].uuid}
+    finally:
+        router.close()
+
+
+@needs_vshard
+def test_route_is_bounded_and_prints_no_traceback_when_no_master(cluster, capfd):
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0)
+    router = open_router(cluster, discovery_mode="off", refresh_delay=0.05)
+    try:
+        cluster.eval(shard.master, "box.cfg{read_only = true}")
+        with gevent.Timeout(0.5):   # the master's role is seen as gone
+            while router.replicasets[shard.uuid].pool.info() and any(
+                    i["role"] == "master"
+                    for i in router.replicasets[shard.uuid].pool.info().values()):
+                gevent.sleep(0.02)
+        started = time.monotonic()
+        with gevent.Timeout(5):
+            with pytest.raises((ShardingError, RequestTimeout)) as info:
+                router.route(bucket_id, timeout=0.3)
+        assert time.monotonic() - started < 2
+        assert info.value.applied is False
+        with pytest.raises(ShardingError) as info:
+            router.callrw(bucket_id, "kv_count", timeout=0.3)
+        assert info.value.applied is False
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
+        router.close()
+
+
+@needs_vshard
+def test_map_callrw_over_some_buckets_runs_on_their_replicasets_only(cluster, router):
+    bucket_id = bucket_of(cluster, 1)
+    result = router.map_callrw("kv_count", timeout=5, bucket_ids=[bucket_id])
+    assert list(result) == [cluster.shards[1].uuid]
+    both = [bucket_of(cluster, 0), bucket_id]
+    assert set(router.map_callrw("kv_count", timeout=5, bucket_ids=both)) == {
+        shard.uuid for shard in cluster.shards}
+
+
+@needs_vshard
+def test_map_callrw_honours_its_timeout_and_releases_every_ref(cluster, router):
+    started = time.monotonic()
+    with pytest.raises(RequestTimeout) as info:
+        router.map_callrw("slow_count", (1.0,), timeout=0.3)
+    assert time.monotonic() - started < 0.8
+    assert info.value.applied is None
+    gevent.sleep(1.0)
+    moved = bucket_of(cluster, 0)   # no ref left: a bucket moves at once
+    assert cluster.bucket_send(moved, cluster.shards[1].uuid, timeout=2)
+    assert cluster.bucket_send(moved, cluster.shards[0].uuid, timeout=2)
+
+
+@needs_vshard
+def test_replicaset_objects_call_without_a_bucket(cluster, router):
+    for rs_id, rs in router.routeall().items():
+        master = cluster.shard(rs_id).master
+        assert rs.callrw("kv_count", timeout=2) == cluster.eval(master, "return kv_count()")[0]
+        assert isinstance(rs.callbro("kv_count", timeout=2), int)
+    assert router.bucket_discovery(1) is router.route(1)
+    info = router.buckets_info()
+    assert len(info) == cluster.bucket_count
+    assert {v["status"] for v in info.values()} == {"available_rw"}
+
+
+# -- the bucket count ----------------------------------------------------------------
+
+@needs_vshard
+def test_the_bucket_count_is_the_clusters(cluster):
+    sharding = cluster.cfg["sharding"]
+    router = Router(sharding, user=cluster.user, password=cluster.password,
+                    discovery_mode="off")
+    try:
+        assert router.bucket_count == cluster.bucket_count
+        assert router.bucket_id_mpcrc32(42) == gtarantool.sharding.bucket_id_mpcrc32(
+            42, cluster.bucket_count)
+    finally:
+        router.close()
+    for wrong in (cluster.bucket_count * 10 + 7, cluster.bucket_count // 2):
+        with pytest.raises(ConfigurationError) as info:
+            Router(sharding, user=cluster.user, password=cluster.password,
+                   bucket_count=wrong, discovery_mode="off")
+        message = str(info.value)
+        assert "bucket_count" in message and str(wrong) in message
+        assert str(cluster.bucket_count) in message
+
+
+# -- configuration -------------------------------------------------------------------
+
+def test_uris_with_ipv6_and_unix_sockets():
+    assert parse_uri("u:p@[::1]:3301") == ("::1", 3301, "u", "p")
+    assert parse_uri("[fe80::1]:3302") == ("fe80::1", 3302, None, None)
+    assert parse_uri("u:p@unix/:/run/t.sock") == (None, "/run/t.sock", "u", "p")
+    assert parse_uri("/run/t.sock") == (None, "/run/t.sock", None, None)
+    assert parse_uri("h:3301") == ("h", 3301, None, None)
+    for bad in ("::1:3301", "[::1]", "host", 3.5):
+        with pytest.raises(ConfigurationError):
+            parse_uri(bad)
