@@ -323,3 +323,112 @@ def test_uris_with_ipv6_and_unix_sockets():
     for bad in ("::1:3301", "[::1]", "host", 3.5):
         with pytest.raises(ConfigurationError):
             parse_uri(bad)
+
+
+CONFIG = """
+credentials:
+  users:
+    storage:
+      password: secret
+      roles: [sharding]
+    admin:
+      password: secret
+      roles: [super]
+iproto:
+  advertise:
+    sharding:
+      login: storage
+sharding:
+  bucket_count: 120
+replication:
+  failover: manual
+groups:
+  storages:
+    sharding:
+      roles: [storage]
+    replicasets:
+%(replicasets)s
+  routers:
+    sharding:
+      roles: [router]
+    replicasets:
+      routers:
+        leader: router
+        instances:
+          router:
+            iproto:
+              listen:
+              - uri: 127.0.0.1:%(router)d
+"""
+REPLICASET = """      %(rs)s:
+        leader: %(rs)s-a
+        instances:
+          %(rs)s-a:
+            iproto:
+              listen:
+              - uri: 127.0.0.1:%(port)d
+"""
+
+
+def test_from_config_reads_a_tarantool_3_cluster_configuration(tmp_path):
+    """A cluster ``tarantool --name`` starts from one YAML file; the router reads
+    the same file and routes over its storages."""
+    import os
+    import subprocess
+
+    from gtarantool.testing.cluster import rocks_dir
+    from gtarantool.testing.server import binary_version, free_port
+    if MISSING is not None:
+        pytest.skip(MISSING)
+    if binary_version() < (3, 0):
+        pytest.skip("a cluster configuration needs Tarantool 3.0+; the server is %s"
+                    % ".".join(map(str, binary_version())))
+    ports = {"rs1": free_port(), "rs2": free_port()}
+    router_port = free_port()
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CONFIG % {"router": router_port, "replicasets": "".join(
+        REPLICASET % {"rs": rs, "port": port} for rs, port in ports.items())})
+    rocks = rocks_dir()
+    env = dict(os.environ, LUA_PATH="%s/?.lua;%s/?/init.lua;;" % (rocks, rocks))
+    binary = os.environ.get("TARANTOOL", "tarantool")
+    names = ["rs1-a", "rs2-a", "router"]
+    processes = [subprocess.Popen([binary, "--name", name, "--config", str(path)],
+                                  cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for name in names]
+    router = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = gtarantool.connect("127.0.0.1", router_port, user="admin",
+                                          password="secret")
+                try:
+                    ok = conn.eval("return vshard.router.bootstrap({timeout = 2})").data
+                    if ok and ok[0] or "NON_EMPTY" in str(ok):
+                        break
+                finally:
+                    conn.close()
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            gevent.sleep(0.2)
+        router = open_router_from_config(str(path))
+        assert set(router.replicasets) == {"rs1", "rs2"}
+        assert router.bucket_count == 120
+        owners = {router.callrw(b, "vshard.storage.buckets_count", timeout=5)
+                  for b in (1, 120)}
+        assert owners and all(isinstance(n, int) and n > 0 for n in owners)
+    finally:
+        if router is not None:
+            router.close()
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def open_router_from_config(path):
+    router = Router.from_config(path, discovery_mode="once")
+    with gevent.Timeout(20):
+        while router.known_bucket_count < router.bucket_count:
+            gevent.sleep(0.05)
+    return router

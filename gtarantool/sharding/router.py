@@ -689,6 +689,9 @@ class Router:
             args = call[:-1] + (call[-1][rs],) if per_rs else call
             try:
                 data = rs.pool.call("vshard.storage._call", *args, mode=RW).data
+            except PoolTopologyError:   # refused unsent
+                return ShardingError(UNREACHABLE_MASTER, "Master of replicaset %s is "
+                                     "unreachable" % rs.name, None, rs.id)
             except Exception as exc:
                 if isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError):
                     return raised_refusal(exc, "vshard.storage._call", rs.id) or exc
@@ -749,7 +752,7 @@ class Router:
     def info(self) -> Dict[str, Any]:
         """``vshard.router.info()``'s shape: ``{"bucket": {"available_rw",
         "available_ro", "unreachable", "unknown"}, "replicasets": {id: {"name",
-        "bucket": {"available_rw"/"available_ro"/"unreachable"}, "master",
+        "bucket": {"available_rw"/"available_ro"/"unreachable"}, "bucket_count", "master",
         "replicas", "instances" (the pool's info), "discovery"}}, "alerts":
         [[name, message]], "status": 0 green .. 3 red}``.
 
@@ -780,6 +783,7 @@ class Router:
                 status = max(status, YELLOW)
             replicasets[rs.id] = {
                 "name": rs.name, "bucket": {state: rs.bucket_count},
+                "bucket_count": rs.bucket_count,
                 "master": {"uri": masters[0]["address"], "status": "available"} if masters
                 else {"status": "unreachable"},
                 "replicas": [i["address"] for i in instances.values()
