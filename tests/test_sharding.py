@@ -396,6 +396,9 @@ def test_master_switch_and_full_restart_under_load():
         rows = load.check(cluster)
         refused = [key for key, exc in load.errors if isinstance(exc, StorageError)]
         assert not any(key in rows for key in refused)   # refused: not applied
+        # Every error says whether the write may have run; none that did is a refusal.
+        assert all(hasattr(exc, "applied") for key, exc in load.errors), load.errors[:5]
+        assert not any(key in rows for key, exc in load.errors if exc.applied is False)
         info = router.info()
         assert info["bucket"]["unknown"] == 0
         assert all(info["replicasets"][rs]["discovery"]["rounds"] > n

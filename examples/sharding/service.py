@@ -6,7 +6,7 @@ call there directly (no Lua router on the way).
     python examples/sharding/service.py --router host:port    # an existing one
 
 The throwaway cluster needs Tarantool 2.11+ (TARANTOOL=/path/to/tarantool) and
-vshard (GTARANTOOL_ROCKS=/path/to/rocks, default ../shared/tarantool/rocks); an
+vshard (GTARANTOOL_ROCKS=a folder holding vshard/: a clone of tarantool/vshard); an
 existing cluster needs ``storage.lua`` loaded on its storages.
 """
 import argparse

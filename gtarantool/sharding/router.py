@@ -68,10 +68,10 @@ def _closed():
     return exc
 
 
-def count_mismatch(bucket_count, cluster_count, where="the cluster's storages"):
+def count_mismatch(bucket_count, cluster_count, where="the cluster's storages have"):
     """The error of a router whose bucket_count is not the cluster's."""
     exc = ConfigurationError(
-        "bucket_count is %d here but %s have %d buckets: bucket ids would differ from "
+        "bucket_count is %d here but %s %d buckets: bucket ids would differ from "
         "vshard's (leave bucket_count out to use the cluster's)"
         % (bucket_count, where, cluster_count))
     exc.applied = False
@@ -358,7 +358,7 @@ class Router:
             count = self._ask_count(rs)
             if count is not None and count != self.bucket_count:
                 self._broken = count_mismatch(self.bucket_count, count,
-                                              "the storages of replicaset %s" % rs.name)
+                                              "the storages of replicaset %s have" % rs.name)
                 return
         start = 1
         while start is not None:
@@ -373,8 +373,8 @@ class Router:
             for bucket_id in buckets:
                 if not 0 < bucket_id <= count:
                     self._broken = count_mismatch(
-                        count, bucket_id, "replicaset %s holds bucket %d: its storages"
-                        % (rs.name, bucket_id))
+                        count, bucket_id, "replicaset %s holds bucket %d: the cluster has "
+                        "at least" % (rs.name, bucket_id))
                     return
                 if routes[bucket_id] is not rs:
                     self._set(bucket_id, rs)
