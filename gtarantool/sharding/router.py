@@ -578,12 +578,39 @@ class Router:
             timeout = self.timeout
         timer = Timeout(timeout)
         timer.start()
-        call = _Call(self, bucket_id, kind, func, args)
+        call = None
+        rs = self._routes[bucket_id]
         try:
+            # The usual call: one send to the replica set the map names, one reply;
+            # anything else goes on in a _Call, which knows it was sent.
+            instance = None
+            if rs is not None:
+                try:
+                    if kind is None:
+                        data = rs.pool.call("vshard.storage.call", bucket_id, "write", func,
+                                            args, mode=RW).data
+                    else:
+                        instance = rs.pick(kind)
+                        if instance is None:
+                            raise PoolTopologyError("no healthy instance")
+                        data = rs.send(instance, "vshard.storage.call",
+                                       (bucket_id, "read", func, args)).data
+                except Exception as exc:
+                    call = _Call(self, bucket_id, kind, func, args, rs, instance)
+                    return call.run(error=exc)
+                if data and data[0] and (len(data) < 3 or data[1] is not None
+                                         or data[2] is None):
+                    return data[1] if len(data) > 1 else None
+                call = _Call(self, bucket_id, kind, func, args, rs, instance)
+                return call.run(data=data)
+            call = _Call(self, bucket_id, kind, func, args)
             return call.run()
         except Timeout as exc:
             if exc is not timer:
                 raise
+            if call is None:   # the first send was in flight
+                call = _Call(self, bucket_id, kind, func, args, rs)
+                call.in_flight = True
             raise call.timed_out(timeout) from None
         finally:
             timer.close()
@@ -828,113 +855,143 @@ def _map_timeout(what):
 
 
 class _Call:
-    """One call through the router: its attempts and what they proved."""
+    """One call through the router after its first send (or with no route yet):
+    its attempts and what they proved."""
 
-    __slots__ = ("router", "bucket_id", "kind", "func", "args", "rs", "last", "unsure",
-                 "in_flight", "tried")
+    __slots__ = ("router", "bucket_id", "kind", "func", "args", "rs", "instance", "last",
+                 "unsure", "in_flight", "tried")
 
-    def __init__(self, router, bucket_id, kind, func, args):
+    def __init__(self, router, bucket_id, kind, func, args, rs=None, instance=None):
         self.router, self.bucket_id, self.kind = router, bucket_id, kind
         self.func, self.args = func, args
-        self.rs = self.last = self.tried = None
+        self.rs, self.instance = rs, instance
+        self.last = self.tried = None
         self.unsure = False      # a send whose outcome is unknown (it may have run)
         self.in_flight = False
 
-    def run(self):
+    def run(self, data=None, error=None):
+        """The call's result; ``data`` or ``error``: the outcome of a send already
+        made to ``self.rs`` (``self.instance`` for a read)."""
         router, bucket_id = self.router, self.bucket_id
         pause = 0.0
         while True:
-            if router._broken is not None:
-                raise router._broken
-            rs = router._routes[bucket_id]
-            if rs is None:
-                try:
-                    rs = router._search(bucket_id)
-                except ShardingError as exc:   # in transit, or one replica set is down
-                    self.last = exc
+            if data is None and error is None:
+                if router._broken is not None:
+                    raise router._broken
+                rs = router._routes[bucket_id]
+                if rs is None:
+                    try:
+                        rs = router._search(bucket_id)
+                    except ShardingError as exc:   # in transit, or one replica set is down
+                        self.last = exc
+                        pause = _pause(pause)
+                        continue
+                self.rs = rs
+                data, error = self.send(rs)
+                if data is None and error is None:   # no instance to send to
                     pause = _pause(pause)
                     continue
-            self.rs = rs
-            self.in_flight = True
-            try:
-                if self.kind is None:
-                    data = rs.pool.call("vshard.storage.call", bucket_id, "write", self.func,
-                                        self.args, mode=RW).data
-                else:
-                    instance = rs.pick(self.kind, self.tried)
-                    if instance is None:
-                        self.in_flight = False
-                        self.last = self.unreachable(rs)
-                        self.tried = None
-                        pause = _pause(pause)
-                        continue
-                    data = rs.send(instance, "vshard.storage.call",
-                                   (bucket_id, "read", self.func, self.args)).data
-                self.in_flight = False
-            except PoolTopologyError:   # no master: refused unsent
-                self.in_flight = False
+            if error is not None:
+                failure, error = error, None
+                pause = self.failed(failure, pause)
+                continue
+            reply, data = data, None
+            result = self.replied(reply)
+            if result is not _AGAIN:
+                return result
+            pause = self.after_refusal(pause)
+
+    def send(self, rs):
+        """(data, None) or (None, the error) of one send; (None, None) when no
+        instance fits (the reason in ``last``)."""
+        self.in_flight = True
+        try:
+            if self.kind is None:
+                return rs.pool.call("vshard.storage.call", self.bucket_id, "write", self.func,
+                                    self.args, mode=RW).data, None
+            instance = self.instance = rs.pick(self.kind, self.tried)
+            if instance is None:
                 self.last = self.unreachable(rs)
-                pause = _pause(pause)
-                continue
-            except NetworkError as exc:
-                self.in_flight = False
-                if getattr(exc, "applied", None) is not False:
-                    self.unsure = True
-                if self.kind is None or router._closed:
-                    if getattr(exc, "applied", None) is False and not router._closed:
-                        self.last = exc   # proven unsent: send it again
-                        pause = _pause(pause)
-                        continue
-                    exc.replicaset = rs.id
-                    exc.applied = getattr(exc, "applied", None)
-                    raise
-                self.last = exc   # a read changes nothing: send it elsewhere
-                pause = self.elsewhere(instance, pause)
-                continue
-            except DatabaseError as exc:
-                self.in_flight = False
-                refused = raised_refusal(exc, "vshard.storage.call", rs.id)
-                if refused is None:
-                    exc.replicaset = rs.id
-                    if not hasattr(exc, "applied"):
-                        exc.applied = None
-                    raise
-                self.last = refused   # vshard raised it before the function: not run
-                if refused.code not in NOT_READY:
-                    raise refused
-                pause = _pause(pause) if self.kind is None else self.elsewhere(instance, pause)
-                continue
-            first = data[0] if data else None
-            if first:
-                if len(data) > 2 and data[1] is None and data[2] is not None:
-                    raise StorageError(data[2], rs.id)
-                return data[1] if len(data) > 1 else None
-            if first is not None:   # false, err: the function raised
-                raise StorageError(data[1] if len(data) > 1 else None, rs.id)
-            refused = refusal(data, rs.id) or StorageError(None, rs.id)
-            self.last = refused
-            code = getattr(refused, "code", None)
-            if getattr(refused, "applied", None) is not False:
-                self.unsure = True
-                raise refused
-            if self.kind is not None and code in READ_ELSEWHERE and not rs.is_master(instance):
-                self.tried = (self.tried or ()) + (instance,)
-                if rs.pick(self.kind, self.tried) is not None:
-                    continue   # the next replica, then the master
-            if code in MOVED:
-                router._reset(bucket_id)
                 self.tried = None
-                dest = router._destinations.get(refused.details.get("destination"))
-                if dest is not None and dest is not rs:
-                    router._set(bucket_id, dest)
-                # The first redirect goes at once; a bucket still moving is
-                # asked again after a growing pause.
-                pause = _pause(pause) if pause or dest is None else 0.001
-                continue
-            if code in NOT_READY:
-                pause = _pause(pause) if self.kind is None else self.elsewhere(instance, pause)
-                continue
+                return None, None
+            return rs.send(instance, "vshard.storage.call",
+                           (self.bucket_id, "read", self.func, self.args)).data, None
+        except Exception as exc:
+            return None, exc
+        finally:
+            self.in_flight = False
+
+    def failed(self, exc, pause):
+        """A send raised ``exc``: raise it (or what it means), or return the pause
+        before the next attempt."""
+        rs, router = self.rs, self.router
+        if isinstance(exc, PoolTopologyError):   # no instance of the role: refused unsent
+            self.last = self.unreachable(rs)
+            return _pause(pause)
+        if isinstance(exc, NetworkError):
+            proven_unsent = getattr(exc, "applied", None) is False
+            if not proven_unsent:
+                self.unsure = True
+            if self.kind is None or router._closed:
+                if proven_unsent and not router._closed:
+                    self.last = exc   # proven unsent: send it again
+                    return _pause(pause)
+                exc.replicaset = rs.id
+                exc.applied = getattr(exc, "applied", None)
+                raise exc
+            self.last = exc   # a read changes nothing: send it elsewhere
+            return self.elsewhere(self.instance, pause)
+        if not isinstance(exc, DatabaseError):
+            raise exc
+        refused = raised_refusal(exc, "vshard.storage.call", rs.id)
+        if refused is None:
+            exc.replicaset = rs.id
+            if not hasattr(exc, "applied"):
+                exc.applied = None
+            raise exc
+        self.last = refused   # vshard raised it before the function: not run
+        if refused.code not in NOT_READY:
             raise refused
+        return _pause(pause) if self.kind is None else self.elsewhere(self.instance, pause)
+
+    def replied(self, data):
+        """The function's result, or _AGAIN after a refusal (in ``last``)."""
+        rs = self.rs
+        first = data[0] if data else None
+        if first:
+            if len(data) > 2 and data[1] is None and data[2] is not None:
+                raise StorageError(data[2], rs.id)
+            return data[1] if len(data) > 1 else None
+        if first is not None:   # false, err: the function raised
+            raise StorageError(data[1] if len(data) > 1 else None, rs.id)
+        refused = refusal(data, rs.id) or StorageError(None, rs.id)
+        self.last = refused
+        if getattr(refused, "applied", None) is not False:
+            self.unsure = True
+            raise refused
+        return _AGAIN
+
+    def after_refusal(self, pause):
+        """The pause before the next attempt after the refusal in ``last`` (raised
+        when it is not one to wait out)."""
+        router, rs, refused, instance = self.router, self.rs, self.last, self.instance
+        code = getattr(refused, "code", None)
+        if self.kind is not None and code in READ_ELSEWHERE and not rs.is_master(instance):
+            self.tried = (self.tried or ()) + (instance,)
+            if rs.pick(self.kind, self.tried) is not None:
+                return pause   # the next replica, then the master
+        if code in MOVED:
+            router._reset(self.bucket_id)
+            self.tried = None
+            dest = router._destinations.get(refused.details.get("destination"))
+            if dest is not None and dest is not rs:
+                router._set(self.bucket_id, dest)
+            # The first redirect goes at once; a bucket still moving is
+            # asked again after a growing pause.
+            return _pause(pause) if pause or dest is None else 0.001
+        if code in NOT_READY:
+            return _pause(pause) if self.kind is None else self.elsewhere(instance, pause)
+        raise refused
 
     def elsewhere(self, instance, pause):
         """A read failed on ``instance``: the next one at once, a pause once all were tried."""
@@ -974,6 +1031,9 @@ class _Call:
         error.applied = False
         error.last_refusal = last
         return error
+
+
+_AGAIN = object()   # a refusal: the call goes on
 
 
 def _pause(pause):
