@@ -904,22 +904,26 @@ class _Call:
     def send(self, rs):
         """(data, None) or (None, the error) of one send; (None, None) when no
         instance fits (the reason in ``last``)."""
+        # in_flight stays set when the call's timer interrupts the send.
         self.in_flight = True
         try:
             if self.kind is None:
-                return rs.pool.call("vshard.storage.call", self.bucket_id, "write", self.func,
-                                    self.args, mode=RW).data, None
-            instance = self.instance = rs.pick(self.kind, self.tried)
-            if instance is None:
-                self.last = self.unreachable(rs)
-                self.tried = None
-                return None, None
-            return rs.send(instance, "vshard.storage.call",
-                           (self.bucket_id, "read", self.func, self.args)).data, None
+                data = rs.pool.call("vshard.storage.call", self.bucket_id, "write", self.func,
+                                    self.args, mode=RW).data
+            else:
+                instance = self.instance = rs.pick(self.kind, self.tried)
+                if instance is None:
+                    self.in_flight = False
+                    self.last = self.unreachable(rs)
+                    self.tried = None
+                    return None, None
+                data = rs.send(instance, "vshard.storage.call",
+                               (self.bucket_id, "read", self.func, self.args)).data
         except Exception as exc:
-            return None, exc
-        finally:
             self.in_flight = False
+            return None, exc
+        self.in_flight = False
+        return data, None
 
     def failed(self, exc, pause):
         """A send raised ``exc``: raise it (or what it means), or return the pause
