@@ -317,6 +317,8 @@ def test_callre_reads_past_a_lagging_replica_then_the_master(cluster, router):
     cluster.eval(lagging, "box.cfg{replication = {}}")
     try:
         assert move(cluster, bucket_id, dst.uuid)
+        # (A write learns the move: the source's replicas may not know it yet either.)
+        assert router.callrw(bucket_id, "kv_get", (bucket_id, 1), timeout=2)[0] == dst.uuid
         for method in (router.callre, router.callbre, router.callro):
             for _ in range(3):
                 got = method(bucket_id, "kv_get", (bucket_id, 1), timeout=2)
