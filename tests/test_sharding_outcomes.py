@@ -515,3 +515,38 @@ def open_router_from_config(path):
         while router.known_bucket_count < router.bucket_count:
             gevent.sleep(0.05)
     return router
+
+
+@needs_vshard
+@pytest.mark.parametrize("fault", ["blackhole", "reset_all"])
+def test_a_write_in_flight_to_a_master_that_hangs_or_drops_may_have_applied(cluster, fault):
+    """The master stops answering (a RequestTimeout) or its connection breaks (the
+    pool marks it down at once: a NetworkError) with a write in flight: the
+    caller hears that it may have run (applied None), never a refusal."""
+    from gtarantool.testing.faults import FaultProxy
+    shard = cluster.shards[1]
+    master = shard.master
+    proxy = FaultProxy("127.0.0.1", master.port)
+    cfg = {"sharding": {rs_id: dict(rs, replicas={
+        replica_id: dict(replica, uri=replica["uri"].replace(
+            ":%d" % master.port, ":%d" % proxy.port))
+        for replica_id, replica in rs["replicas"].items()})
+        for rs_id, rs in cluster.cfg["sharding"].items()}}
+    router = Router(cfg, user=cluster.user, password=cluster.password, discovery_mode="off",
+                    refresh_delay=0.1)
+    try:
+        bucket_id = bucket_of(cluster, 1)
+        assert router.route(bucket_id, timeout=5).id == shard.uuid
+        key = next(keys)
+        call = gevent.spawn(router.callrw, bucket_id, "slow_put", (bucket_id, key, 0.3), 1.5)
+        gevent.sleep(0.1)
+        getattr(proxy, fault)()
+        with pytest.raises(gtarantool.NetworkError) as info:
+            call.get(timeout=5)
+        assert not isinstance(info.value, ShardingError)
+        assert info.value.applied is None and info.value.replicaset == shard.uuid
+        gevent.sleep(0.5)
+        assert row(cluster, key) is not None   # it ran
+    finally:
+        router.close()
+        proxy.close()
