@@ -265,6 +265,9 @@ def test_route_is_bounded_and_prints_no_traceback_when_no_master(cluster, capfd)
         with pytest.raises(ShardingError) as info:
             router.callrw(bucket_id, "kv_count", timeout=0.3)
         assert info.value.applied is False
+        state = router.info()
+        assert ["UNREACHABLE_MASTER", "Master of replicaset %s is unreachable" % shard.name] \
+            in state["alerts"] and state["status"] == 2
         assert "Traceback" not in capfd.readouterr().err
     finally:
         cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
@@ -371,6 +374,9 @@ def test_the_bucket_count_is_the_clusters(cluster):
                     discovery_mode="off")
     try:
         assert router.bucket_count == cluster.bucket_count
+        # bytes are hashed one way for the whole cluster, decided as it connects
+        from gtarantool.testing.server import binary_version
+        assert router._varbinary is (binary_version() >= (3, 0))
         assert router.bucket_id_mpcrc32(42) == gtarantool.sharding.bucket_id_mpcrc32(
             42, cluster.bucket_count)
     finally:
@@ -550,3 +556,34 @@ def test_a_write_in_flight_to_a_master_that_hangs_or_drops_may_have_applied(clus
     finally:
         router.close()
         proxy.close()
+
+
+@needs_vshard
+def test_a_bucket_sent_away_is_not_taken_for_held(cluster):
+    """bucket_stat answers a stat and an error for a bucket in SENT (GARBAGE,
+    RECEIVING): only an ACTIVE or PINNED bucket is held."""
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0, nth=3)
+    router = open_router(cluster, discovery_mode="off")
+    mark = """
+        local id, status, dest = ...
+        box.space._bucket:run_triggers(false)
+        local ok, err = pcall(function()
+            if box.space._bucket:get(id) == nil then
+                box.space._bucket:insert{id, status, dest}
+            else
+                box.space._bucket:update(id, {{'=', 2, status}, {'=', 3, dest}})
+            end
+        end)
+        box.space._bucket:run_triggers(true)
+        if not ok then error(err) end
+    """
+    try:
+        cluster.eval(shard.master, mark, bucket_id, "sent", cluster.shards[1].uuid)
+        with pytest.raises(ShardingError) as info:
+            router.route(bucket_id, timeout=2)
+        assert info.value.name == "NO_ROUTE_TO_BUCKET" and info.value.applied is False
+    finally:
+        cluster.eval(shard.master, mark, bucket_id, "active", None)
+        router.close()
+    assert cluster.buckets()[bucket_id] == shard.uuid
