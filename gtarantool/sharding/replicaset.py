@@ -71,6 +71,7 @@ class Replicaset:
                  order: Optional[List[str]] = None) -> None:
         self.id, self.name, self.pool = rs_id, name, pool
         self.order = list(order or pool.pool)
+        self._unordered = self.order == list(pool.pool)   # the pool's own order will do
         self.bucket_count = 0
         self.discovery_error = None
         self.discovery_rounds = 0
@@ -84,32 +85,38 @@ class Replicaset:
 
     # -- picks ------------------------------------------------------------------------
 
-    def _healthy(self, tried):
-        members = self.pool.pool
-        master, replicas = None, []
-        for name in self.order:
-            instance = members.get(name)
-            if instance is None or instance.state.status is not HEALTHY or (
-                    tried and instance in tried):
-                continue
-            if instance.state.read_only:
-                replicas.append(instance)
-            else:
-                master = instance
-        return master, replicas
-
     def pick(self, kind: str, tried: Optional[Sequence[Any]] = None) -> Any:
         """The pool instance a read of ``kind`` (``'ro'``, ``'bro'``, ``'re'``,
         ``'bre'``) goes to, skipping ``tried``; None when no healthy one is left."""
-        master, replicas = self._healthy(tried)
-        if kind == "ro":
-            return master or (replicas[0] if replicas else None)
-        if kind == "re":
-            return replicas[0] if replicas else master
+        if kind == "ro" or kind == "re":
+            want_master = kind == "ro"
+            fallback = None
+            for instance in self.pool.pool.values() if self._unordered else self._ordered():
+                state = instance.state
+                if state.status is not HEALTHY or (tried and instance in tried):
+                    continue
+                if (state.read_only is False) is want_master:
+                    return instance
+                if fallback is None:
+                    fallback = instance
+            return fallback
+        master, replicas = None, []
+        for instance in self._ordered():
+            state = instance.state
+            if state.status is not HEALTHY or (tried and instance in tried):
+                continue
+            if state.read_only:
+                replicas.append(instance)
+            else:
+                master = instance
         if kind == "bre" and replicas:
             return replicas[next(self._turn) % len(replicas)]
         everyone = replicas + [master] if master is not None else replicas
         return everyone[next(self._turn) % len(everyone)] if everyone else None
+
+    def _ordered(self):
+        members = self.pool.pool
+        return [members[name] for name in self.order if name in members]
 
     @staticmethod
     def is_master(instance: Any) -> bool:
