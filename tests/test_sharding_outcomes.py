@@ -587,3 +587,44 @@ def test_a_bucket_sent_away_is_not_taken_for_held(cluster):
         cluster.eval(shard.master, mark, bucket_id, "active", None)
         router.close()
     assert cluster.buckets()[bucket_id] == shard.uuid
+
+
+@needs_vshard
+def test_storages_reached_over_a_unix_socket_and_ipv6(cluster, tmp_path):
+    """Replica uris as vshard takes them: ``unix/:/path`` and ``[::1]:port``."""
+    import socket
+
+    from gtarantool.testing.server import free_port
+    shard = cluster.shards[1]
+    master = shard.master
+    sock = str(tmp_path / "storage.sock")
+    listen = ["127.0.0.1:%d" % master.port, sock]
+    v6_port = None
+    if socket.has_ipv6:
+        try:
+            probe = socket.socket(socket.AF_INET6)
+            probe.bind(("::1", 0))
+            probe.close()
+            v6_port = free_port()
+            listen.append("[::1]:%d" % v6_port)
+        except OSError:   # no IPv6 loopback on this host
+            pass
+    cluster.eval(master, "box.cfg{listen = ...}", listen)
+    try:
+        for uri in ["unix/:" + sock] + (["[::1]:%d" % v6_port] if v6_port else []):
+            cfg = {"sharding": {rs_id: dict(rs, replicas={
+                replica_id: dict(replica, uri="%s:%s@%s" % (cluster.user, cluster.password, uri)
+                                 if replica["uri"].endswith(":%d" % master.port) else replica["uri"])
+                for replica_id, replica in rs["replicas"].items()})
+                for rs_id, rs in cluster.cfg["sharding"].items()}}
+            router = Router(cfg, discovery_mode="off")
+            try:
+                bucket_id = bucket_of(cluster, 1)
+                assert router.callrw(bucket_id, "kv_count", timeout=5) == cluster.eval(
+                    master, "return kv_count()")[0]
+                info = router.replicasets[shard.uuid].pool.info()
+                assert any(i["role"] == "master" and i["requests"] for i in info.values())
+            finally:
+                router.close()
+    finally:
+        cluster.eval(master, "box.cfg{listen = ...}", "127.0.0.1:%d" % master.port)
