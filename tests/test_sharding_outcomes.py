@@ -612,9 +612,10 @@ def test_storages_reached_over_a_unix_socket_and_ipv6(cluster, tmp_path):
     cluster.eval(master, "box.cfg{listen = ...}", listen)
     try:
         for uri in ["unix/:" + sock] + (["[::1]:%d" % v6_port] if v6_port else []):
+            mine = "%s:%s@%s" % (cluster.user, cluster.password, uri)
             cfg = {"sharding": {rs_id: dict(rs, replicas={
-                replica_id: dict(replica, uri="%s:%s@%s" % (cluster.user, cluster.password, uri)
-                                 if replica["uri"].endswith(":%d" % master.port) else replica["uri"])
+                replica_id: dict(replica, uri=mine if replica["uri"].endswith(
+                    ":%d" % master.port) else replica["uri"])
                 for replica_id, replica in rs["replicas"].items()})
                 for rs_id, rs in cluster.cfg["sharding"].items()}}
             router = Router(cfg, discovery_mode="off")
