@@ -31,6 +31,7 @@ from tarantool.error import ConfigurationError, DatabaseError, NetworkError, Poo
 from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
+from gtarantool.sharding.config import vshard_cfg
 from gtarantool.sharding.errors import (
     MOVED,
     NO_ROUTE_TO_BUCKET,
@@ -270,7 +271,6 @@ class Router:
         :raises tarantool.error.ConfigurationError: the configuration names no
             storage, or one without an address.
         """
-        from gtarantool.sharding.config import vshard_cfg
         cfg, user, password = vshard_cfg(config, user, password)
         return cls(cfg, user=user, password=password, **options)
 
