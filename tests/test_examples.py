@@ -52,9 +52,10 @@ def quickstart_server():
 
 
 def test_quickstart_runs_as_the_manual_shows(quickstart_server):
-    out = subprocess.run([sys.executable, "quickstart.py"], cwd=os.path.join(EXAMPLES, "quickstart"),
-                         env=dict(os.environ, TARANTOOL=quickstart_server), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "quickstart.py"],
+                         cwd=os.path.join(EXAMPLES, "quickstart"),
+                         env=dict(os.environ, TARANTOOL=quickstart_server),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "[42, 'active']"
