@@ -8,11 +8,11 @@ from gevent import monkey
 
 monkey.patch_all()   # optional: the connection uses gevent's sockets anyway
 
-import os  # noqa: E402 - after patching
+import os
 
-import gevent  # noqa: E402
+import gevent
 
-import gtarantool  # noqa: E402
+import gtarantool
 
 host, _, port = os.environ.get("TARANTOOL", "127.0.0.1:3301").rpartition(":")
 tnt = gtarantool.connect(host or "127.0.0.1", int(port), user="app", password="secret",
