@@ -15,7 +15,7 @@ import pytest
 
 import gtarantool
 from gtarantool import Mode
-from gtarantool.testing.server import GREETING_SIZE, find_binary, free_port
+from gtarantool.testing.server import GREETING_SIZE, TarantoolServer, find_binary, free_port
 from gtarantool.testing.service import Service, binary
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -78,6 +78,23 @@ def test_the_app_user_grants_are_enough_for_a_pool(quickstart_server):
             conn.call("box.cfg")   # nothing beyond what the examples need
     finally:
         pool.close()
+
+
+def test_without_the_box_info_grant_a_polling_pool_shows_the_error():
+    """docs/troubleshooting.rst: the role check's permission error, as pool.info() shows it."""
+    lua = "box.schema.user.create('nobox', {password = 'secret', if_not_exists = true})"
+    with TarantoolServer(lua) as server:
+        pool = gtarantool.ConnectionPool([{"host": server.host, "port": server.port}],
+                                         user="nobox", password="secret")
+        try:
+            (member,) = pool.info().values()
+            if member["role_source"] == "poll":
+                assert not member["healthy"] and member["role"] is None, member
+                assert "Execute access to function 'box.info' is denied" in member["last_error"]
+            else:   # the box.status watcher needs no grant
+                assert member["healthy"] and member["role"] == "master", member
+        finally:
+            pool.close()
 
 
 def test_flask_app_under_gunicorn(quickstart_server):
