@@ -22,6 +22,7 @@ FOREIGN = "reply of another call"
 OVERLONG = "call outlived its timeout"
 HUNG = "greenlet left waiting"
 CHILD = "a forked child ran the parent's call"
+STRAY = "an error outside the library's classes"
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Op:
     reply: Optional[int] = None
     copy: bool = False
     detail: str = ""
+    library_error: bool = True   # the error is one of the library's (tarantool.error.Error)
 
     @property
     def write(self) -> bool:
@@ -117,6 +119,8 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
                                    % (op.end - op.start, op.bound, slack)))
         if op.outcome == "ok" and op.reply is not None and op.reply != op.id:
             found.append(Violation(FOREIGN, op, "got the reply of op %d" % op.reply))
+        if op.outcome == "error" and not op.library_error:
+            found.append(Violation(STRAY, op, op.detail))
         if op.copy and op.outcome == "ok":
             found.append(Violation(CHILD, op, "the child's copy of the call succeeded"))
         if not op.write:

@@ -144,7 +144,8 @@ class Target:
         try:
             gevent.sleep(seconds)
         finally:
-            srv.signal(signal.SIGCONT)
+            if os.getpid() == self.c.pid:   # (not from a forked child's copy)
+                srv.signal(signal.SIGCONT)
 
     def facts(self):
         """[(log rows, count rows)] from every instance."""
@@ -391,6 +392,7 @@ class Campaign:
         self.pid = os.getpid()
         self.cancel_share = 0.0
         self.children = []        # (pid, report path)
+        self.injectors = []
         self.notes = []
         self._rngs = {}
         self.t0 = None
@@ -435,6 +437,7 @@ class Campaign:
         except Exception as exc:
             op.outcome, op.error = "error", type(exc).__name__
             op.applied = getattr(exc, "applied", None)
+            op.library_error = isinstance(exc, tarantool.error.Error)
             op.detail = str(exc)[:160]
         finally:
             op.end = time.monotonic()
@@ -490,6 +493,10 @@ class Campaign:
             finally:
                 conn.close()
 
+        # The parent's fault injectors must not go on here: copies of them would
+        # restart the parent's servers a second time.
+        gevent.killall([g for g in self.injectors if g is not gevent.getcurrent()],
+                       block=False)
         # (the copied Event: the child's own; setting it stops the copies' loops too)
         self.stop = gevent.event.Event()
         if conn_target is not None:
@@ -576,10 +583,15 @@ class Campaign:
             self.t0 = time.monotonic()
             workers = [gevent.spawn(self.worker, t, n)
                        for t in self.targets.values() for n in range(t.greenlets)]
-            injectors = [gevent.spawn(self.injector, name,
-                                      [f for f in s.faults if f.target == name])
-                         for name in s.targets]
+            self.injectors = [gevent.spawn(self.injector, name,
+                                           [f for f in s.faults if f.target == name])
+                              for name in s.targets]
+            injectors = self.injectors
             gevent.sleep(s.duration)
+            while os.getpid() != self.pid:
+                # (this greenlet's copy in a forked child: the child reports and exits
+                # from the greenlet that forked; it must not heal or stop the servers)
+                gevent.sleep(3600)
             self.stop.set()
             gevent.joinall(injectors)
             for t in self.targets.values():
@@ -600,21 +612,32 @@ class Campaign:
                     self.note("closing %s: %s" % (t.name, exc))
 
     def facts(self, child_ports):
-        facts = h.Facts()
-        logs, counts = {}, {}
-        for t in self.targets.values():
-            for log_rows, count_rows in t.facts():
-                for key, op_id, peer in log_rows:
-                    logs[key] = (op_id, peer)
-                for op_id, count in count_rows:
-                    counts[op_id] = max(count, counts.get(op_id, 0))
-        for op_id, peer in logs.values():
-            facts.applications[op_id] = facts.applications.get(op_id, 0) + 1
-            if op_id < CHILD_BASE and _port(peer) in child_ports:
-                facts.by_child.add(op_id)
-        for op_id, count in counts.items():
-            facts.applications[op_id] = facts.applications.get(op_id, 0) + count
-        return facts
+        return tally([rows for t in self.targets.values() for rows in t.facts()], child_ports)
+
+
+def tally(replies, child_ports=()):
+    """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows), one per
+    instance: a log row counts once however many instances hold its copy, and
+    a counter counts as its largest value on any instance.
+
+    :param replies: [(log rows, count rows)], one pair per instance.
+    :param child_ports: local ports forked children connected from.
+    :returns: a ``history.Facts``.
+    """
+    facts = h.Facts()
+    logs, counts = {}, {}
+    for log_rows, count_rows in replies:
+        for key, op_id, peer in log_rows:
+            logs[key] = (op_id, peer)
+        for op_id, count in count_rows:
+            counts[op_id] = max(count, counts.get(op_id, 0))
+    for op_id, peer in logs.values():
+        facts.applications[op_id] = facts.applications.get(op_id, 0) + 1
+        if op_id < CHILD_BASE and _port(peer) in child_ports:
+            facts.by_child.add(op_id)
+    for op_id, count in counts.items():
+        facts.applications[op_id] = facts.applications.get(op_id, 0) + count
+    return facts
 
 
 def _local_ports():
