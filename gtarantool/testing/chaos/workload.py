@@ -86,8 +86,19 @@ box.cfg{read_only = false}
 
 def blocking(fn, *args):
     """Run ``fn`` in the hub's thread pool: a server start or an eval over
-    tarantool-python blocks, and a blocked hub would stretch every call's time."""
-    return gevent.get_hub().threadpool.apply(fn, args)
+    tarantool-python blocks, and a blocked hub would stretch every call's time.
+    Its exception is raised here (the pool would print it as unhandled)."""
+    ok, value = gevent.get_hub().threadpool.apply(_capture, (fn, args))
+    if not ok:
+        raise value
+    return value
+
+
+def _capture(fn, args):
+    try:
+        return True, fn(*args)
+    except Exception as exc:
+        return False, exc
 
 
 def parallel(fn, items):
