@@ -487,22 +487,15 @@ class Campaign:
         tag = "child-%d" % index
         ids = itertools.count(index * CHILD_BASE)
         ops, ports = [], set()
-        conn_target = self.targets.get("conn")
-        own = []
 
-        def child_worker(n):
-            # (not connected yet: the server may be down; the first call connects)
-            conn = conn_target.connect(conn_target.server.port, connect_now=False)
+        def child_worker(target, client, n):
             rng = random.Random(index * 1000 + n)
-            try:
-                while not self.stop.is_set():
-                    op = h.Op(next(ids), "conn", rng.choice(KINDS), time.monotonic(),
-                              conn_target.bound, proc=tag)
-                    ops.append(op)
-                    self.call(conn_target, conn, op, rng)
-                    gevent.sleep(rng.uniform(0, 0.01))
-            finally:
-                conn.close()
+            while not self.stop.is_set():
+                op = h.Op(next(ids), target.name, rng.choice(KINDS), time.monotonic(),
+                          target.bound, proc=tag)
+                ops.append(op)
+                self.call(target, client, op, rng)
+                gevent.sleep(rng.uniform(0, 0.01))
 
         # The parent's fault injectors must not go on here: copies of them would
         # restart the parent's servers a second time.
@@ -510,8 +503,16 @@ class Campaign:
                        block=False)
         # (the copied Event: the child's own; setting it stops the copies' loops too)
         self.stop = gevent.event.Event()
+        # The child's own calls go through the clients it inherited (their first
+        # use here opens the child's own sockets), and one opened here.
+        clients = [(t, t.client(n), n) for t in self.targets.values() for n in range(2)]
+        conn_target = self.targets.get("conn")
+        fresh = None
         if conn_target is not None:
-            own = [gevent.spawn(child_worker, n) for n in range(2)]
+            # (not connected yet: the server may be down; the first call connects)
+            fresh = conn_target.connect(conn_target.server.port, connect_now=False)
+            clients.append((conn_target, fresh, 2))
+        own = [gevent.spawn(child_worker, *args) for args in clients]
         deadline = time.monotonic() + life
         while time.monotonic() < deadline:
             ports.update(_local_ports())
@@ -523,6 +524,8 @@ class Campaign:
             gevent.sleep(0.02)
         gevent.joinall(own, timeout=max(0.0, limit - time.monotonic()))
         gevent.killall(own, timeout=1)
+        if fresh is not None:
+            fresh.close()
         for op in inflight:
             op.copy, op.proc = True, tag
         report["ops"] = [h.asdict(op) for op in ops + inflight]
