@@ -10,7 +10,7 @@
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
 # make chaos   - seeded fault schedules, every call's outcome checked against the servers:
-#                SEEDS=N (default 3), SEED=n replays one, DURATION=s per seed (default 6)
+#                SEEDS=N (default 5), SEED=n replays one, DURATION=s per seed (default 6)
 # make locust  - bench/locust/locustfile.py under Locust, headless, counts checked against box.stat
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
@@ -150,7 +150,7 @@ soak: install
 # (SEED below is also the fuzzers' default: here only a SEED given to make counts)
 chaos: install
 	$(PY) -m gtarantool.testing.chaos --duration $(or $(DURATION),6) \
-		$(if $(filter command line environment,$(origin SEED)),--seed $(SEED),--seeds $(or $(SEEDS),3))
+		$(if $(filter command line environment,$(origin SEED)),--seed $(SEED),--seeds $(or $(SEEDS),5))
 
 locust: install
 	$(PY) -m bench.locust_run $(LOCUST_ARGS)

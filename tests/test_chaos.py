@@ -111,6 +111,12 @@ def test_an_error_outside_the_librarys_classes_is_flagged():
     assert promises(history, facts) == [h.STRAY]
 
 
+def test_a_protocol_error_is_flagged_as_the_servers_send_valid_frames():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", outcome="error", error="ProtocolError"))
+    assert promises(history, facts) == [h.GARBLED]
+
+
 def test_a_history_survives_its_json_form():
     history, facts = clean()
     again = h.History.loads(history.dumps())

@@ -1,7 +1,7 @@
 """``python -m gtarantool.testing.chaos``: run seeded fault schedules and check
 their histories; exit status 1 when any seed breaks a promise.
 
-    python -m gtarantool.testing.chaos --seeds 3 --duration 6     # seeds 1..3
+    python -m gtarantool.testing.chaos --seeds 5 --duration 6     # seeds 1..5
     python -m gtarantool.testing.chaos --seed 17                  # replay seed 17
 """
 import argparse
@@ -62,7 +62,7 @@ def run_seed(seed, duration, targets, slack, verbose=False):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=3, help="run seeds FIRST..FIRST+N-1")
+    p.add_argument("--seeds", type=int, default=5, help="run seeds FIRST..FIRST+N-1")
     p.add_argument("--first", type=int, default=1, help="the first seed of --seeds")
     p.add_argument("--seed", type=int, help="run (replay) this seed only")
     p.add_argument("--duration", type=float, default=6.0, help="seconds of workload per seed")

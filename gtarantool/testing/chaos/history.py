@@ -23,6 +23,7 @@ OVERLONG = "call outlived its timeout"
 HUNG = "greenlet left waiting"
 CHILD = "a forked child ran the parent's call"
 STRAY = "an error outside the library's classes"
+GARBLED = "a protocol error, though every server sent valid frames"
 
 
 @dataclass
@@ -121,6 +122,8 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
             found.append(Violation(FOREIGN, op, "got the reply of op %d" % op.reply))
         if op.outcome == "error" and not op.library_error:
             found.append(Violation(STRAY, op, op.detail))
+        if op.outcome == "error" and op.error == "ProtocolError":
+            found.append(Violation(GARBLED, op, op.detail))
         if op.copy and op.outcome == "ok":
             found.append(Violation(CHILD, op, "the child's copy of the call succeeded"))
         if not op.write:

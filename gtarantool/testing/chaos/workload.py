@@ -171,14 +171,15 @@ class ConnTarget(Target):
         self.server = TarantoolServer(USER_LUA + SCHEMA)
         blocking(self.server.start)
         self.proxy = FaultProxy(self.server.host, self.server.port)
-        self.clients = [self.connect(self.server.port), self.connect(self.proxy.port)]
+        # (the proxied one admits two requests at a time: callers queue for room)
+        self.clients = [self.connect(self.server.port),
+                        self.connect(self.proxy.port, max_in_flight=2)]
         self.bound = self.rt
 
-    def connect(self, port, connect_now=True):
+    def connect(self, port, **options):
         return gtarantool.connect("127.0.0.1", port, user=USER, password=PASSWORD,
                                   request_timeout=self.rt, connection_timeout=self.rt,
-                                  reconnect_max_attempts=3, reconnect_delay=0.1,
-                                  connect_now=connect_now)
+                                  reconnect_max_attempts=3, reconnect_delay=0.1, **options)
 
     def instances(self):
         return [self.server]
@@ -421,7 +422,7 @@ class Campaign:
 
     def worker(self, target, n):
         me = os.getpid()
-        rng = random.Random(self.schedule.seed * 7919 + hash(target.name) % 1000 * 31 + n)
+        rng = random.Random("%d-%s-%d" % (self.schedule.seed, target.name, n))
         client = target.client(n)
         while not self.stop.is_set() and os.getpid() == me:
             kind = rng.choice(KINDS)
