@@ -135,7 +135,7 @@ def test_the_same_seed_draws_the_same_schedule():
     assert str(first) == str(Schedule(11, 8.0, ["conn", "pool", "router"]))
     assert str(first) != str(Schedule(12, 8.0, ["conn", "pool", "router"]))
     forks = [f for f in Schedule(5, 100.0, ["conn"]).faults if f.kind == "fork"]
-    assert len(forks) <= 2
+    assert len(forks) <= 1
     assert all(f.at <= 8.0 * 0.75 for f in first.faults)
 
 

@@ -58,7 +58,7 @@ class Schedule:
                 kind = rng.choice(FAULTS[target])
                 if kind == "fork":
                     forks += 1
-                    if forks > 2:   # a child or two per seed
+                    if forks > 1:   # one child here; a switchover's gap may fork another
                         kind = "timeouts"
                 at = rng.uniform(0.2, duration * 0.75)
                 self.faults.append(Fault(at, kind, target, self._params(rng, kind)))
@@ -77,7 +77,7 @@ class Schedule:
         if kind == "delay":
             return {"delay": rng.uniform(0.05, rt), "length": rng.uniform(0.5, 2 * rt)}
         if kind == "switchover":
-            # gap: seconds with no writable instance; a fork may fall inside it.
+            # gap: seconds with no writable instance; a fork may fall in its middle.
             return {"gap": rng.uniform(0.1, 1.5), "fork_in_gap": rng.random() < 0.5,
                     "to": rng.randrange(1, 3)}
         if kind == "switch_master":

@@ -299,8 +299,11 @@ class PoolTarget(Target):
             srv.cfg["read_only"] = i != to
         blocking(self.eval, old, "box.cfg{read_only = true}")
         if fork_in_gap:
-            self.c.fork(gap + 1.0)
-        gevent.sleep(gap)
+            gevent.sleep(gap / 2)   # (writes refused meanwhile wait for a master)
+            self.c.fork(gap + 1.0, reserved=True)
+            gevent.sleep(gap / 2)
+        else:
+            gevent.sleep(gap)
         want, old_id = blocking(self.eval, old, "return box.info.vclock[box.info.id] or 0, "
                                                 "box.info.id")
         blocking(self.eval, new, SWITCH, want, old_id, 10)
@@ -458,10 +461,12 @@ class Campaign:
 
     # -- forks ---------------------------------------------------------------------------
 
-    def fork(self, life):
+    def fork(self, life, reserved=False):
         """Fork now (calls are in flight); the child keeps its hub running for
-        ``life`` seconds with a workload of its own, then reports and exits."""
-        if os.getpid() != self.pid or len(self.children) >= 2:
+        ``life`` seconds with a workload of its own, then reports and exits.
+        The schedule's own forks stop at one child; a fork in a switchover's gap
+        (``reserved``) may add a second."""
+        if os.getpid() != self.pid or len(self.children) >= (2 if reserved else 1):
             return
         index = len(self.children) + 1
         fd, path = tempfile.mkstemp(prefix="gtarantool-chaos-child-")
