@@ -126,6 +126,10 @@ class Target:
         """Every server whose data the facts read."""
         raise NotImplementedError
 
+    def label(self, n):
+        """The client's name in the history."""
+        return self.name
+
     def eval(self, srv, lua, *args):
         return self._evaluator(srv, lua, *args)
 
@@ -194,6 +198,9 @@ class ConnTarget(Target):
 
     def client(self, n):
         return self.clients[n % 2]
+
+    def label(self, n):
+        return ("conn", "conn-proxied")[n % 2]
 
     def do(self, client, kind, op_id):
         if kind == "write_call":
@@ -429,8 +436,8 @@ class Campaign:
         client = target.client(n)
         while not self.stop.is_set() and os.getpid() == me:
             kind = rng.choice(KINDS)
-            op = self.history.begin(h.Op(next(self.ids), target.name, kind, time.monotonic(),
-                                         target.bound))
+            op = self.history.begin(h.Op(next(self.ids), target.label(n), kind,
+                                         time.monotonic(), target.bound))
             self.call(target, client, op, rng)
             if os.getpid() != me:
                 return   # (the copy of this greenlet in a forked child stops here)
@@ -497,7 +504,7 @@ class Campaign:
         def child_worker(target, client, n):
             rng = random.Random(index * 1000 + n)
             while not self.stop.is_set():
-                op = h.Op(next(ids), target.name, rng.choice(KINDS), time.monotonic(),
+                op = h.Op(next(ids), target.label(n), rng.choice(KINDS), time.monotonic(),
                           target.bound, proc=tag)
                 ops.append(op)
                 self.call(target, client, op, rng)
