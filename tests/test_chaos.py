@@ -70,6 +70,15 @@ def test_a_call_longer_than_its_timeout_and_the_slack_is_flagged():
     assert promises(history, facts) == [h.OVERLONG]
 
 
+def test_an_overlong_call_says_how_long_its_process_stalled_meanwhile():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", start=10.0, took=2.0))
+    facts.stalls["parent"] = [(9.0, 10.5), (11.5, 11.7), (13.0, 14.0)]
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.OVERLONG
+    assert "stalled 0.70s meanwhile" in violation.detail
+
+
 def test_a_cancelled_call_is_bounded_by_the_callers_own_timer():
     history, facts = clean()
     history.ops.append(op(7, outcome="cancelled", error="gevent.Timeout", bound=0.2, took=0.9))

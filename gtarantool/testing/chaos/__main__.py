@@ -39,6 +39,10 @@ def run_seed(seed, duration, targets, slack, verbose=False):
         print(schedule)
         for note in campaign.notes:
             print("  note: %s" % note)
+        for proc, stalls in sorted(facts.stalls.items()):
+            if stalls:
+                print("  %s's hub stalled %d time(s) over 0.1s, the longest %.2fs"
+                      % (proc, len(stalls), max(b - a for a, b in stalls)))
         examples = {}
         for op in history.ops:
             if op.outcome == "error":

@@ -10,7 +10,7 @@ raises on a bad history, so a test can feed it synthetic ones.
 """
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 WRITE_KINDS = ("write_call", "write_upsert")
 
@@ -57,10 +57,19 @@ class Op:
 class Facts:
     """What the servers hold at the end of a run: ``applications[id]``, the
     times each write id was applied on any instance (replicated copies counted
-    once), and ``by_child``: ids of parent operations applied over a socket a
-    forked child opened."""
+    once), ``by_child``: ids of parent operations applied over a socket a
+    forked child opened, and ``stalls``: when a process's hub ran nothing (a
+    stall within a call is printed beside an overlong call, never excused)."""
     applications: Dict[int, int] = field(default_factory=dict)
     by_child: Set[int] = field(default_factory=set)
+    # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
+    stalls: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+
+    def stalled(self, op: "Op") -> float:
+        """Seconds ``op``'s process ran nothing while the call lasted."""
+        end = op.end if op.end is not None else op.start
+        return sum(max(0.0, min(b, end) - max(a, op.start))
+                   for a, b in self.stalls.get(op.proc, ()))
 
 
 @dataclass
@@ -116,8 +125,11 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
         if op.end is None:
             found.append(Violation(HUNG, op, "the call had not returned at the end"))
         elif op.end - op.start > op.bound + slack:
-            found.append(Violation(OVERLONG, op, "%.2fs > %.2fs + %.2fs slack"
-                                   % (op.end - op.start, op.bound, slack)))
+            stalled = facts.stalled(op)
+            found.append(Violation(OVERLONG, op, "%.2fs > %.2fs + %.2fs slack%s"
+                                   % (op.end - op.start, op.bound, slack,
+                                      " (its process's hub stalled %.2fs meanwhile)" % stalled
+                                      if stalled else "")))
         if op.outcome == "ok" and op.reply is not None and op.reply != op.id:
             found.append(Violation(FOREIGN, op, "got the reply of op %d" % op.reply))
         if op.outcome == "error" and not op.library_error:

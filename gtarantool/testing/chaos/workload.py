@@ -444,6 +444,8 @@ class Campaign:
             gevent.sleep(rng.uniform(0, 0.01))
 
     def call(self, target, client, op, rng):
+        """Make ``op``'s call and record how it ended.  A call killed (its
+        greenlet stopped from outside) keeps ``end`` None: it never returned."""
         cancel = rng.uniform(0.05, op.bound) if rng.random() < self.cancel_share else None
         timer = gevent.Timeout(cancel) if cancel else None
         try:
@@ -453,18 +455,24 @@ class Campaign:
             op.reply = target.do(client, op.kind, op.id)
             op.outcome = "ok"
         except gevent.Timeout as exc:
-            if exc is not timer:
-                raise
-            op.outcome, op.error = "cancelled", "gevent.Timeout"
+            if exc is timer:
+                op.outcome, op.error = "cancelled", "gevent.Timeout"
+            else:   # (no other timer wraps the call: one of the library's escaped)
+                self._failed(op, exc)
         except Exception as exc:
-            op.outcome, op.error = "error", type(exc).__name__
-            op.applied = getattr(exc, "applied", None)
-            op.library_error = isinstance(exc, tarantool.error.Error)
-            op.detail = str(exc)[:160]
+            self._failed(op, exc)
         finally:
-            op.end = time.monotonic()
+            if op.outcome != "pending":
+                op.end = time.monotonic()
             if timer is not None:
                 timer.close()
+
+    @staticmethod
+    def _failed(op, exc):
+        op.outcome, op.error = "error", type(exc).__name__
+        op.applied = getattr(exc, "applied", None)
+        op.library_error = isinstance(exc, tarantool.error.Error)
+        op.detail = str(exc)[:160]
 
     # -- forks ---------------------------------------------------------------------------
 
@@ -484,7 +492,7 @@ class Campaign:
         if pid:
             self.children.append((pid, path))
             return
-        report = {"ops": [], "ports": [], "error": None}
+        report = {"ops": [], "ports": [], "stalls": [], "error": None}
         try:
             self.child(index, life, inflight, parent_ports, report)
         except BaseException:
@@ -512,8 +520,9 @@ class Campaign:
 
         # The parent's fault injectors must not go on here: copies of them would
         # restart the parent's servers a second time.
-        gevent.killall([g for g in self.injectors if g is not gevent.getcurrent()],
-                       block=False)
+        gevent.killall([g for g in self.injectors + [self.meter.greenlet]
+                        if g is not gevent.getcurrent()], block=False)
+        meter = StallMeter()
         # (the copied Event: the child's own; setting it stops the copies' loops too)
         self.stop = gevent.event.Event()
         # The child's own calls go through the clients it inherited (their first
@@ -543,10 +552,12 @@ class Campaign:
             op.copy, op.proc = True, tag
         report["ops"] = [h.asdict(op) for op in ops + inflight]
         report["ports"] = sorted(ports - parent_ports)
+        report["stalls"] = meter.stop()
 
     def reap(self):
-        """Wait for the children; their ops and the local ports they used."""
-        ops, ports = [], set()
+        """Wait for the children: their ops, the local ports they used and
+        their hubs' stalls by child."""
+        ops, ports, stalls = [], set(), {}
         for pid, path in self.children:
             try:
                 with gevent.Timeout(30):
@@ -558,7 +569,8 @@ class Campaign:
                 with open(path) as f:
                     report = json.load(f)
             except (OSError, ValueError):
-                report = {"ops": [], "ports": [], "error": "the child left no report"}
+                report = {"ops": [], "ports": [], "stalls": [],
+                          "error": "the child left no report"}
             finally:
                 if os.path.exists(path):
                     os.unlink(path)
@@ -566,7 +578,8 @@ class Campaign:
                 self.note("child %d failed: %s" % (pid, report["error"]))
             ops.extend(h.Op(**fields) for fields in report["ops"])
             ports.update(report["ports"])
-        return ops, ports
+            stalls["child-%d" % (len(stalls) + 1)] = [tuple(s) for s in report["stalls"]]
+        return ops, ports, stalls
 
     # -- faults --------------------------------------------------------------------------
 
@@ -608,6 +621,7 @@ class Campaign:
             gevent.joinall([gevent.spawn(t.start) for t in self.targets.values()],
                            raise_error=True)
             self.t0 = time.monotonic()
+            self.meter = StallMeter()
             workers = [gevent.spawn(self.worker, t, n)
                        for t in self.targets.values() for n in range(t.greenlets)]
             self.injectors = [gevent.spawn(self.injector, name,
@@ -626,12 +640,15 @@ class Campaign:
             limit = max(t.bound for t in self.targets.values()) + self.slack
             gevent.joinall(workers, timeout=limit)
             hung = [w for w in workers if not w.dead]
-            child_ops, child_ports = self.reap()
+            child_ops, child_ports, stalls = self.reap()
             self.history.extend(child_ops)
             facts = self.facts(child_ports)
+            facts.stalls = dict(stalls, parent=self.meter.stop())
             gevent.killall(hung, timeout=5)
             return self.history, facts, h.check(self.history, facts, self.slack)
         finally:
+            if getattr(self, "meter", None) is not None:
+                self.meter.stop()
             for t in self.targets.values():
                 try:
                     t.close()
@@ -665,6 +682,29 @@ def tally(replies, child_ports=()):
     for op_id, count in counts.items():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + count
     return facts
+
+
+class StallMeter:
+    """Records when this process's hub ran no greenlet for over ``threshold``
+    seconds (a blocking call, a busy host): ``stalls`` is [(start, end)]."""
+
+    def __init__(self, threshold=0.1, tick=0.01):
+        self.threshold, self.tick = threshold, tick
+        self.stalls = []
+        self.greenlet = gevent.spawn(self._run)
+
+    def _run(self):
+        last = time.monotonic()
+        while True:
+            gevent.sleep(self.tick)
+            now = time.monotonic()
+            if now - last > self.threshold + self.tick:
+                self.stalls.append((last + self.tick, now))
+            last = now
+
+    def stop(self):
+        self.greenlet.kill(block=False)
+        return self.stalls
 
 
 def _local_ports():
