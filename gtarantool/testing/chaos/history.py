@@ -59,7 +59,8 @@ class Facts:
     times each write id was applied on any instance (replicated copies counted
     once), ``by_child``: ids of parent operations applied over a socket a
     forked child opened, and ``stalls``: when a process's hub ran nothing (a
-    stall within a call is printed beside an overlong call, never excused)."""
+    busy host; time a call spent in its process's stalls does not count
+    against its bound)."""
     applications: Dict[int, int] = field(default_factory=dict)
     by_child: Set[int] = field(default_factory=set)
     # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
@@ -124,12 +125,12 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
         count = facts.applications.get(op.id, 0)
         if op.end is None:
             found.append(Violation(HUNG, op, "the call had not returned at the end"))
-        elif op.end - op.start > op.bound + slack:
+        elif op.end - op.start - facts.stalled(op) > op.bound + slack:
             stalled = facts.stalled(op)
             found.append(Violation(OVERLONG, op, "%.2fs > %.2fs + %.2fs slack%s"
                                    % (op.end - op.start, op.bound, slack,
-                                      " (its process's hub stalled %.2fs meanwhile)" % stalled
-                                      if stalled else "")))
+                                      " (and %.2fs more while its process's hub stalled)"
+                                      % stalled if stalled else "")))
         if op.outcome == "ok" and op.reply is not None and op.reply != op.id:
             found.append(Violation(FOREIGN, op, "got the reply of op %d" % op.reply))
         if op.outcome == "error" and not op.library_error:
