@@ -9,6 +9,8 @@
 # make sweep   - gtarantool vs asynctnt (and sync) at 1 to 10,000 greenlets, with its targets
 # make profile - greenlet-aware yappi profiles for kcachegrind
 # make soak    - long mixed load with injected faults (not part of CI)
+# make chaos   - seeded fault schedules, every call's outcome checked against the servers:
+#                SEEDS=N (default 5), SEED=n replays one, DURATION=s per seed (default 6)
 # make locust  - bench/locust/locustfile.py under Locust, headless, counts checked against box.stat
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
@@ -73,7 +75,8 @@ CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
 HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
-.PHONY: all install server test test-python bench compare capacity perf sweep instructions profile soak locust \
+.PHONY: all install server test test-python bench compare capacity perf sweep instructions profile soak chaos \
+	locust \
 	locust-master locust-worker sanitize fuzz docs lint clean
 
 all: test
@@ -143,6 +146,11 @@ profile: install
 
 soak: install
 	$(PY) -m bench.soak --duration $(or $(DURATION),300)
+
+# (SEED below is also the fuzzers' default: here only a SEED given to make counts)
+chaos: install
+	$(PY) -m gtarantool.testing.chaos --duration $(or $(DURATION),6) \
+		$(if $(filter command line environment,$(origin SEED)),--seed $(SEED),--seeds $(or $(SEEDS),5))
 
 locust: install
 	$(PY) -m bench.locust_run $(LOCUST_ARGS)

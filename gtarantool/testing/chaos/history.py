@@ -1,0 +1,154 @@
+"""The recorded operations of one run and the checker over them.
+
+An ``Op`` is one call as its caller saw it: which operation id it carried,
+through which client, when it started and ended, how it ended (``ok``, an
+exception class and its ``applied`` attribute, or ``cancelled`` by the caller's
+own ``gevent.Timeout``) and the bound its duration must keep.  ``Facts`` is what
+the servers hold at the end: how many times each id was applied.  ``check``
+compares the two and returns one ``Violation`` per broken promise; it never
+raises on a bad history, so a test can feed it synthetic ones.
+"""
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+WRITE_KINDS = ("write_call", "write_upsert")
+
+# The promises, by the name a violation carries.
+DOUBLE = "applied twice"
+LOST = "acknowledged write lost"
+LYING = "error said not applied, but it was applied"
+FOREIGN = "reply of another call"
+OVERLONG = "call outlived its timeout"
+HUNG = "greenlet left waiting"
+CHILD = "a forked child ran the parent's call"
+STRAY = "an error outside the library's classes"
+GARBLED = "a protocol error, though every server sent valid frames"
+
+
+@dataclass
+class Op:
+    """One call.  ``applied`` is the exception's ``applied`` attribute (``None``
+    when it has none: "may have been applied"); ``reply`` the op id the reply
+    carried (None when the reply carries none, e.g. an upsert's); ``end`` stays
+    None while the call has not returned; ``copy`` marks the copy of a parent's
+    call that finished in a forked child (``proc`` is then the child's)."""
+    id: int
+    client: str
+    kind: str
+    start: float
+    bound: float
+    proc: str = "parent"
+    end: Optional[float] = None
+    outcome: str = "pending"     # ok | error | cancelled | pending
+    error: Optional[str] = None
+    applied: Optional[bool] = None
+    reply: Optional[int] = None
+    copy: bool = False
+    detail: str = ""
+    library_error: bool = True   # the error is one of the library's (tarantool.error.Error)
+
+    @property
+    def write(self) -> bool:
+        return self.kind in WRITE_KINDS
+
+
+@dataclass
+class Facts:
+    """What the servers hold at the end of a run: ``applications[id]``, the
+    times each write id was applied on any instance (replicated copies counted
+    once), ``by_child``: ids of parent operations applied over a socket a
+    forked child opened, and ``stalls``: when a process's hub ran nothing (a
+    busy host; time a call spent in its process's stalls does not count
+    against its bound)."""
+    applications: Dict[int, int] = field(default_factory=dict)
+    by_child: Set[int] = field(default_factory=set)
+    # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
+    stalls: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+
+    def stalled(self, op: "Op") -> float:
+        """Seconds ``op``'s process ran nothing while the call lasted."""
+        end = op.end if op.end is not None else op.start
+        return sum(max(0.0, min(b, end) - max(a, op.start))
+                   for a, b in self.stalls.get(op.proc, ()))
+
+
+@dataclass
+class Violation:
+    promise: str
+    op: Optional[Op]
+    detail: str
+
+    def __str__(self):
+        where = ""
+        if self.op is not None:
+            o = self.op
+            where = " [op %d %s %s %s%s: %s%s, %.2fs of %.2fs]" % (
+                o.id, o.client, o.kind, o.proc, " copy" if o.copy else "", o.outcome,
+                " %s applied=%r" % (o.error, o.applied) if o.error else "",
+                (o.end if o.end is not None else o.start) - o.start, o.bound)
+        return "%s: %s%s" % (self.promise, self.detail, where)
+
+
+class History:
+    """The operations of one run, in the order they started."""
+
+    def __init__(self, ops: Optional[List[Op]] = None):
+        self.ops: List[Op] = list(ops or [])
+
+    def begin(self, op: Op) -> Op:
+        self.ops.append(op)
+        return op
+
+    def extend(self, ops):
+        self.ops.extend(ops)
+
+    def dumps(self) -> str:
+        return json.dumps([asdict(op) for op in self.ops])
+
+    @classmethod
+    def loads(cls, text: str) -> "History":
+        return cls([Op(**fields) for fields in json.loads(text)])
+
+
+def check(history: History, facts: Facts, slack: float) -> List[Violation]:
+    """Every promise the history breaks, given what the servers hold.
+
+    :param history: the operations, the parent's and its children's.
+    :param facts: the applications counted on every instance at the end.
+    :param slack: seconds a call may run past its bound (a busy host).
+    :returns: the violations, grouped by promise; empty when all hold.
+    """
+    found: List[Violation] = []
+    seen: Set[int] = set()
+    for op in history.ops:
+        count = facts.applications.get(op.id, 0)
+        if op.end is None:
+            found.append(Violation(HUNG, op, "the call had not returned at the end"))
+        elif op.end - op.start - facts.stalled(op) > op.bound + slack:
+            stalled = facts.stalled(op)
+            found.append(Violation(OVERLONG, op, "%.2fs > %.2fs + %.2fs slack%s"
+                                   % (op.end - op.start, op.bound, slack,
+                                      " (and %.2fs more while its process's hub stalled)"
+                                      % stalled if stalled else "")))
+        if op.outcome == "ok" and op.reply is not None and op.reply != op.id:
+            found.append(Violation(FOREIGN, op, "got the reply of op %d" % op.reply))
+        if op.outcome == "error" and not op.library_error:
+            found.append(Violation(STRAY, op, op.detail))
+        if op.outcome == "error" and op.error == "ProtocolError":
+            found.append(Violation(GARBLED, op, op.detail))
+        if op.copy and op.outcome == "ok":
+            found.append(Violation(CHILD, op, "the child's copy of the call succeeded"))
+        if not op.write:
+            continue
+        if count > 1 and op.id not in seen:
+            found.append(Violation(DOUBLE, op, "applied %d times" % count))
+        seen.add(op.id)
+        if op.outcome == "ok" and not op.copy and count == 0:
+            found.append(Violation(LOST, op, "acknowledged, not on any instance"))
+        if op.outcome == "error" and op.applied is False and not op.copy and count > 0:
+            found.append(Violation(LYING, op, "applied %d time(s)" % count))
+    for op_id in sorted(facts.by_child):
+        found.append(Violation(CHILD, None, "op %d applied over a socket of a forked child"
+                               % op_id))
+    return found

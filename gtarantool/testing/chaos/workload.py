@@ -1,0 +1,715 @@
+"""One seed of the campaign: servers, clients, greenlets, faults, the history.
+
+``Campaign(schedule, slack).run()`` starts the targets the schedule names
+(``conn``: one server behind two Connections, one direct and one through a
+``FaultProxy``; ``pool``: a three-member replica set behind a ConnectionPool;
+``router``: two vshard replica sets behind a Router, 2.11+ only), runs
+greenlets that loop over operations with unique ids, applies the schedule's
+faults (forks included), heals everything, counts on every instance how many
+times each id was applied and returns ``history.check``'s violations.
+
+A write goes through ``chaos_write(id)``, which logs the application in
+``chaos_log`` (its own transaction, with the caller's address) before it
+inserts ``id`` into ``chaos_kv``: a second application stays in the log even
+when the insert fails; or through an upsert of ``chaos_count`` that adds one
+per application.  A read calls ``chaos_echo(id)``.  Replies carry the id.
+"""
+import itertools
+import json
+import os
+import random
+import signal
+import tempfile
+import time
+import traceback
+
+import gevent
+import gevent.event
+import gevent.os
+import tarantool
+from tarantool.connection_pool import Mode
+
+import gtarantool
+from gtarantool.testing.chaos import history as h
+from gtarantool.testing.faults import FaultProxy
+from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import TarantoolServer
+
+USER, PASSWORD = "test", "secret"
+CHILD_BASE = 1 << 40   # a forked child's op ids: (k + 1) * CHILD_BASE + n
+
+SCHEMA = """
+local uuid = require('uuid')
+local function chaos_schema()
+    local log = box.schema.space.create('chaos_log', {if_not_exists = true})
+    log:create_index('pk', {type = 'hash', parts = {1, 'string'}, if_not_exists = true})
+    local kv = box.schema.space.create('chaos_kv', {if_not_exists = true})
+    kv:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
+    local count = box.schema.space.create('chaos_count', {if_not_exists = true})
+    count:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
+end
+if not box.info.ro then box.once('chaos-schema', chaos_schema) end
+function chaos_write(id)
+    -- (its own transaction: a second application stays even when the insert fails)
+    box.space.chaos_log:insert{uuid.str(), id, box.session.peer() or ''}
+    box.space.chaos_kv:insert{id}
+    return id
+end
+function chaos_upsert(id)
+    box.space.chaos_count:upsert({id, 1}, {{'+', 2, 1}})
+    return id
+end
+function chaos_echo(id) return id end
+function chaos_facts()
+    return box.space.chaos_log:select(), box.space.chaos_count:select()
+end
+"""
+USER_LUA = """
+if not box.info.ro then
+    box.once('chaos-user', function()
+        box.schema.user.create(%r, {password = %r, if_not_exists = true})
+        box.schema.user.grant(%r, 'super', nil, nil, {if_not_exists = true})
+    end)
+end
+""" % (USER, PASSWORD, USER)
+
+SWITCH = """
+local want, id, timeout = ...
+local deadline = require('clock').monotonic() + timeout
+while (box.info.vclock[id] or 0) < want do
+    if require('clock').monotonic() > deadline then error('replica did not sync') end
+    require('fiber').sleep(0.01)
+end
+box.cfg{read_only = false}
+"""
+
+
+def blocking(fn, *args):
+    """Run ``fn`` in the hub's thread pool: a server start or an eval over
+    tarantool-python blocks, and a blocked hub would stretch every call's time.
+    Its exception is raised here (the pool would print it as unhandled)."""
+    ok, value = gevent.get_hub().threadpool.apply(_capture, (fn, args))
+    if not ok:
+        raise value
+    return value
+
+
+def _capture(fn, args):
+    try:
+        return True, fn(*args)
+    except Exception as exc:
+        return False, exc
+
+
+def parallel(fn, items):
+    gevent.joinall([gevent.spawn(blocking, fn, item) for item in items], raise_error=True)
+
+
+def _port(peer):
+    try:
+        return int(str(peer).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+class Target:
+    """A set of servers, its clients and the faults it takes."""
+    name = ""
+    greenlets = 8
+    bound = 1.0
+
+    def __init__(self, campaign):
+        self.c = campaign
+        self.rt = campaign.schedule.request_timeout
+
+    def instances(self):
+        """Every server whose data the facts read."""
+        raise NotImplementedError
+
+    def label(self, n):
+        """The client's name in the history."""
+        return self.name
+
+    def eval(self, srv, lua, *args):
+        return self._evaluator(srv, lua, *args)
+
+    def heal(self):
+        for srv in self.instances():
+            if srv.process is not None and srv.process.poll() is None:
+                srv.signal(signal.SIGCONT)
+        parallel(self._ensure_running, self.instances())
+
+    @staticmethod
+    def _ensure_running(srv):
+        if srv.process is None or srv.process.poll() is not None:
+            srv.start()
+
+    def restart(self, srv, sig, down):
+        """Signal ``srv`` (SIGTERM or SIGKILL), wait ``down`` seconds, start it."""
+        if sig == signal.SIGKILL:
+            blocking(srv.kill)
+        else:
+            srv.signal(sig)
+            blocking(srv.process.wait)
+        gevent.sleep(down)
+        blocking(srv.start)
+
+    def freeze(self, srv, seconds):
+        srv.signal(signal.SIGSTOP)
+        try:
+            gevent.sleep(seconds)
+        finally:
+            if os.getpid() == self.c.pid:   # (not from a forked child's copy)
+                srv.signal(signal.SIGCONT)
+
+    def facts(self):
+        """[(log rows, count rows)] from every instance."""
+        return [blocking(self.eval, srv, "return chaos_facts()") for srv in self.instances()]
+
+
+class ConnTarget(Target):
+    """One server; half the greenlets go through a fault proxy."""
+    name = "conn"
+
+    def start(self):
+        self.server = TarantoolServer(USER_LUA + SCHEMA)
+        blocking(self.server.start)
+        self.proxy = FaultProxy(self.server.host, self.server.port)
+        # (the proxied one admits two requests at a time: callers queue for room)
+        self.clients = [self.connect(self.server.port),
+                        self.connect(self.proxy.port, max_in_flight=2)]
+        self.bound = self.rt
+
+    def connect(self, port, **options):
+        return gtarantool.connect("127.0.0.1", port, user=USER, password=PASSWORD,
+                                  request_timeout=self.rt, connection_timeout=self.rt,
+                                  reconnect_max_attempts=3, reconnect_delay=0.1, **options)
+
+    def instances(self):
+        return [self.server]
+
+    def _evaluator(self, srv, lua, *args):
+        conn = tarantool.Connection(srv.host, srv.port, user=USER, password=PASSWORD,
+                                    fetch_schema=False)
+        try:
+            return conn.eval(lua, list(args)).data
+        finally:
+            conn.close()
+
+    def client(self, n):
+        return self.clients[n % 2]
+
+    def label(self, n):
+        return ("conn", "conn-proxied")[n % 2]
+
+    def do(self, client, kind, op_id):
+        if kind == "write_call":
+            return client.call("chaos_write", op_id).data[0]
+        if kind == "write_upsert":
+            client.upsert("chaos_count", (op_id, 1), [("+", 1, 1)])
+            return None
+        return client.call("chaos_echo", op_id).data[0]
+
+    def fault(self, kind, p):
+        srv = self.server
+        if kind in ("sigterm_restart", "sigterm_down"):
+            self.restart(srv, signal.SIGTERM, p["down"])
+        elif kind == "kill9":
+            self.restart(srv, signal.SIGKILL, p["down"])
+        elif kind == "sigstop":
+            self.freeze(srv, p["stopped"])
+        elif kind == "partition":
+            self.proxy.blackhole()
+            gevent.sleep(p["length"])
+            self.proxy.resume()
+        elif kind == "delay":
+            self.proxy.delay = p["delay"]
+            gevent.sleep(p["length"])
+            self.proxy.delay = 0.0
+        elif kind == "reset":
+            self.proxy.reset_all()
+
+    def heal(self):
+        self.proxy.resume()
+        super().heal()
+
+    def close(self):
+        for client in getattr(self, "clients", ()):
+            client.close()
+        if getattr(self, "proxy", None) is not None:
+            self.proxy.close()
+        if getattr(self, "server", None) is not None:
+            blocking(self.server.cleanup)
+
+
+class PoolTarget(Target):
+    """A master and two replicas behind a ConnectionPool."""
+    name = "pool"
+
+    def start(self):
+        self.rs = ReplicaSet(USER_LUA + SCHEMA, replicas=2, user=USER, password=PASSWORD)
+        blocking(self.rs.start)
+        self.master = 0
+        self.wait_timeout = self.rt
+        self.bound = max(self.rt, self.wait_timeout)
+        self.pool = gtarantool.ConnectionPool(
+            self.rs.addrs, user=USER, password=PASSWORD, request_timeout=self.rt,
+            wait_timeout=self.wait_timeout, connection_timeout=self.rt, refresh_delay=0.2,
+            reconnect_max_attempts=3, reconnect_delay=0.1)
+
+    def instances(self):
+        return self.rs.servers
+
+    def _evaluator(self, srv, lua, *args):
+        return self.rs.eval(srv, lua, *args)
+
+    def client(self, n):
+        return self.pool
+
+    def do(self, pool, kind, op_id):
+        if kind == "write_call":
+            return pool.call("chaos_write", op_id, mode=Mode.RW).data[0]
+        if kind == "write_upsert":
+            pool.upsert("chaos_count", (op_id, 1), [("+", 1, 1)])
+            return None
+        return pool.call("chaos_echo", op_id, mode=Mode.ANY).data[0]
+
+    def _restart_member(self, srv, sig, down):
+        self.restart(srv, sig, down)
+        blocking(self.rs.mesh, [srv])
+
+    def fault(self, kind, p):
+        servers = self.rs.servers
+        if kind == "switchover":
+            self.switchover((self.master + p["to"]) % len(servers), p["gap"], p["fork_in_gap"])
+        elif kind == "kill9_master":
+            self._restart_member(servers[self.master], signal.SIGKILL, p["down"])
+        elif kind == "sigterm_restart":
+            self._restart_member(servers[self.c.rng_for(kind).randrange(3)], signal.SIGTERM,
+                                 p["down"])
+        elif kind == "sigstop":
+            self.freeze(servers[self.c.rng_for(kind).randrange(3)], p["stopped"])
+        elif kind == "replicaset_down":
+            parallel(lambda srv: srv.stop(), servers)
+            gevent.sleep(p["down"])
+            order = [servers[self.master]] + [s for s in servers if s is not servers[self.master]]
+            for srv in order:
+                blocking(srv.start)
+            blocking(self.rs.mesh)
+
+    def switchover(self, to, gap, fork_in_gap):
+        """A planned switchover: the master turns read-only, ``gap`` seconds pass
+        (a fork may happen then), the new one applies everything and turns writable."""
+        servers = self.rs.servers
+        old, new = servers[self.master], servers[to]
+        for i, srv in enumerate(servers):
+            srv.cfg["read_only"] = i != to
+        blocking(self.eval, old, "box.cfg{read_only = true}")
+        if fork_in_gap:
+            gevent.sleep(gap / 2)   # (writes refused meanwhile wait for a master)
+            self.c.fork(gap + 1.0, reserved=True)
+            gevent.sleep(gap / 2)
+        else:
+            gevent.sleep(gap)
+        want, old_id = blocking(self.eval, old, "return box.info.vclock[box.info.id] or 0, "
+                                                "box.info.id")
+        blocking(self.eval, new, SWITCH, want, old_id, 10)
+        self.master = to
+
+    def close(self):
+        if getattr(self, "pool", None) is not None:
+            self.pool.close()
+        if getattr(self, "rs", None) is not None:
+            blocking(self.rs.cleanup)
+
+
+class RouterTarget(Target):
+    """Two vshard replica sets of two storages behind a Router."""
+    name = "router"
+    BUCKETS = 60
+
+    def start(self):
+        from gtarantool.testing.cluster import ShardedCluster
+        self.cluster = ShardedCluster(shards=2, replicas=1, bucket_count=self.BUCKETS,
+                                      storage_lua=SCHEMA)
+        blocking(self.cluster.start)
+        self.bound = self.rt
+        self.router = gtarantool.Router(self.cluster.cfg, timeout=self.rt,
+                                        request_timeout=self.rt, connection_timeout=self.rt,
+                                        refresh_delay=0.2)
+
+    def instances(self):
+        return self.cluster.servers
+
+    def _evaluator(self, srv, lua, *args):
+        return self.cluster.eval(srv, lua, *args)
+
+    def client(self, n):
+        return self.router
+
+    def do(self, router, kind, op_id):
+        bucket = op_id % self.BUCKETS + 1
+        if kind == "write_call":
+            return router.callrw(bucket, "chaos_write", [op_id])
+        if kind == "write_upsert":
+            return router.callrw(bucket, "chaos_upsert", [op_id])
+        return router.callro(bucket, "chaos_echo", [op_id])
+
+    def fault(self, kind, p):
+        rng = self.c.rng_for(kind)
+        if kind == "bucket_move":
+            source = self.cluster.shards[p["shard"]]
+            dest = self.cluster.shards[1 - p["shard"]]
+            owned = sorted(b for b, rs in blocking(self.cluster.buckets).items()
+                           if rs == source.uuid)
+            for bucket in rng.sample(owned, min(p["buckets"], len(owned))):
+                try:
+                    blocking(self.cluster.bucket_send, bucket, dest.uuid, 5)
+                except Exception as exc:   # (a storage down meanwhile: the move is the fault)
+                    self.c.note("bucket %d not moved: %s" % (bucket, str(exc)[:100]))
+        elif kind == "switch_master":
+            shard = self.cluster.shards[p["shard"]]
+            master = blocking(lambda: shard.master)
+            if master is not None:
+                to = 1 - shard.servers.index(master)
+                blocking(shard.switch_master, to)
+        elif kind == "replicaset_down":
+            shard = self.cluster.shards[rng.randrange(2)]
+            parallel(lambda srv: srv.stop(), shard.servers)
+            gevent.sleep(p["down"])
+            parallel(lambda srv: srv.start(), shard.servers)
+            blocking(shard.mesh)
+        elif kind == "kill9":
+            shard = self.cluster.shards[rng.randrange(2)]
+            srv = shard.servers[rng.randrange(2)]
+            self.restart(srv, signal.SIGKILL, p["down"])
+            blocking(shard.mesh)
+
+    def heal(self):
+        super().heal()
+        for shard in self.cluster.shards:
+            blocking(shard.mesh)
+
+    def close(self):
+        if getattr(self, "router", None) is not None:
+            self.router.close()
+        if getattr(self, "cluster", None) is not None:
+            blocking(self.cluster.cleanup)
+
+
+TARGETS = {"conn": ConnTarget, "pool": PoolTarget, "router": RouterTarget}
+KINDS = ("write_call", "write_upsert", "read_call")
+
+
+class Campaign:
+    """One seed: ``run()`` returns (history, facts, violations)."""
+
+    def __init__(self, schedule, slack=1.0, log=print):
+        self.schedule = schedule
+        self.slack = slack
+        self.log = log
+        self.history = h.History()
+        self.stop = gevent.event.Event()
+        self.ids = itertools.count(1)
+        self.pid = os.getpid()
+        self.cancel_share = 0.0
+        self.children = []        # (pid, report path)
+        self.injectors = []
+        self.notes = []
+        self._rngs = {}
+        self.t0 = None
+
+    def rng_for(self, kind):
+        """A seeded generator per fault kind, so a replay picks the same members."""
+        if kind not in self._rngs:
+            self._rngs[kind] = random.Random("%d-%s" % (self.schedule.seed, kind))
+        return self._rngs[kind]
+
+    def note(self, text):
+        self.notes.append(text)
+
+    # -- workload ------------------------------------------------------------------------
+
+    def worker(self, target, n):
+        me = os.getpid()
+        rng = random.Random("%d-%s-%d" % (self.schedule.seed, target.name, n))
+        client = target.client(n)
+        while not self.stop.is_set() and os.getpid() == me:
+            kind = rng.choice(KINDS)
+            op = self.history.begin(h.Op(next(self.ids), target.label(n), kind,
+                                         time.monotonic(), target.bound))
+            self.call(target, client, op, rng)
+            if os.getpid() != me:
+                return   # (the copy of this greenlet in a forked child stops here)
+            gevent.sleep(rng.uniform(0, 0.01))
+
+    def call(self, target, client, op, rng):
+        """Make ``op``'s call and record how it ended.  A call killed (its
+        greenlet stopped from outside) keeps ``end`` None: it never returned."""
+        cancel = rng.uniform(0.05, op.bound) if rng.random() < self.cancel_share else None
+        timer = gevent.Timeout(cancel) if cancel else None
+        try:
+            if timer is not None:
+                timer.start()
+                op.bound = min(op.bound, cancel)
+            op.reply = target.do(client, op.kind, op.id)
+            op.outcome = "ok"
+        except gevent.Timeout as exc:
+            if exc is timer:
+                op.outcome, op.error = "cancelled", "gevent.Timeout"
+            else:   # (no other timer wraps the call: one of the library's escaped)
+                self._failed(op, exc)
+        except Exception as exc:
+            self._failed(op, exc)
+        finally:
+            if op.outcome != "pending":
+                op.end = time.monotonic()
+            if timer is not None:
+                timer.close()
+
+    @staticmethod
+    def _failed(op, exc):
+        op.outcome, op.error = "error", type(exc).__name__
+        op.applied = getattr(exc, "applied", None)
+        op.library_error = isinstance(exc, tarantool.error.Error)
+        op.detail = str(exc)[:160]
+
+    # -- forks ---------------------------------------------------------------------------
+
+    def fork(self, life, reserved=False):
+        """Fork now (calls are in flight); the child keeps its hub running for
+        ``life`` seconds with a workload of its own, then reports and exits.
+        The schedule's own forks stop at one child; a fork in a switchover's gap
+        (``reserved``) may add a second."""
+        if os.getpid() != self.pid or len(self.children) >= (2 if reserved else 1):
+            return
+        index = len(self.children) + 1
+        fd, path = tempfile.mkstemp(prefix="gtarantool-chaos-child-")
+        os.close(fd)
+        inflight = [op for op in self.history.ops if op.end is None]
+        parent_ports = _local_ports()
+        pid = gevent.fork()
+        if pid:
+            self.children.append((pid, path))
+            return
+        report = {"ops": [], "ports": [], "stalls": [], "error": None}
+        try:
+            self.child(index, life, inflight, parent_ports, report)
+        except BaseException:
+            report["error"] = traceback.format_exc()
+        finally:
+            try:
+                with open(path, "w") as f:
+                    json.dump(report, f)
+            finally:
+                os._exit(0)
+
+    def child(self, index, life, inflight, parent_ports, report):
+        tag = "child-%d" % index
+        ids = itertools.count(index * CHILD_BASE)
+        ops, ports = [], set()
+
+        def child_worker(target, client, n):
+            rng = random.Random(index * 1000 + n)
+            while not self.stop.is_set():
+                op = h.Op(next(ids), target.label(n), rng.choice(KINDS), time.monotonic(),
+                          target.bound, proc=tag)
+                ops.append(op)
+                self.call(target, client, op, rng)
+                gevent.sleep(rng.uniform(0, 0.01))
+
+        # The parent's fault injectors must not go on here: copies of them would
+        # restart the parent's servers a second time.
+        gevent.killall([g for g in self.injectors + [self.meter.greenlet]
+                        if g is not gevent.getcurrent()], block=False)
+        meter = StallMeter()
+        # (the copied Event: the child's own; setting it stops the copies' loops too)
+        self.stop = gevent.event.Event()
+        # The child's own calls go through the clients it inherited (their first
+        # use here opens the child's own sockets), and one opened here.
+        clients = [(t, t.client(n), n) for t in self.targets.values() for n in range(2)]
+        conn_target = self.targets.get("conn")
+        fresh = None
+        if conn_target is not None:
+            # (not connected yet: the server may be down; the first call connects)
+            fresh = conn_target.connect(conn_target.server.port, connect_now=False)
+            clients.append((conn_target, fresh, 2))
+        own = [gevent.spawn(child_worker, *args) for args in clients]
+        deadline = time.monotonic() + life
+        while time.monotonic() < deadline:
+            ports.update(_local_ports())
+            gevent.sleep(0.02)
+        self.stop.set()
+        limit = time.monotonic() + max(t.bound for t in self.targets.values()) + self.slack
+        while time.monotonic() < limit and any(op.end is None for op in inflight):
+            ports.update(_local_ports())
+            gevent.sleep(0.02)
+        gevent.joinall(own, timeout=max(0.0, limit - time.monotonic()))
+        gevent.killall(own, timeout=1)
+        if fresh is not None:
+            fresh.close()
+        for op in inflight:
+            op.copy, op.proc = True, tag
+        report["ops"] = [h.asdict(op) for op in ops + inflight]
+        report["ports"] = sorted(ports - parent_ports)
+        report["stalls"] = meter.stop()
+
+    def reap(self):
+        """Wait for the children: their ops, the local ports they used and
+        their hubs' stalls by child."""
+        ops, ports, stalls = [], set(), {}
+        for pid, path in self.children:
+            try:
+                with gevent.Timeout(30):
+                    gevent.os.waitpid(pid, 0)
+            except gevent.Timeout:
+                os.kill(pid, signal.SIGKILL)
+                gevent.os.waitpid(pid, 0)
+            try:
+                with open(path) as f:
+                    report = json.load(f)
+            except (OSError, ValueError):
+                report = {"ops": [], "ports": [], "stalls": [],
+                          "error": "the child left no report"}
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+            if report.get("error"):
+                self.note("child %d failed: %s" % (pid, report["error"]))
+            ops.extend(h.Op(**fields) for fields in report["ops"])
+            ports.update(report["ports"])
+            stalls["child-%d" % (len(stalls) + 1)] = [tuple(s) for s in report["stalls"]]
+        return ops, ports, stalls
+
+    # -- faults --------------------------------------------------------------------------
+
+    def injector(self, target_name, faults):
+        target = self.targets.get(target_name)
+        for fault in faults:
+            gevent.sleep(max(0.0, self.t0 + fault.at - time.monotonic()))
+            if os.getpid() != self.pid:
+                return
+            self.note("ran at %5.2fs: %s" % (time.monotonic() - self.t0, fault))
+            try:
+                if target_name == "process":
+                    self.process_fault(fault)
+                else:
+                    target.fault(fault.kind, fault.params)
+            except Exception as exc:
+                if os.getpid() != self.pid:
+                    return
+                self.note("fault %s failed: %s" % (fault, exc))
+
+    def process_fault(self, fault):
+        p = fault.params
+        if fault.kind == "fork":
+            self.fork(p["life"])
+        elif fault.kind == "timeouts":
+            self.cancel_share = p["share"]
+            gevent.sleep(p["length"])
+            self.cancel_share = 0.0
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self):
+        s = self.schedule
+        self.targets = {}
+        try:
+            for name in s.targets:
+                if name in TARGETS:
+                    self.targets[name] = TARGETS[name](self)
+            gevent.joinall([gevent.spawn(t.start) for t in self.targets.values()],
+                           raise_error=True)
+            self.t0 = time.monotonic()
+            self.meter = StallMeter()
+            workers = [gevent.spawn(self.worker, t, n)
+                       for t in self.targets.values() for n in range(t.greenlets)]
+            self.injectors = [gevent.spawn(self.injector, name,
+                                           [f for f in s.faults if f.target == name])
+                              for name in s.targets]
+            injectors = self.injectors
+            gevent.sleep(s.duration)
+            while os.getpid() != self.pid:
+                # (this greenlet's copy in a forked child: the child reports and exits
+                # from the greenlet that forked; it must not heal or stop the servers)
+                gevent.sleep(3600)
+            self.stop.set()
+            gevent.joinall(injectors)
+            for t in self.targets.values():
+                t.heal()
+            limit = max(t.bound for t in self.targets.values()) + self.slack
+            gevent.joinall(workers, timeout=limit)
+            hung = [w for w in workers if not w.dead]
+            child_ops, child_ports, stalls = self.reap()
+            self.history.extend(child_ops)
+            facts = self.facts(child_ports)
+            facts.stalls = dict(stalls, parent=self.meter.stop())
+            gevent.killall(hung, timeout=5)
+            return self.history, facts, h.check(self.history, facts, self.slack)
+        finally:
+            if getattr(self, "meter", None) is not None:
+                self.meter.stop()
+            for t in self.targets.values():
+                try:
+                    t.close()
+                except Exception as exc:
+                    self.note("closing %s: %s" % (t.name, exc))
+
+    def facts(self, child_ports):
+        return tally([rows for t in self.targets.values() for rows in t.facts()], child_ports)
+
+
+def tally(replies, child_ports=()):
+    """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows), one per
+    instance: a log row counts once however many instances hold its copy, and
+    a counter counts as its largest value on any instance.
+
+    :param replies: [(log rows, count rows)], one pair per instance.
+    :param child_ports: local ports forked children connected from.
+    :returns: a ``history.Facts``.
+    """
+    facts = h.Facts()
+    logs, counts = {}, {}
+    for log_rows, count_rows in replies:
+        for key, op_id, peer in log_rows:
+            logs[key] = (op_id, peer)
+        for op_id, count in count_rows:
+            counts[op_id] = max(count, counts.get(op_id, 0))
+    for op_id, peer in logs.values():
+        facts.applications[op_id] = facts.applications.get(op_id, 0) + 1
+        if op_id < CHILD_BASE and _port(peer) in child_ports:
+            facts.by_child.add(op_id)
+    for op_id, count in counts.items():
+        facts.applications[op_id] = facts.applications.get(op_id, 0) + count
+    return facts
+
+
+class StallMeter:
+    """Records when this process's hub ran no greenlet for over ``threshold``
+    seconds (a blocking call, a busy host): ``stalls`` is [(start, end)]."""
+
+    def __init__(self, threshold=0.1, tick=0.01):
+        self.threshold, self.tick = threshold, tick
+        self.stalls = []
+        self.greenlet = gevent.spawn(self._run)
+
+    def _run(self):
+        last = time.monotonic()
+        while True:
+            gevent.sleep(self.tick)
+            now = time.monotonic()
+            if now - last > self.threshold + self.tick:
+                self.stalls.append((last + self.tick, now))
+            last = now
+
+    def stop(self):
+        self.greenlet.kill(block=False)
+        return self.stalls
+
+
+def _local_ports():
+    """The local ports of this process's TCP connections."""
+    import psutil
+    proc = psutil.Process()
+    listing = getattr(proc, "net_connections", None) or proc.connections
+    return {c.laddr.port for c in listing(kind="tcp") if c.raddr}

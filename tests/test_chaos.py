@@ -1,0 +1,182 @@
+"""The fault campaign's checker (gtarantool.testing.chaos): each promise it
+checks is broken once in a synthetic history and must be flagged; a clean
+history must pass.  Then the server side (a second application of an id is
+counted even when its insert fails) and one short live run, whose report
+names the seed to replay."""
+import gevent
+import pytest
+
+from gtarantool.testing.chaos import history as h
+from gtarantool.testing.chaos.__main__ import main
+from gtarantool.testing.chaos.schedule import Schedule
+from gtarantool.testing.chaos.workload import SCHEMA, USER_LUA, ConnTarget, tally
+from gtarantool.testing.server import TarantoolServer
+
+SLACK = 0.5
+
+
+def op(op_id, kind="write_call", outcome="ok", start=10.0, took=0.1, bound=1.0, **fields):
+    reply = op_id if outcome == "ok" and kind != "write_upsert" else None
+    fields.setdefault("reply", reply)
+    return h.Op(op_id, "conn", kind, start, bound, end=start + took, outcome=outcome, **fields)
+
+
+def clean():
+    """Acknowledged writes applied once, an unacknowledged one applied once, a
+    refused one not applied, a read, a cancelled call within its own timer."""
+    ops = [op(1), op(2, kind="write_upsert"), op(3, outcome="error", error="RequestTimeout"),
+           op(4, outcome="error", error="DatabaseError", applied=False),
+           op(5, kind="read_call"),
+           op(6, outcome="cancelled", error="gevent.Timeout", bound=0.2, took=0.2)]
+    return h.History(ops), h.Facts({1: 1, 2: 1, 3: 1})
+
+
+def promises(history, facts):
+    return [v.promise for v in h.check(history, facts, SLACK)]
+
+
+def test_a_clean_history_breaks_no_promise():
+    assert promises(*clean()) == []
+
+
+def test_an_id_applied_twice_is_flagged():
+    history, facts = clean()
+    facts.applications[2] = 2
+    assert promises(history, facts) == [h.DOUBLE]
+
+
+def test_an_acknowledged_write_missing_everywhere_is_flagged():
+    history, facts = clean()
+    del facts.applications[1]
+    assert promises(history, facts) == [h.LOST]
+
+
+def test_an_error_that_says_not_applied_when_it_was_is_flagged():
+    history, facts = clean()
+    facts.applications[4] = 1
+    assert promises(history, facts) == [h.LYING]
+
+
+def test_an_error_that_may_have_been_applied_is_no_lie_either_way():
+    history, facts = clean()
+    del facts.applications[3]
+    assert promises(history, facts) == []
+
+
+def test_a_call_longer_than_its_timeout_and_the_slack_is_flagged():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", took=1.0 + SLACK + 0.01))
+    history.ops.append(op(8, kind="read_call", took=1.0 + SLACK - 0.01))
+    assert promises(history, facts) == [h.OVERLONG]
+
+
+def test_time_its_process_stalled_does_not_count_against_a_call():
+    """A busy host stops the whole process: a call is held to its bound for
+    the time its hub ran, and still flagged when that is too long."""
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", start=10.0, took=2.0))
+    facts.stalls["parent"] = [(9.0, 10.5), (11.5, 11.7), (13.0, 14.0)]
+    assert promises(history, facts) == []
+    history.ops.append(op(8, kind="read_call", start=10.0, took=2.5))
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.OVERLONG and violation.op.id == 8
+    assert "0.70s more while its process's hub stalled" in violation.detail
+
+
+def test_a_cancelled_call_is_bounded_by_the_callers_own_timer():
+    history, facts = clean()
+    history.ops.append(op(7, outcome="cancelled", error="gevent.Timeout", bound=0.2, took=0.9))
+    assert promises(history, facts) == [h.OVERLONG]
+
+
+def test_a_reply_carrying_another_calls_id_is_flagged():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", reply=5))
+    assert promises(history, facts) == [h.FOREIGN]
+
+
+def test_a_call_that_never_returned_is_flagged():
+    history, facts = clean()
+    history.ops.append(h.Op(7, "pool", "read_call", 10.0, 1.0))
+    assert promises(history, facts) == [h.HUNG]
+
+
+def test_a_parents_call_completed_in_a_forked_child_is_flagged():
+    history, facts = clean()
+    history.ops.append(op(1, proc="child-1", copy=True))
+    assert promises(history, facts) == [h.CHILD]
+    history, facts = clean()
+    facts.by_child.add(3)
+    assert promises(history, facts) == [h.CHILD]
+
+
+def test_a_copy_refused_in_the_child_is_no_lie_when_the_parent_applied_it():
+    history, facts = clean()
+    history.ops.append(op(1, outcome="error", error="ConnectionClosed", applied=False,
+                          proc="child-1", copy=True))
+    assert promises(history, facts) == []
+
+
+def test_an_error_outside_the_librarys_classes_is_flagged():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", outcome="error", error="RuntimeError",
+                          library_error=False))
+    assert promises(history, facts) == [h.STRAY]
+
+
+def test_a_protocol_error_is_flagged_as_the_servers_send_valid_frames():
+    history, facts = clean()
+    history.ops.append(op(7, kind="read_call", outcome="error", error="ProtocolError"))
+    assert promises(history, facts) == [h.GARBLED]
+
+
+def test_a_history_survives_its_json_form():
+    history, facts = clean()
+    again = h.History.loads(history.dumps())
+    assert again.ops == history.ops
+
+
+def test_replicated_rows_count_once_and_counters_as_their_largest_value():
+    log = [("a", 1, "127.0.0.1:5000"), ("b", 1, "127.0.0.1:5001"), ("c", 2, "127.0.0.1:6000")]
+    facts = tally([(log, [(9, 1)]), (log[:2], [(9, 2)])], child_ports={6000})
+    assert facts.applications == {1: 2, 2: 1, 9: 2}
+    assert facts.by_child == {2}
+
+
+def test_the_same_seed_draws_the_same_schedule():
+    first = Schedule(11, 8.0, ["conn", "pool", "router"])
+    assert str(first) == str(Schedule(11, 8.0, ["conn", "pool", "router"]))
+    assert str(first) != str(Schedule(12, 8.0, ["conn", "pool", "router"]))
+    forks = [f for f in Schedule(5, 100.0, ["conn"]).faults if f.kind == "fork"]
+    assert len(forks) <= 1
+    assert all(f.at <= 8.0 * 0.75 for f in first.faults)
+
+
+def test_a_second_application_is_counted_even_when_its_insert_fails():
+    with TarantoolServer(USER_LUA + SCHEMA) as server:
+        target = ConnTarget.__new__(ConnTarget)
+        target.rt = 1.0
+        conn = target.connect(server.port)
+        try:
+            assert conn.call("chaos_write", 5).data == [5]
+            with pytest.raises(Exception, match="Duplicate key"):
+                conn.call("chaos_write", 5)
+            conn.upsert("chaos_count", (6, 1), [("+", 1, 1)])
+            conn.upsert("chaos_count", (6, 1), [("+", 1, 1)])
+            facts = tally([tuple(conn.eval("return chaos_facts()").data)])
+        finally:
+            conn.close()
+    assert facts.applications == {5: 2, 6: 2}
+    history = h.History([op(5), op(6, kind="write_upsert")])
+    assert promises(history, facts) == [h.DOUBLE, h.DOUBLE]
+
+
+def test_a_live_run_records_a_history_and_names_its_seed_when_it_fails(capsys):
+    """A slack of minus a minute makes every call overlong: the run must fail
+    and say how to replay it."""
+    assert main(["--seed", "3", "--duration", "1.5", "--targets", "conn",
+                 "--slack", "-60"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION %s" % h.OVERLONG in out
+    assert "replay: make chaos SEED=3 DURATION=1.5" in out
+    assert gevent.getcurrent().dead is False
