@@ -128,6 +128,9 @@ class _Destination:
     def pipeline(self, key: Any) -> Any:
         return self.target.pipeline()
 
+    def ping(self, key: Any) -> None:
+        self.target.ping()
+
     def any_pipeline(self) -> Any:
         return self.target.pipeline()
 
@@ -136,6 +139,10 @@ class _Destination:
 
 
 class _PoolDestination(_Destination):
+    def ping(self, key: Any) -> None:
+        from gtarantool.pool import RW
+        self.target.ping(mode=RW)
+
     def readers(self) -> List[Callable[[], Any]]:
         from gtarantool.pool import PREFER_RO
         return [lambda: self.target.pipeline(PREFER_RO)]
@@ -148,6 +155,10 @@ class _RouterDestination(_Destination):
 
     def pipeline(self, key: Any) -> Any:
         return key.pool.pipeline()
+
+    def ping(self, key: Any) -> None:
+        from gtarantool.pool import RW
+        key.pool.ping(mode=RW)
 
     def any_pipeline(self) -> Any:
         return next(iter(self.target.replicasets.values())).pool.pipeline()
@@ -205,8 +216,11 @@ class _Copy:
         self.in_flight_rows = 0
         self.pending = {}          # key -> ([indices], [rows]) not sent yet
         self.report = CopyReport()
-        self.first = first
+        self.first = self.next_index = first
         self.rejected = {}         # index -> Rejected, in row order at the end
+        # A connection failed: before the next batch, a ping proves the
+        # destination takes requests, so that rows are not sent into a dead socket.
+        self.suspect = False
         if mode == "upsert":
             pk = set(info.pk)
             rest = [i for i in range(len(info.fields)) if i not in pk]
@@ -223,9 +237,12 @@ class _Copy:
             self.put = put
 
     def reject(self, index, row, reason, applied, error=None):
+        if index >= self.next_index:
+            self.next_index = index + 1
         self.rejected[index] = Rejected(index, row, reason, applied, error)
 
     def add(self, key, index, row):
+        self.next_index = index + 1
         pending = self.pending.get(key)
         if pending is None:
             pending = self.pending[key] = ([], [])
@@ -233,11 +250,14 @@ class _Copy:
         pending[1].append(row)
         if len(pending[0]) >= self.batch:
             del self.pending[key]
-            self.send(key, *pending)
+            self.send_or_retry(key, *pending)
             while self.in_flight_rows > self.max_in_flight:
                 self.settle(self.inflight.popleft())
 
     def send(self, key, indices, rows):
+        if self.suspect:
+            self.dest.ping(key)
+            self.suspect = False
         p = self.dest.pipeline(key)
         put, unsent = self.put, []
         placed_i, placed_r = [], []
@@ -256,6 +276,13 @@ class _Copy:
         self.in_flight_rows += len(placed_i)
         return batch
 
+    def send_or_retry(self, key, indices, rows):
+        try:
+            self.send(key, indices, rows)
+        except (NetworkError, DatabaseError) as exc:   # the ping failed: nothing sent
+            self.suspect = True
+            self.resend(key, indices, rows, exc, None)
+
     def settle(self, batch, deadline=None):
         self.in_flight_rows -= len(batch.indices)
         results = batch.pipeline.results()
@@ -266,6 +293,8 @@ class _Copy:
                 written += 1
                 continue
             applied = _applied(reply, batch.unsent)
+            if isinstance(reply, NetworkError):
+                self.suspect = True
             if _transient(reply, applied):
                 again_i.append(index)
                 again_r.append(row)
@@ -285,11 +314,12 @@ class _Copy:
             self.inflight.appendleft(_Batch(key, None, indices, rows, ()))
             raise CopyError("copy stopped: the server refused or could not take rows "
                             "for %ss: %s" % (self.retry_timeout, _reason(last)),
-                            self.finish()) from last
+                            self._stopped()) from last
         gevent.sleep(0.05)
         try:
             batch = self.send(key, indices, rows)
-        except NetworkError as exc:   # no pipeline: nothing sent
+        except (NetworkError, DatabaseError) as exc:   # no pipeline, or the ping failed
+            self.suspect = True
             return self.resend(key, indices, rows, exc, deadline)
         self.inflight.pop()
         self.settle(batch, deadline)
@@ -297,17 +327,24 @@ class _Copy:
     def drain(self):
         for key, (indices, rows) in list(self.pending.items()):
             del self.pending[key]
-            self.send(key, indices, rows)
+            self.send_or_retry(key, indices, rows)
         while self.inflight:
             self.settle(self.inflight[0])
             self.inflight.popleft()
+
+    def _stopped(self):
+        report = self.finish()
+        report.rows = self.next_index - self.first
+        return report
 
     def finish(self):
         report = self.report
         report.rejected = [self.rejected[i] for i in sorted(self.rejected)]
         unsettled = [b.indices[0] for b in self.inflight if b.indices]
+        # a row that may have been written is not known written: a resume sends it again
+        unsettled += [r.index for r in report.rejected if r.applied is None][:1]
         unsettled += [indices[0] for indices, _ in self.pending.values() if indices]
-        end = self.first + report.rows
+        end = self.next_index
         report.settled = (min(unsettled) if unsettled else end) - self.first
         return report
 
@@ -370,7 +407,6 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     plan = _bucket_plan(dest, info, bucket_id, bucket_field)
     run = _Copy(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
     names = [f.name for f in info.fields]
-    index = first - 1
     try:
         for index, row in enumerate(rows, first):
             kind = type(row)
@@ -394,14 +430,15 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
                     run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
                     continue
             run.add(key, index, row)
-        run.report.rows = index + 1 - first
         run.drain()
-    except CopyError:
+    except CopyError as exc:
+        exc.report.elapsed = time.perf_counter() - started
+        exc.report.cpu = time.process_time() - cpu
         raise
     except NetworkError as exc:
-        run.report.rows = index + 1 - first
-        raise CopyError("copy stopped: %s" % _reason(exc), run.finish()) from exc
+        raise CopyError("copy stopped: %s" % _reason(exc), run._stopped()) from exc
     report = run.finish()
+    report.rows = run.next_index - first
     report.elapsed = time.perf_counter() - started
     report.cpu = time.process_time() - cpu
     return report
