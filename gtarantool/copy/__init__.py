@@ -19,10 +19,12 @@ The command line (``python -m gtarantool.copy``) is in :mod:`gtarantool.copy.cli
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import gevent
+from tarantool.connection_pool import Mode
 from tarantool.error import DatabaseError, NetworkError
 
 from gtarantool.copy.formats import Field
@@ -140,12 +142,10 @@ class _Destination:
 
 class _PoolDestination(_Destination):
     def ping(self, key: Any) -> None:
-        from gtarantool.pool import RW
-        self.target.ping(mode=RW)
+        self.target.ping(mode=Mode.RW)
 
     def readers(self) -> List[Callable[[], Any]]:
-        from gtarantool.pool import PREFER_RO
-        return [lambda: self.target.pipeline(PREFER_RO)]
+        return [lambda: self.target.pipeline(Mode.PREFER_RO)]
 
 
 class _RouterDestination(_Destination):
@@ -157,15 +157,13 @@ class _RouterDestination(_Destination):
         return key.pool.pipeline()
 
     def ping(self, key: Any) -> None:
-        from gtarantool.pool import RW
-        key.pool.ping(mode=RW)
+        key.pool.ping(mode=Mode.RW)
 
     def any_pipeline(self) -> Any:
         return next(iter(self.target.replicasets.values())).pool.pipeline()
 
     def readers(self) -> List[Callable[[], Any]]:
-        from gtarantool.pool import PREFER_RO
-        return [lambda rs=rs: rs.pool.pipeline(PREFER_RO)
+        return [functools.partial(rs.pool.pipeline, Mode.PREFER_RO)
                 for rs in self.target.replicasets.values()]
 
 
@@ -174,8 +172,8 @@ def _applied(exc: BaseException, unsent: Sequence[BaseException]) -> Optional[bo
     for e in unsent:
         if exc is e:
             return False
-    applied = getattr(exc, "applied", ())
-    if applied != ():
+    if hasattr(exc, "applied"):
+        applied: Optional[bool] = getattr(exc, "applied")
         return applied
     if isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError):
         return False   # a box error in a DML's reply: the server refused it
@@ -342,7 +340,7 @@ class _Copy:
         report.rejected = [self.rejected[i] for i in sorted(self.rejected)]
         unsettled = [b.indices[0] for b in self.inflight if b.indices]
         # a row that may have been written is not known written: a resume sends it again
-        unsettled += [r.index for r in report.rejected if r.applied is None][:1]
+        unsettled += [r.position for r in report.rejected if r.applied is None][:1]
         unsettled += [indices[0] for indices, _ in self.pending.values() if indices]
         end = self.next_index
         report.settled = (min(unsettled) if unsettled else end) - self.first
@@ -389,7 +387,7 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
         the field named ``bucket_id``).
     :param retry_timeout: seconds to keep sending rows proven not applied (a
         read-only or loading master, a connection being re-established).
-    :param first: the index the first row is counted as (in ``Rejected.index``).
+    :param first: the index the first row is counted as (in ``Rejected.position``).
     :param info: the space's :class:`SpaceInfo`, when the caller read it already.
     :returns: a :class:`CopyReport`.
     :raises ValueError: an unknown mode, space or field, or bucket options
@@ -470,9 +468,10 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     """Every tuple of ``space`` (or of an index range), read in pages.
 
     Pages continue after the last tuple read: by position (``after``) on
-    Tarantool 2.11+, by the index's key on older servers (GE/LE from
-    the last key read, skipping the tuples of that key read already).  A Router target is read replica set after
-    replica set; a ConnectionPool from a replica when there is one.
+    Tarantool 2.11+, by the index's key on older servers (GE/LE from the
+    last key read, skipping the tuples of that key read already).  A Router
+    target is read replica set after replica set; a ConnectionPool from a
+    replica when there is one.
 
     :param target: a Connection, ConnectionPool or Router.
     :param space: the space's name or id.

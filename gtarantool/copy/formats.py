@@ -57,9 +57,23 @@ _DATETIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:\
                        r"\s*(Z|[+-]\d\d:?\d\d)?$")
 
 
+def _int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("not an integer") from None
+
+
+def _float(text):
+    try:
+        return _finite(float(text))
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
 def _unsigned(v):
     if type(v) is not int:
-        v = int(v) if type(v) is str else _no(v, "an unsigned integer")
+        v = _int(v) if type(v) is str else _no(v, "an unsigned integer")
     if v < 0:
         raise ValueError("a negative number")
     return v
@@ -68,7 +82,7 @@ def _unsigned(v):
 def _integer(v):
     if type(v) is int:
         return v
-    return int(v) if type(v) is str else _no(v, "an integer")
+    return _int(v) if type(v) is str else _no(v, "an integer")
 
 
 def _number(v):
@@ -79,13 +93,13 @@ def _number(v):
     try:
         return int(v)
     except ValueError:
-        return _finite(float(v))
+        return _float(v)
 
 
 def _double(v):
     if type(v) is int or type(v) is float:
         return float(v)
-    return _finite(float(v)) if type(v) is str else _no(v, "a double")
+    return _float(v) if type(v) is str else _no(v, "a double")
 
 
 def _finite(f):
@@ -127,7 +141,12 @@ def _decimal(v):
 
 
 def _uuid(v):
-    return uuid.UUID(v) if type(v) is str else _no(v, "a UUID")
+    if type(v) is not str:
+        return _no(v, "a UUID")
+    try:
+        return uuid.UUID(v)
+    except ValueError:
+        raise ValueError("not a UUID") from None
 
 
 def _datetime(v):

@@ -16,13 +16,13 @@ __all__ = ["CopyError", "CopyReport", "Rejected"]
 
 
 class Rejected(NamedTuple):
-    """One row not written: ``index`` (0-based, counted as the rows were given),
+    """One row not written: ``position`` (0-based, counted as the rows were given),
     ``row`` (as given), ``reason`` (text), ``applied`` (False: proven not
     written; None: it may have been written, e.g. its connection broke after
     it was sent), ``error`` (the exception, or None for a row that could not
     be converted)."""
 
-    index: int
+    position: int
     row: Any
     reason: str
     applied: Optional[bool]
