@@ -246,8 +246,8 @@ def _cli(*argv):
                             env=dict(os.environ, TARANTOOL_PASSWORD=PASSWORD))
 
 
-def _resume_point(out):
-    assert "--skip-rows" in out, out
+def _resume_point(out, err=""):
+    assert "--skip-rows" in out, (out, err)
     return int(out.rsplit("--skip-rows ", 1)[1].split()[0])
 
 
@@ -263,14 +263,18 @@ def test_an_interrupted_import_resumes_with_skip_rows(fresh_server, tmp_path, ho
     args = ["--space", "copy_kv", "--host", srv.host, "--port", srv.port, "--user", USER,
             "--mode", "replace", "--procs", 1, "--chunk", 500, "--errors", tmp_path / "err.csv"]
     proc = _cli("from", src, "--rate", 8000, "--retry-timeout", 1, *args)
-    time.sleep(1.5)
+    watch = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD)
+    while watch.eval("return box.space.copy_kv:count()").data[0] < 2000:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    watch.close()
     if how == "kill":
         srv.kill()
     else:
         srv.stop()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, (out, err)     # the server stayed away past --retry-timeout
-    resume = _resume_point(out)
+    resume = _resume_point(out, err)
     assert 0 < resume < total
     srv.start()
     proc = _cli("from", src, "--skip-rows", resume, *args)

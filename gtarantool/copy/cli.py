@@ -403,8 +403,10 @@ def copy_from_file(args: argparse.Namespace) -> int:
     try:
         workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(args.procs, spec,
                                                                            options)
-    except Exception as exc:  # noqa: BLE001 - a fatal error, said once
-        print("gtarantool-copy: cannot start: %s" % (exc,), file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
+        _summary(args, {"rows": 0, "written": 0}, _Errors(None, None),
+                 time.monotonic() - started, args.skip_rows,
+                 ["cannot start: %s: %s" % (type(exc).__name__, exc)])
         return EXIT_FATAL
     errors = _Errors(args.errors, header)
     progress = Progress(sys.stderr, total, args.progress_interval)
