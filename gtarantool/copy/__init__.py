@@ -196,11 +196,12 @@ def _transient(exc: BaseException, applied: Optional[bool]) -> bool:
 
 
 class _Batch:
-    __slots__ = ("key", "pipeline", "indices", "rows", "unsent")
+    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "later")
 
     def __init__(self, key, pipeline, indices, rows, unsent):
         self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
         self.unsent = unsent
+        self.later = None     # (indices, rows) of the batch not queued: sent again
 
 
 class _Copy:
@@ -259,19 +260,30 @@ class _Copy:
         p = self.dest.pipeline(key)
         put, unsent = self.put, []
         placed_i, placed_r = [], []
-        for index, row in zip(indices, rows):
+        later = 0
+        for k, row in enumerate(rows):
             try:
                 put(p, row)
-            except NetworkError as exc:   # the batch this row closed was not handed over
+            except NetworkError as exc:
+                # The batch this row closed was not handed over: the rest
+                # wait for the connection instead of each trying it.
                 unsent.append(exc)
+                self.suspect = True
+                later = k + 1
             except (TypeError, ValueError, OverflowError) as exc:   # not encodable
-                self.reject(index, row, _reason(exc), False, exc)
+                self.reject(indices[k], row, _reason(exc), False, exc)
                 continue
-            placed_i.append(index)
+            placed_i.append(indices[k])
             placed_r.append(row)
+            if later:
+                break
         batch = _Batch(key, p, placed_i, placed_r, unsent)
+        if later:
+            batch.later = (indices[later:], rows[later:])
         self.inflight.append(batch)
         self.in_flight_rows += len(placed_i)
+        if later:
+            self.in_flight_rows += len(indices) - later
         return batch
 
     def send_or_retry(self, key, indices, rows):
@@ -279,10 +291,18 @@ class _Copy:
             self.send(key, indices, rows)
         except (NetworkError, DatabaseError) as exc:   # the ping failed: nothing sent
             self.suspect = True
-            self.resend(key, indices, rows, exc, None)
+            self.resend(key, indices, rows, exc)
 
-    def settle(self, batch, deadline=None):
-        self.in_flight_rows -= len(batch.indices)
+    def settle(self, batch):
+        """Check each reply of ``batch``; send what was proven not applied again."""
+        again = self.check(batch)
+        if again[0]:
+            self.resend(batch.key, *again)
+
+    def check(self, batch):
+        """Count and reject by the replies; returns (indices, rows, last error) of
+        the rows to send again."""
+        self.in_flight_rows -= len(batch.indices) + len(batch.later[0] if batch.later else ())
         results = batch.pipeline.results()
         again_i, again_r, last = [], [], None
         written = 0
@@ -300,27 +320,32 @@ class _Copy:
             else:
                 self.reject(index, row, _reason(reply), applied, reply)
         self.report.written += written
-        if again_i:
-            self.resend(batch.key, again_i, again_r, last, deadline)
+        if batch.later is not None:
+            again_i += batch.later[0]
+            again_r += batch.later[1]
+            last = last or batch.unsent[-1]
+        return again_i, again_r, last
 
-    def resend(self, key, indices, rows, last, deadline):
+    def resend(self, key, indices, rows, last):
         """Send rows proven not applied again until ``retry_timeout`` has passed."""
-        if deadline is None:
-            deadline = time.monotonic() + self.retry_timeout
-        if time.monotonic() >= deadline:
-            self.in_flight_rows += len(indices)    # still unsettled, for the report
-            self.inflight.appendleft(_Batch(key, None, indices, rows, ()))
-            raise CopyError("copy stopped: the server refused or could not take rows "
-                            "for %ss: %s" % (self.retry_timeout, _reason(last)),
-                            self._stopped()) from last
-        gevent.sleep(0.05)
-        try:
-            batch = self.send(key, indices, rows)
-        except (NetworkError, DatabaseError) as exc:   # no pipeline, or the ping failed
-            self.suspect = True
-            return self.resend(key, indices, rows, exc, deadline)
-        self.inflight.pop()
-        self.settle(batch, deadline)
+        deadline = time.monotonic() + self.retry_timeout
+        while indices:
+            if time.monotonic() >= deadline:
+                self.in_flight_rows += len(indices)    # still unsettled, for the report
+                self.inflight.appendleft(_Batch(key, None, indices, rows, ()))
+                raise CopyError("copy stopped: the server refused or could not take rows "
+                                "for %ss: %s" % (self.retry_timeout, _reason(last)),
+                                self._stopped()) from last
+            gevent.sleep(0.05)
+            try:
+                batch = self.send(key, indices, rows)
+            except (NetworkError, DatabaseError) as exc:   # no pipeline, or the ping failed
+                self.suspect = True
+                last = exc
+                continue
+            self.inflight.pop()
+            indices, rows, last2 = self.check(batch)
+            last = last2 or last
 
     def drain(self):
         for key, (indices, rows) in list(self.pending.items()):
@@ -339,6 +364,7 @@ class _Copy:
         report = self.report
         report.rejected = [self.rejected[i] for i in sorted(self.rejected)]
         unsettled = [b.indices[0] for b in self.inflight if b.indices]
+        unsettled += [b.later[0][0] for b in self.inflight if b.later]
         # a row that may have been written is not known written: a resume sends it again
         unsettled += [r.position for r in report.rejected if r.applied is None][:1]
         unsettled += [indices[0] for indices, _ in self.pending.values() if indices]
