@@ -25,9 +25,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import gevent
 from tarantool.connection_pool import Mode
-from tarantool.error import DatabaseError, NetworkError
+from tarantool.error import DatabaseError, NetworkError, NotSupportedError
 
 from gtarantool.copy.formats import Field
+from gtarantool.errors import RequestTimeout
 from gtarantool.copy.report import CopyError, CopyReport, Rejected
 from gtarantool.protocol.constants import ER_LOADING, ER_READONLY
 
@@ -86,6 +87,14 @@ def space_info(target: Any, space: Union[str, int]) -> SpaceInfo:
     :raises ValueError: there is no such space, or it has no primary index.
     """
     open_pipeline = _Destination.of(target).any_pipeline
+    try:
+        return _space_info(open_pipeline, space)
+    except NotSupportedError:
+        raise ValueError("copying needs connections that read the schema (a Router: "
+                         "Router(..., fetch_schema=True))") from None
+
+
+def _space_info(open_pipeline, space):
     if isinstance(space, int):
         rows = _one_reply(open_pipeline, "select", VSPACE, [space]).data
     else:
@@ -255,7 +264,10 @@ class _Copy:
 
     def send(self, key, indices, rows):
         if self.suspect:
-            self.dest.ping(key)
+            # (bounded: a connection waiting for an announced restart waits long)
+            with gevent.Timeout(self.retry_timeout, RequestTimeout(
+                    "no answer to a ping within %ss" % self.retry_timeout)):
+                self.dest.ping(key)
             self.suspect = False
         p = self.dest.pipeline(key)
         put, unsent = self.put, []
@@ -399,7 +411,8 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
 
     :param target: a :class:`gtarantool.Connection`, a
         :class:`gtarantool.ConnectionPool` (its read-write instance) or a
-        :class:`gtarantool.Router` (rows grouped per replica set by bucket).
+        :class:`gtarantool.Router` made with ``fetch_schema=True`` (rows
+        grouped per replica set by bucket, written on its master directly).
     :param space: the space's name or id.
     :param rows: tuples or lists of the space's fields, or dicts by field name.
     :param mode: ``insert`` (a taken key rejects the row), ``replace``, or

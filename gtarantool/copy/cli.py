@@ -67,10 +67,12 @@ def open_target(spec: Dict[str, Any]) -> Any:
 
     user, password = spec["user"], spec["password"]
     if "sharding" in spec:
-        return gtarantool.Router(spec["sharding"], user=user, password=password)
+        return gtarantool.Router(spec["sharding"], user=user, password=password,
+                                 fetch_schema=True)
     if "router" in spec:
         host, port = spec["router"]
-        return gtarantool.Router.from_router(host, port, user=user, password=password)
+        return gtarantool.Router.from_router(host, port, user=user, password=password,
+                                             fetch_schema=True)
     if "pool" in spec:
         return gtarantool.ConnectionPool([{"host": h, "port": p} for h, p in spec["pool"]],
                                          user=user, password=password)
@@ -502,7 +504,9 @@ def _summary(args: argparse.Namespace, totals: Dict[str, int], errors: _Errors,
                format(errors.count, ","), where, elapsed, format(int(rate), ","), cpu,
                rss // 1024, resume))
     if fatal:
-        line += "; stopped: %s; resume with --skip-rows %d" % (fatal[0], resume)
+        line += "; stopped: %s" % (fatal[0],)
+    if resume < args.skip_rows + totals["rows"] or fatal:
+        line += "; resume with --skip-rows %d" % resume
     print(line, flush=True)
 
 
