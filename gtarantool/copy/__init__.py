@@ -28,8 +28,8 @@ from tarantool.connection_pool import Mode
 from tarantool.error import DatabaseError, NetworkError, NotSupportedError
 
 from gtarantool.copy.formats import Field
-from gtarantool.errors import RequestTimeout
 from gtarantool.copy.report import CopyError, CopyReport, Rejected
+from gtarantool.errors import RequestTimeout
 from gtarantool.protocol.constants import ER_LOADING, ER_READONLY
 
 __all__ = ["CopyError", "CopyReport", "Rejected", "SpaceInfo", "copy_from", "copy_to",
