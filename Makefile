@@ -13,6 +13,8 @@
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
+# make copy-demo - a generated 1M-row CSV file imported into a throwaway server (ROWS=, PROCS=)
+# make copy-bench - bulk import rows per client CPU-second against a raw socket (python -m bench.copy)
 # make docs    - the Sphinx manual in docs/_build/html (warnings are errors)
 # make lint    - ruff over the repo, mypy over the package
 PYTHON ?= python3
@@ -72,6 +74,13 @@ CAPACITY_ARGS = $(filter-out --workload $(WORKLOAD),$(BENCH_ARGS)) \
 # HLOG=run.hlog: the latencies as an HdrHistogram interval log
 HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
+
+.PHONY: copy-demo copy-bench
+copy-demo: install
+	$(PY) -m bench.copy --demo $(or $(ROWS),1000000) $(if $(filter command line,$(origin PROCS)),--demo-procs $(PROCS))
+
+copy-bench: install
+	$(PY) -m bench.copy --runs $(RUNS)
 
 .PHONY: all install server test test-python bench compare capacity perf sweep instructions profile soak locust \
 	locust-master locust-worker sanitize fuzz docs lint clean
