@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -271,7 +272,7 @@ class _Copy:
             self.suspect = False
         p = self.dest.pipeline(key)
         put, unsent = self.put, []
-        placed_i, placed_r = [], []
+        placed_i = placed_r = None    # None: every row up to `later` (or all) queued
         later = 0
         for k, row in enumerate(rows):
             try:
@@ -283,15 +284,20 @@ class _Copy:
                 self.suspect = True
                 later = k + 1
             except (TypeError, ValueError, OverflowError) as exc:   # not encodable
+                if placed_i is None:
+                    placed_i, placed_r = list(indices[:k]), list(rows[:k])
                 self.reject(indices[k], row, _reason(exc), False, exc)
                 continue
-            placed_i.append(indices[k])
-            placed_r.append(row)
+            if placed_i is not None:
+                placed_i.append(indices[k])
+                placed_r.append(row)
             if later:
                 break
+        if placed_i is None:
+            placed_i, placed_r = (indices[:later], rows[:later]) if later else (indices, rows)
         batch = _Batch(key, p, placed_i, placed_r, unsent)
         if later:
-            batch.later = (indices[later:], rows[later:])
+            batch.later = (list(indices[later:]), list(rows[later:]))
         self.inflight.append(batch)
         self.in_flight_rows += len(placed_i)
         if later:
@@ -445,28 +451,10 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     run = _Copy(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
     names = [f.name for f in info.fields]
     try:
-        for index, row in enumerate(rows, first):
-            kind = type(row)
-            if kind is not tuple:
-                if kind is dict:
-                    row = _from_dict(row, names)
-                    if row is None:
-                        run.reject(index, row, "a key names no field of the space", False)
-                        continue
-                elif kind is list:
-                    row = tuple(row)
-                else:
-                    run.reject(index, row, "a row must be a tuple, list or dict, not %s"
-                               % kind.__name__, False)
-                    continue
-            key = None
-            if plan is not None:
-                try:
-                    row, key = _route(dest.router, plan, row)
-                except (ValueError, TypeError, IndexError, DatabaseError) as exc:
-                    run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
-                    continue
-            run.add(key, index, row)
+        if plan is None:
+            _copy_batches(run, rows, names, first, batch)
+        else:
+            _copy_routed(run, rows, names, first, plan)
         run.drain()
     except CopyError as exc:
         exc.report.elapsed = time.perf_counter() - started
@@ -479,6 +467,60 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     report.elapsed = time.perf_counter() - started
     report.cpu = time.process_time() - cpu
     return report
+
+
+def _copy_batches(run, rows, names, first, batch):
+    """Rows to one destination, ``batch`` at a time, no per-row bookkeeping."""
+    it = iter(rows)
+    index = first
+    while True:
+        chunk = list(itertools.islice(it, batch))
+        if not chunk:
+            return
+        n = len(chunk)
+        indices = range(index, index + n)
+        if not all(type(row) is tuple for row in chunk):
+            pairs = [(i, _normalise(run, i, row, names)) for i, row in zip(indices, chunk)]
+            indices = [i for i, row in pairs if row is not None]
+            chunk = [row for _, row in pairs if row is not None]
+        index += n
+        run.next_index = index
+        if chunk:
+            run.send_or_retry(None, indices, chunk)
+        while run.in_flight_rows > run.max_in_flight:
+            run.settle(run.inflight.popleft())
+
+
+def _copy_routed(run, rows, names, first, plan):
+    """Rows grouped per replica set by bucket, each group sent as it fills a batch."""
+    router = run.dest.router
+    for index, row in enumerate(rows, first):
+        row = _normalise(run, index, row, names)
+        if row is None:
+            continue
+        try:
+            row, key = _route(router, plan, row)
+        except (ValueError, TypeError, IndexError, DatabaseError) as exc:
+            run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
+            continue
+        run.add(key, index, row)
+
+
+def _normalise(run, index, row, names):
+    """``row`` as a tuple, or None when it was rejected."""
+    kind = type(row)
+    if kind is tuple:
+        return row
+    if kind is dict:
+        tup = _from_dict(row, names)
+        if tup is None:
+            run.reject(index, row, "a key names no field of the space", False)
+        return tup
+    if kind is list:
+        return tuple(row)
+    run.reject(index, row, "a row must be a tuple, list or dict, not %s" % kind.__name__,
+               False)
+    return None
 
 
 def _from_dict(row: Dict[str, Any], names: List[str]) -> Optional[tuple]:
