@@ -129,7 +129,8 @@ def run_cli(srv, space, path, procs, extra=()):
     wall = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "gtarantool.copy", "from", path, "--space", space,
                           "--host", srv.host, "--port", str(srv.port), "--procs", str(procs)]
-                         + list(extra), stdout=subprocess.PIPE, text=True, check=False)
+                         + list(extra), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, check=False)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:

@@ -230,20 +230,19 @@ class _Copy:
         # A connection failed: before the next batch, a ping proves the
         # destination takes requests, so that rows are not sent into a dead socket.
         self.suspect = False
-        if mode == "upsert":
-            pk = set(info.pk)
-            rest = [i for i in range(len(info.fields)) if i not in pk]
+        self.mode = mode
+        pk = set(info.pk)
+        self.rest = [i for i in range(len(info.fields)) if i not in pk]
 
-            def put(p, row):
-                return p.upsert(self.space_id, row, [("=", i, row[i]) for i in rest
-                                                     if i < len(row)])
-            self.put = put
-        else:
-            method = mode
+    def putter(self, p):
+        """put(space_id, row): queue one row's request on the pipeline ``p``."""
+        if self.mode == "upsert":
+            rest = self.rest
 
-            def put(p, row):
-                return getattr(p, method)(self.space_id, row)
-            self.put = put
+            def put(space_id, row):
+                return p.upsert(space_id, row, [("=", i, row[i]) for i in rest if i < len(row)])
+            return put
+        return getattr(p, self.mode)
 
     def reject(self, index, row, reason, applied, error=None):
         if index >= self.next_index:
@@ -271,12 +270,12 @@ class _Copy:
                 self.dest.ping(key)
             self.suspect = False
         p = self.dest.pipeline(key)
-        put, unsent = self.put, []
+        put, unsent, space_id = self.putter(p), [], self.space_id
         placed_i = placed_r = None    # None: every row up to `later` (or all) queued
         later = 0
         for k, row in enumerate(rows):
             try:
-                put(p, row)
+                put(space_id, row)
             except NetworkError as exc:
                 # The batch this row closed was not handed over: the rest
                 # wait for the connection instead of each trying it.
