@@ -407,7 +407,7 @@ def _bucket_plan(dest, info, bucket_id, bucket_field):
 
 
 def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
-              mode: str = "insert", batch: int = 1000, max_in_flight: int = 20000,
+              mode: str = "insert", batch: int = 5000, max_in_flight: int = 20000,
               bucket_id: Optional[Callable[[tuple], int]] = None,
               bucket_field: Union[str, int, None] = None,
               retry_timeout: float = 30.0, first: int = 0,

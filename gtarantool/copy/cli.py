@@ -580,7 +580,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--null", default="", help="(csv/tsv) the text of a null value")
         c.add_argument("--header", action="store_true",
                        help="the first line names the columns (fields of the space)")
-        c.add_argument("--batch", type=int, default=1000,
+        c.add_argument("--batch", type=int, default=5000,
                        help="rows per pipeline (from) or per select (to)")
     f = sub.choices["from"]
     f.add_argument("--columns", default=None, metavar="A,B,C",
@@ -588,7 +588,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--mode", choices=("insert", "replace", "upsert"), default="insert")
     f.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="worker processes (0: work in this process); default: cores - 1")
-    f.add_argument("--chunk", type=int, default=10000, help="rows a worker takes at a time")
+    f.add_argument("--chunk", type=int, default=20000, help="rows a worker takes at a time")
     f.add_argument("--max-in-flight", type=int, default=20000,
                    help="rows a worker has sent and not seen answered")
     f.add_argument("--rate", type=float, default=None, metavar="ROWS/S",
