@@ -381,6 +381,12 @@ def test_a_router_target_writes_each_row_on_its_buckets_owner(tmp_path):
             exported = list(copy_to(router, "customers"))
         finally:
             router.close()
+        out_file = tmp_path / "out.jsonl"
+        status, out = _run("to", out_file, "--space", "customers", "--format", "jsonl",
+                           "--router", "%s:%s" % (cluster.router.host, cluster.router.port),
+                           "--user", cluster.user, "--password-file", env_password)
+        assert status == 0 and "4,000 rows written" in out
+        assert sorted(json.loads(line)["id"] for line in out_file.open()) == list(range(4000))
         seen = 0
         for shard in cluster.shards:
             master = shard.servers[0]
