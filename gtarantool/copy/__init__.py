@@ -227,9 +227,11 @@ class _Copy:
         self.report = CopyReport()
         self.first = self.next_index = first
         self.rejected = {}         # index -> Rejected, in row order at the end
-        # A connection failed: before the next batch, a ping proves the
-        # destination takes requests, so that rows are not sent into a dead socket.
-        self.suspect = False
+        # At the start and after a connection failed: before the next batch, a
+        # ping proves the destination takes requests, so that rows are not
+        # sent into a dead socket (where they could not be told apart from
+        # rows the server may have applied).
+        self.suspect = True
         self.mode = mode
         pk = set(info.pk)
         self.rest = [i for i in range(len(info.fields)) if i not in pk]
