@@ -156,16 +156,18 @@ def test_skip_and_max_rows_take_a_window(conn, server, tmp_path):
     assert [t[0] for t in conn.select("copy_kv").data] == list(range(10, 35))
 
 
-def test_rate_paces_the_import(conn, server, tmp_path):
+def test_rate_paces_the_import_and_progress_lines_follow_it(conn, server, tmp_path, capsys):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
     src = tmp_path / "in.csv"
     _write(src, ["%d,n,%d\n" % (k, k) for k in range(600)])
     started = time.monotonic()
     status, _ = _run("from", src, "--space", "copy_kv", "--rate", 1000, "--procs", 0,
-                     *_conn_args(server))
+                     "--progress-interval", 0.1, *_conn_args(server))
     assert status == 0
     assert time.monotonic() - started >= 0.55     # 600 rows at 1,000/s: 0.6 s at least
     assert len(conn.select("copy_kv").data) == 600
+    lines = capsys.readouterr().err.splitlines()   # not a terminal: plain lines
+    assert len(lines) >= 2 and all(" written, 0 rejected, " in line for line in lines)
 
 
 def test_worker_processes_write_every_row_once(conn, server, tmp_path):
