@@ -81,6 +81,11 @@ class RequestMethods:
         conn = self._conn
         if self._encoder is None:   # never connected (connect_now=False): connect first
             conn._ensure_connected()
+        if conn.schema is None and conn.fetch_schema:
+            # Another greenlet's connect() is between its handshake and the schema
+            # (authenticating): wait for it, since it holds the connection's lock.
+            with conn._lock:
+                pass
         if conn.schema is None:
             conn._schemaful_connection_check()
         if isinstance(space_name, str):

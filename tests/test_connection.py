@@ -605,6 +605,26 @@ def test_connect_now_false_connects_on_the_first_request(server):
         c.close()
 
 
+def test_connect_now_false_callers_behind_the_first_wait_for_the_schema(server):
+    """Greenlets that name a space while another greenlet's first connect is
+    between its handshake and its schema (authenticating) wait for that connect
+    instead of failing with "not available ... fetch_schema=False"."""
+    c = gtarantool.Connection(server.host, server.port, user=USER, password=PASSWORD,
+                              connect_now=False)
+    try:
+        first = gevent.spawn(c.replace, "tester", (31_000_010, "first"))
+        for _ in range(100_000):
+            if c._encoder is not None:
+                break
+            gevent.sleep(0)
+        assert c._encoder is not None and c.schema is None   # the window is open
+        later = [gevent.spawn(c.replace, "tester", (31_000_011 + i, "later")) for i in range(5)]
+        gevent.joinall([first] + later, timeout=10, raise_error=True)
+        assert [g.value.data[0][1] for g in [first] + later] == ["first"] + ["later"] * 5
+    finally:
+        c.close()
+
+
 def _pipelined(c):
     p = c.pipeline()
     p.select("tester", 31_000_001)

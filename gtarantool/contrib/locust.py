@@ -1,7 +1,7 @@
 """Locust integration: ``TarantoolUser``, a Locust ``User`` whose ``self.client``
 sends gtarantool requests and reports each one to Locust.
 
-``pip install gtarantool[locust]``, then in a locustfile::
+``pip install '.[locust]'`` in a checkout, then in a locustfile::
 
     from locust import task, constant
     from gtarantool.locust import TarantoolUser
