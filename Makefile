@@ -15,6 +15,8 @@
 # make locust-master WORKERS=N / make locust-worker MASTER=host - the same over several machines
 # make sanitize - the C paths' tests and fuzzers under ASan+UBSan (FUZZ_SECONDS, FUZZ_SEED)
 # make fuzz    - the fuzzers on the normal build: make fuzz SECONDS=600 SEED=2
+# make copy-demo - a generated 1M-row CSV file imported into a throwaway server (ROWS=, PROCS=)
+# make copy-bench - bulk import rows per client CPU-second against a raw socket (python -m bench.copy)
 # make docs    - the Sphinx manual in docs/_build/html (warnings are errors)
 # make lint    - ruff over the repo, mypy over the package
 PYTHON ?= python3
@@ -76,7 +78,7 @@ HLOG ?=
 BENCH_ARGS += $(if $(HLOG),--hlog $(HLOG))
 
 .PHONY: all install server test test-python bench compare capacity perf sweep instructions profile soak chaos \
-	locust \
+	locust copy-demo copy-bench \
 	locust-master locust-worker sanitize fuzz docs lint clean
 
 all: test
@@ -200,3 +202,11 @@ lint: install $(LINT_STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache profiles $(LOCUST_OUT) docs/_build
+
+# make copy-demo - a generated 1M-row file imported into a throwaway server (ROWS=, PROCS=)
+# make copy-bench - copy_from and the CLI against a raw pipelined socket
+copy-demo: install
+	$(PY) -m bench.copy --demo $(or $(ROWS),1000000) $(if $(filter command line,$(origin PROCS)),--demo-procs $(PROCS))
+
+copy-bench: install
+	$(PY) -m bench.copy --runs $(RUNS)

@@ -1,0 +1,20 @@
+"""python -m bench.copy on a tiny load: every kind of every shape, and the demo's summary."""
+from bench.suites import copy
+
+
+def test_bench_copy_prints_every_kind_against_the_raw_socket(capsys):
+    assert copy.main(["--rows", "2000", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    for shape in ("3col", "1536b"):
+        table = out.split("%s rows" % shape, 1)[1].splitlines()[2:6]
+        kinds = {line.split()[0]: line.split()[1:] for line in table}
+        assert set(kinds) == {"raw", "pipeline", "copy_from", "cli"}
+        assert kinds["raw"][1] == "1.00"
+        assert all(int(kind[0].replace(",", "")) > 0 for kind in kinds.values())
+
+
+def test_the_demo_imports_the_generated_file_and_prints_the_summary(capsys):
+    assert copy.main(["--demo", "3000", "--demo-procs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3000 rows" in out
+    assert "3,000 rows read, 3,000 written, 0 rejected" in out and "peak RSS" in out

@@ -1,0 +1,633 @@
+"""Bulk copy into and out of a space: :func:`copy_from` and :func:`copy_to`.
+
+::
+
+    report = copy_from(conn, "customers", rows, mode="replace")
+    for row in copy_to(conn, "customers"):
+        ...
+
+The target is a :class:`gtarantool.Connection`, a :class:`gtarantool.ConnectionPool`
+(rows go to its read-write instance) or a :class:`gtarantool.Router` (each row
+to the master of the replica set that holds its bucket).  What callers rely
+on: every row given is written or rejected, each reply checked once; memory
+stays bounded by ``max_in_flight`` rows whatever the input's size; a row is
+sent again only when it was proven not applied (a read-only master during a
+switchover, a request not written before its connection broke); a row that
+may have been applied is rejected with ``applied=None`` and never re-sent.
+The command line (``python -m gtarantool.copy``) is in :mod:`gtarantool.copy.cli`.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+
+import gevent
+from tarantool.connection_pool import Mode
+from tarantool.error import DatabaseError, NetworkError, NotSupportedError
+
+from gtarantool.copy.formats import Field
+from gtarantool.copy.report import CopyError, CopyReport, Rejected
+from gtarantool.errors import RequestTimeout
+from gtarantool.protocol.constants import ER_LOADING, ER_READONLY
+
+__all__ = ["CopyError", "CopyReport", "Rejected", "SpaceInfo", "copy_from", "copy_to",
+           "space_info"]
+
+MODES = ("insert", "replace", "upsert")
+VSPACE, VINDEX = 281, 289           # the system views every user may read
+VSPACE_BY_NAME, VINDEX_BY_NAME = 2, 2
+# A refusal of a whole server, not of the row: the row is sent again.
+TRANSIENT_CODES = frozenset((ER_READONLY, ER_LOADING))
+
+
+class SpaceInfo:
+    """A space as the copy needs it: ``id``, ``name``, ``fields`` (a list of
+    :class:`~gtarantool.copy.formats.Field`), ``pk`` (the primary key's field
+    numbers, 0-based)."""
+
+    def __init__(self, space_id: int, name: str, fields: List[Field], pk: List[int]) -> None:
+        self.id, self.name, self.fields, self.pk = space_id, name, fields, pk
+
+    def field_no(self, name: Union[str, int]) -> int:
+        """The number of the field named ``name`` (a number is returned as is).
+
+        :raises ValueError: there is no such field.
+        """
+        if isinstance(name, int):
+            return name
+        for i, field in enumerate(self.fields):
+            if field.name == name:
+                return i
+        raise ValueError("space %s has no field %r" % (self.name, name))
+
+
+def _one_reply(open_pipeline: Callable[[], Any], method: str, *args: Any, **kwargs: Any) -> Any:
+    p = open_pipeline()
+    getattr(p, method)(*args, **kwargs)
+    reply = p.results()[0]
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
+
+
+def _parts(parts: Any) -> List[int]:
+    # 1.7-style [[field, type]] or 2.x-style [{field =, type =}]
+    return [p["field"] if isinstance(p, dict) else p[0] for p in parts]
+
+
+def space_info(target: Any, space: Union[str, int]) -> SpaceInfo:
+    """The format and primary key of ``space`` on ``target``, read from ``_vspace``
+    and ``_vindex`` (so it needs no schema on the connection).
+
+    :param target: a Connection, ConnectionPool or Router.
+    :param space: the space's name or id.
+    :returns: a :class:`SpaceInfo`.
+    :raises ValueError: there is no such space, or it has no primary index.
+    """
+    open_pipeline = _Destination.of(target).any_pipeline
+    try:
+        return _space_info(open_pipeline, space)
+    except NotSupportedError:
+        raise ValueError("copying needs connections that read the schema (a Router: "
+                         "Router(..., fetch_schema=True))") from None
+
+
+def _space_info(open_pipeline, space):
+    if isinstance(space, int):
+        rows = _one_reply(open_pipeline, "select", VSPACE, [space]).data
+    else:
+        rows = _one_reply(open_pipeline, "select", VSPACE, [space], index=VSPACE_BY_NAME).data
+    if not rows:
+        raise ValueError("no space %r" % (space,))
+    row = rows[0]
+    fields = [Field.from_format(f) for f in (row[6] if len(row) > 6 else ()) or ()]
+    index = _one_reply(open_pipeline, "select", VINDEX, [row[0], 0]).data
+    if not index:
+        raise ValueError("space %s has no primary index" % row[2])
+    pk = _parts(index[0][5])
+    width = max(pk) + 1
+    if len(fields) < width:   # a space with no format: nameless fields of any type
+        fields += [Field("field%d" % (i + 1)) for i in range(len(fields), width)]
+    return SpaceInfo(row[0], row[2], fields, pk)
+
+
+class _Destination:
+    """Where rows go: ``group(row)`` names the pipeline's owner for a row,
+    ``pipeline(key)`` opens a pipeline to it."""
+
+    router = None
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    @staticmethod
+    def of(target: Any) -> _Destination:
+        from gtarantool.pool import ConnectionPool
+        from gtarantool.sharding import Router
+
+        if isinstance(target, Router):
+            return _RouterDestination(target)
+        if isinstance(target, ConnectionPool):
+            return _PoolDestination(target)
+        if not hasattr(target, "pipeline"):
+            raise TypeError("copy target must be a Connection, ConnectionPool or Router, "
+                            "not %s" % type(target).__name__)
+        return _Destination(target)
+
+    def pipeline(self, key: Any) -> Any:
+        return self.target.pipeline()
+
+    def ping(self, key: Any) -> None:
+        self.target.ping()
+
+    def any_pipeline(self) -> Any:
+        return self.target.pipeline()
+
+    def readers(self) -> List[Callable[[], Any]]:
+        return [self.target.pipeline]
+
+
+class _PoolDestination(_Destination):
+    def ping(self, key: Any) -> None:
+        self.target.ping(mode=Mode.RW)
+
+    def readers(self) -> List[Callable[[], Any]]:
+        return [lambda: self.target.pipeline(Mode.PREFER_RO)]
+
+
+class _RouterDestination(_Destination):
+    def __init__(self, target: Any) -> None:
+        super().__init__(target)
+        self.router = target
+
+    def pipeline(self, key: Any) -> Any:
+        return key.pool.pipeline()
+
+    def ping(self, key: Any) -> None:
+        key.pool.ping(mode=Mode.RW)
+
+    def any_pipeline(self) -> Any:
+        return next(iter(self.target.replicasets.values())).pool.pipeline()
+
+    def readers(self) -> List[Callable[[], Any]]:
+        return [functools.partial(rs.pool.pipeline, Mode.PREFER_RO)
+                for rs in self.target.replicasets.values()]
+
+
+def _applied(exc: BaseException, unsent: Sequence[BaseException]) -> Optional[bool]:
+    """False when ``exc`` proves the row was not applied, None when it may have been."""
+    for e in unsent:
+        if exc is e:
+            return False
+    if hasattr(exc, "applied"):
+        applied: Optional[bool] = getattr(exc, "applied")
+        return applied
+    if isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError):
+        return False   # a box error in a DML's reply: the server refused it
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    message = getattr(exc, "message", None) or str(exc)
+    text = "%s: %s" % (type(exc).__name__, message)
+    return "%s (code %s)" % (text, code) if isinstance(code, int) and code else text
+
+
+def _transient(exc: BaseException, applied: Optional[bool]) -> bool:
+    if applied is not False:
+        return False
+    if isinstance(exc, NetworkError):
+        return True
+    return getattr(exc, "code", None) in TRANSIENT_CODES
+
+
+class _Batch:
+    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "later")
+
+    def __init__(self, key, pipeline, indices, rows, unsent):
+        self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
+        self.unsent = unsent
+        self.later = None     # (indices, rows) of the batch not queued: sent again
+
+
+class _Copy:
+    """One copy_from: the batches in flight (oldest first) and the report."""
+
+    def __init__(self, dest, info, mode, batch, max_in_flight, retry_timeout, first):
+        self.dest, self.info, self.batch = dest, info, batch
+        self.max_in_flight, self.retry_timeout = max_in_flight, retry_timeout
+        self.space_id = info.id
+        self.inflight = collections.deque()
+        self.in_flight_rows = 0
+        self.pending = {}          # key -> ([indices], [rows]) not sent yet
+        self.report = CopyReport()
+        self.first = self.next_index = first
+        self.rejected = {}         # index -> Rejected, in row order at the end
+        # At the start and after a connection failed: before the next batch, a
+        # ping proves the destination takes requests, so that rows are not
+        # sent into a dead socket (where they could not be told apart from
+        # rows the server may have applied).
+        self.suspect = True
+        self.mode = mode
+        pk = set(info.pk)
+        self.rest = [i for i in range(len(info.fields)) if i not in pk]
+
+    def putter(self, p):
+        """put(space_id, row): queue one row's request on the pipeline ``p``."""
+        if self.mode == "upsert":
+            rest = self.rest
+
+            def put(space_id, row):
+                return p.upsert(space_id, row, [("=", i, row[i]) for i in rest if i < len(row)])
+            return put
+        return getattr(p, self.mode)
+
+    def reject(self, index, row, reason, applied, error=None):
+        if index >= self.next_index:
+            self.next_index = index + 1
+        self.rejected[index] = Rejected(index, row, reason, applied, error)
+
+    def add(self, key, index, row):
+        self.next_index = index + 1
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = self.pending[key] = ([], [])
+        pending[0].append(index)
+        pending[1].append(row)
+        if len(pending[0]) >= self.batch:
+            del self.pending[key]
+            self.send_or_retry(key, *pending)
+            while self.in_flight_rows > self.max_in_flight:
+                self.settle(self.inflight.popleft())
+
+    def send(self, key, indices, rows):
+        if self.suspect:
+            # (bounded: a connection waiting for an announced restart waits long)
+            with gevent.Timeout(self.retry_timeout, RequestTimeout(
+                    "no answer to a ping within %ss" % self.retry_timeout)):
+                self.dest.ping(key)
+            self.suspect = False
+        p = self.dest.pipeline(key)
+        put, unsent, space_id = self.putter(p), [], self.space_id
+        placed_i = placed_r = None    # None: every row up to `later` (or all) queued
+        later = 0
+        for k, row in enumerate(rows):
+            try:
+                put(space_id, row)
+            except NetworkError as exc:
+                # The batch this row closed was not handed over: the rest
+                # wait for the connection instead of each trying it.
+                unsent.append(exc)
+                self.suspect = True
+                later = k + 1
+            except (TypeError, ValueError, OverflowError) as exc:   # not encodable
+                if placed_i is None:
+                    placed_i, placed_r = list(indices[:k]), list(rows[:k])
+                self.reject(indices[k], row, _reason(exc), False, exc)
+                continue
+            if placed_i is not None:
+                placed_i.append(indices[k])
+                placed_r.append(row)
+            if later:
+                break
+        if placed_i is None:
+            placed_i, placed_r = (indices[:later], rows[:later]) if later else (indices, rows)
+        batch = _Batch(key, p, placed_i, placed_r, unsent)
+        if later:
+            batch.later = (list(indices[later:]), list(rows[later:]))
+        self.inflight.append(batch)
+        self.in_flight_rows += len(placed_i)
+        if later:
+            self.in_flight_rows += len(indices) - later
+        return batch
+
+    def send_or_retry(self, key, indices, rows):
+        try:
+            self.send(key, indices, rows)
+        except (NetworkError, DatabaseError) as exc:   # the ping failed: nothing sent
+            self.suspect = True
+            self.resend(key, indices, rows, exc)
+
+    def settle(self, batch):
+        """Check each reply of ``batch``; send what was proven not applied again."""
+        again = self.check(batch)
+        if again[0]:
+            self.resend(batch.key, *again)
+
+    def check(self, batch):
+        """Count and reject by the replies; returns (indices, rows, last error) of
+        the rows to send again."""
+        self.in_flight_rows -= len(batch.indices) + len(batch.later[0] if batch.later else ())
+        results = batch.pipeline.results()
+        again_i, again_r, last = [], [], None
+        written = 0
+        for index, row, reply in zip(batch.indices, batch.rows, results):
+            if not isinstance(reply, BaseException):
+                written += 1
+                continue
+            applied = _applied(reply, batch.unsent)
+            if isinstance(reply, NetworkError):
+                self.suspect = True
+            if _transient(reply, applied):
+                again_i.append(index)
+                again_r.append(row)
+                last = reply
+            else:
+                self.reject(index, row, _reason(reply), applied, reply)
+        self.report.written += written
+        if batch.later is not None:
+            again_i += batch.later[0]
+            again_r += batch.later[1]
+            last = last or batch.unsent[-1]
+        return again_i, again_r, last
+
+    def resend(self, key, indices, rows, last):
+        """Send rows proven not applied again until ``retry_timeout`` has passed."""
+        deadline = time.monotonic() + self.retry_timeout
+        while indices:
+            if time.monotonic() >= deadline:
+                self.in_flight_rows += len(indices)    # still unsettled, for the report
+                self.inflight.appendleft(_Batch(key, None, indices, rows, ()))
+                raise CopyError("copy stopped: the server refused or could not take rows "
+                                "for %ss: %s" % (self.retry_timeout, _reason(last)),
+                                self._stopped()) from last
+            gevent.sleep(0.05)
+            try:
+                batch = self.send(key, indices, rows)
+            except (NetworkError, DatabaseError) as exc:   # no pipeline, or the ping failed
+                self.suspect = True
+                last = exc
+                continue
+            self.inflight.pop()
+            indices, rows, last2 = self.check(batch)
+            last = last2 or last
+
+    def drain(self):
+        for key, (indices, rows) in list(self.pending.items()):
+            del self.pending[key]
+            self.send_or_retry(key, indices, rows)
+        while self.inflight:
+            self.settle(self.inflight[0])
+            self.inflight.popleft()
+
+    def _stopped(self):
+        report = self.finish()
+        report.rows = self.next_index - self.first
+        return report
+
+    def finish(self):
+        report = self.report
+        report.rejected = [self.rejected[i] for i in sorted(self.rejected)]
+        unsettled = [b.indices[0] for b in self.inflight if b.indices]
+        unsettled += [b.later[0][0] for b in self.inflight if b.later]
+        # a row that may have been written is not known written: a resume sends it again
+        unsettled += [r.position for r in report.rejected if r.applied is None][:1]
+        unsettled += [indices[0] for indices, _ in self.pending.values() if indices]
+        end = self.next_index
+        report.settled = (min(unsettled) if unsettled else end) - self.first
+        return report
+
+
+def _bucket_plan(dest, info, bucket_id, bucket_field):
+    """(field number or None, function or None) for routing rows by bucket."""
+    if dest.router is None:
+        if bucket_id is not None or bucket_field is not None:
+            raise ValueError("bucket_id and bucket_field need a Router target")
+        return None
+    if bucket_field is None:
+        names = [f.name for f in info.fields]
+        bucket_field = "bucket_id" if "bucket_id" in names else None
+    field_no = info.field_no(bucket_field) if bucket_field is not None else None
+    if field_no is None and bucket_id is None:
+        raise ValueError("a Router target needs bucket_field (the space has no field "
+                         "named bucket_id) or a bucket_id function")
+    return field_no, bucket_id
+
+
+def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
+              mode: str = "insert", batch: int = 5000, max_in_flight: int = 20000,
+              bucket_id: Optional[Callable[[tuple], int]] = None,
+              bucket_field: Union[str, int, None] = None,
+              retry_timeout: float = 30.0, first: int = 0,
+              info: Optional[SpaceInfo] = None) -> CopyReport:
+    """Write ``rows`` into ``space`` in pipelined batches.
+
+    :param target: a :class:`gtarantool.Connection`, a
+        :class:`gtarantool.ConnectionPool` (its read-write instance) or a
+        :class:`gtarantool.Router` made with ``fetch_schema=True`` (rows
+        grouped per replica set by bucket, written on its master directly).
+    :param space: the space's name or id.
+    :param rows: tuples or lists of the space's fields, or dicts by field name.
+    :param mode: ``insert`` (a taken key rejects the row), ``replace``, or
+        ``upsert`` (the fields outside the primary key assigned).
+    :param batch: rows per pipeline.
+    :param max_in_flight: the most rows sent and not yet answered: the input
+        is read no faster than replies come.
+    :param bucket_id: (Router) a function of the row's tuple giving its bucket
+        id; with ``bucket_field`` too, the id is stored in that field.
+    :param bucket_field: (Router) the field holding the bucket id (default:
+        the field named ``bucket_id``).
+    :param retry_timeout: seconds to keep sending rows proven not applied (a
+        read-only or loading master, a connection being re-established).
+    :param first: the index the first row is counted as (in ``Rejected.position``).
+    :param info: the space's :class:`SpaceInfo`, when the caller read it already.
+    :returns: a :class:`CopyReport`.
+    :raises ValueError: an unknown mode, space or field, or bucket options
+        that do not fit the target.
+    :raises CopyError: rows could not be written for ``retry_timeout`` (its
+        ``report.settled`` says how many rows to skip to resume).
+    """
+    if mode not in MODES:
+        raise ValueError("mode must be one of %s, not %r" % (", ".join(MODES), mode))
+    if batch < 1 or max_in_flight < 1:
+        raise ValueError("batch and max_in_flight must be positive")
+    started, cpu = time.perf_counter(), time.process_time()
+    dest = _Destination.of(target)
+    info = info or space_info(target, space)
+    plan = _bucket_plan(dest, info, bucket_id, bucket_field)
+    run = _Copy(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
+    names = [f.name for f in info.fields]
+    try:
+        if plan is None:
+            _copy_batches(run, rows, names, first, batch)
+        else:
+            _copy_routed(run, rows, names, first, plan)
+        run.drain()
+    except CopyError as exc:
+        exc.report.elapsed = time.perf_counter() - started
+        exc.report.cpu = time.process_time() - cpu
+        raise
+    except NetworkError as exc:
+        raise CopyError("copy stopped: %s" % _reason(exc), run._stopped()) from exc
+    report = run.finish()
+    report.rows = run.next_index - first
+    report.elapsed = time.perf_counter() - started
+    report.cpu = time.process_time() - cpu
+    return report
+
+
+def _copy_batches(run, rows, names, first, batch):
+    """Rows to one destination, ``batch`` at a time, no per-row bookkeeping."""
+    it = iter(rows)
+    index = first
+    while True:
+        chunk = list(itertools.islice(it, batch))
+        if not chunk:
+            return
+        n = len(chunk)
+        indices = range(index, index + n)
+        if not all(type(row) is tuple for row in chunk):
+            pairs = [(i, _normalise(run, i, row, names)) for i, row in zip(indices, chunk)]
+            indices = [i for i, row in pairs if row is not None]
+            chunk = [row for _, row in pairs if row is not None]
+        index += n
+        run.next_index = index
+        if chunk:
+            run.send_or_retry(None, indices, chunk)
+        while run.in_flight_rows > run.max_in_flight:
+            run.settle(run.inflight.popleft())
+
+
+def _copy_routed(run, rows, names, first, plan):
+    """Rows grouped per replica set by bucket, each group sent as it fills a batch."""
+    router = run.dest.router
+    for index, row in enumerate(rows, first):
+        row = _normalise(run, index, row, names)
+        if row is None:
+            continue
+        try:
+            row, key = _route(router, plan, row)
+        except (ValueError, TypeError, IndexError, DatabaseError) as exc:
+            run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
+            continue
+        run.add(key, index, row)
+
+
+def _normalise(run, index, row, names):
+    """``row`` as a tuple, or None when it was rejected."""
+    kind = type(row)
+    if kind is tuple:
+        return row
+    if kind is dict:
+        tup = _from_dict(row, names)
+        if tup is None:
+            run.reject(index, row, "a key names no field of the space", False)
+        return tup
+    if kind is list:
+        return tuple(row)
+    run.reject(index, row, "a row must be a tuple, list or dict, not %s" % kind.__name__,
+               False)
+    return None
+
+
+def _from_dict(row: Dict[str, Any], names: List[str]) -> Optional[tuple]:
+    if any(k not in names for k in row):
+        return None
+    out = [row.get(n) for n in names]
+    while out and out[-1] is None and names[len(out) - 1] not in row:
+        out.pop()
+    return tuple(out)
+
+
+def _route(router, plan, row):
+    field_no, func = plan
+    if func is not None:
+        bid = func(row)
+        if field_no is not None:
+            row = row[:field_no] + (bid,) + row[field_no + 1:]
+    else:
+        bid = row[field_no]
+    return row, router.route(bid)
+
+
+def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
+            key: Any = None, iterator: Union[str, int, None] = None,
+            page: int = 1000) -> Iterator[tuple]:
+    """Every tuple of ``space`` (or of an index range), read in pages.
+
+    Pages continue after the last tuple read: by position (``after``) on
+    Tarantool 2.11+, by the index's key on older servers (GE/LE from the
+    last key read, skipping the tuples of that key read already).  A Router
+    target is read replica set after replica set; a ConnectionPool from a
+    replica when there is one.
+
+    :param target: a Connection, ConnectionPool or Router.
+    :param space: the space's name or id.
+    :param index: the index's name or id.
+    :param key: the start key (None: the whole index).
+    :param iterator: ``ALL``/``GE``/``GT``/``LE``/``LT``/``EQ``/``REQ`` (default:
+        ``EQ`` with a key, ``ALL`` without).
+    :param page: tuples per select.
+    :returns: an iterator of tuples (lists, as the connection decodes them).
+    :raises ValueError: an unknown space or index, or (before 2.11) a
+        BITS or spatial iterator.
+    """
+    from gtarantool.errors import FeatureNotSupported
+    from gtarantool.protocol.codec import iterator_code
+
+    info = space_info(target, space)
+    it = iterator_code(iterator if iterator is not None else ("EQ" if key else "ALL"))
+    for open_reader in _Destination.of(target).readers():
+        iid, parts = _index(open_reader, info, index)
+        try:
+            yield from _pages_after(open_reader, info.id, iid, key, it, page)
+        except FeatureNotSupported:
+            yield from _pages_by_key(open_reader, info.id, iid, parts, key, it, page)
+
+
+def _index(open_reader, info, index):
+    if isinstance(index, int):
+        rows = _one_reply(open_reader, "select", VINDEX, [info.id, index]).data
+    else:
+        rows = _one_reply(open_reader, "select", VINDEX, [info.id, index],
+                          index=VINDEX_BY_NAME).data
+    if not rows:
+        raise ValueError("space %s has no index %r" % (info.name, index))
+    return rows[0][1], _parts(rows[0][5])
+
+
+def _pages_after(open_reader, space_id, iid, key, it, page):
+    after = None
+    while True:
+        reply = _one_reply(open_reader, "select", space_id, key, index=iid, iterator=it,
+                           limit=page, fetch_pos=True, after=after)
+        data = reply.data
+        yield from data
+        if len(data) < page or reply.position is None:
+            return
+        after = reply.position
+
+
+# iterator -> the inclusive one that continues from the last key read, and
+# whether the key must stay a prefix (EQ, REQ): EQ=0 REQ=1 ALL=2 LT=3 LE=4 GE=5 GT=6
+_NEXT = {0: (5, True), 1: (4, True), 2: (5, False), 3: (4, False), 4: (4, False),
+         5: (5, False), 6: (5, False)}
+
+
+def _pages_by_key(open_reader, space_id, iid, parts, key, it, page):
+    """Pages from the last key read on, skipping the tuples of that key read
+    already (a non-unique index has several; the server orders them alike)."""
+    if it not in _NEXT:
+        raise ValueError("iterator %r cannot be read page by page before Tarantool 2.11" % it)
+    nxt, prefix = _NEXT[it]
+    if key is not None and not isinstance(key, (list, tuple)):
+        key = [key]
+    reply = _one_reply(open_reader, "select", space_id, key, index=iid, iterator=it, limit=page)
+    last, same = None, 0
+    while True:
+        data = reply.data
+        for tup in data:
+            if prefix and key and [tup[f] for f in parts[:len(key)]] != list(key):
+                return
+            tkey = [tup[f] for f in parts]
+            same = same + 1 if tkey == last else 1
+            last = tkey
+            yield tup
+        if len(data) < page:
+            return
+        reply = _one_reply(open_reader, "select", space_id, last, index=iid, iterator=nxt,
+                           offset=same, limit=page)

@@ -1,0 +1,625 @@
+"""``python -m gtarantool.copy from FILE`` / ``to FILE`` (also ``gtarantool-copy``).
+
+``from``: the parent process reads the file and cuts it into chunks of
+records (as text: it parses nothing), honouring ``--skip-rows``,
+``--max-rows`` and ``--rate``; ``--procs`` worker processes, each with its own
+connection, parse, convert by the space's format and write with
+:func:`gtarantool.copy.copy_from`, and answer once per chunk.  A worker holds
+at most two chunks, so memory stays bounded whatever the file's size.
+Rejected rows go to ``--errors FILE`` as they were in the input, their
+reasons to ``FILE.reasons``.  Exit status: 0 when every row was written, 2
+when some were rejected, 1 on a fatal error; the summary names the rows
+known settled from the start, which ``--skip-rows`` skips on a new run.
+
+``to``: every tuple of the space (or an index range) in the same formats.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from gtarantool.copy.formats import FORMATS, BadRow, Converter, Exporter, dialect, parse, records
+
+EXIT_OK, EXIT_FATAL, EXIT_REJECTED = 0, 1, 2
+IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waiting
+
+
+# -- the target ------------------------------------------------------------------------
+
+def _addr(text: str, default_port: int = 3301) -> Tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text, default_port
+    return host, int(port)
+
+
+def target_spec(args: argparse.Namespace) -> Dict[str, Any]:
+    """What a process needs to open its own connection to the target (picklable)."""
+    password = None
+    if args.password_file:
+        with open(args.password_file) as f:
+            password = f.read().strip()
+    elif os.environ.get("TARANTOOL_PASSWORD"):
+        password = os.environ["TARANTOOL_PASSWORD"]
+    spec: Dict[str, Any] = {"user": args.user, "password": password}
+    if args.sharding:
+        with open(args.sharding) as f:
+            spec["sharding"] = json.load(f)
+    elif args.router:
+        spec["router"] = _addr(args.router)
+    elif args.pool:
+        spec["pool"] = [_addr(a) for a in args.pool.split(",") if a]
+    else:
+        spec["addr"] = (args.host, args.port)
+    return spec
+
+
+def open_target(spec: Dict[str, Any]) -> Any:
+    """A Connection, ConnectionPool or Router as ``spec`` says."""
+    import gtarantool
+
+    user, password = spec["user"], spec["password"]
+    if "sharding" in spec:
+        return gtarantool.Router(spec["sharding"], user=user, password=password,
+                                 fetch_schema=True)
+    if "router" in spec:
+        host, port = spec["router"]
+        return gtarantool.Router.from_router(host, port, user=user, password=password,
+                                             fetch_schema=True)
+    if "pool" in spec:
+        return gtarantool.ConnectionPool([{"host": h, "port": p} for h, p in spec["pool"]],
+                                         user=user, password=password)
+    host, port = spec["addr"]
+    return gtarantool.connect(host, port, user=user, password=password)
+
+
+# -- a worker ----------------------------------------------------------------------------
+
+class Worker:
+    """Parses, converts and writes chunks; one per process, with its own target."""
+
+    def __init__(self, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+        from gtarantool.copy import space_info
+
+        self.options = options
+        self.target = open_target(spec)
+        self.info = space_info(self.target, options["space"])
+        self.converter = Converter(self.info.fields, options["columns"], options["null"])
+        self.fmt = options["format"]
+        self.csv = dialect(self.fmt, options["delimiter"], options["quote"])
+        self.csv.pop("lineterminator")
+
+    def chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
+        """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
+        for the records ``raws``, the first of which is row ``first`` (0-based)."""
+        from gtarantool.copy import CopyError, copy_from
+
+        cpu = time.process_time()
+        rows: List[tuple] = []
+        where: List[int] = []
+        rejected: List[Tuple[int, bytes, str, Optional[bool]]] = []
+        row = self.converter.row
+        for k, record in enumerate(parse(raws, self.fmt, self.csv)):
+            if type(record) is BadRow:
+                rejected.append((first + k, raws[k], str(record), False))
+                continue
+            try:
+                rows.append(row(record))
+            except BadRow as exc:
+                rejected.append((first + k, raws[k], str(exc), False))
+                continue
+            where.append(k)
+        fatal = None
+        o = self.options
+        try:
+            report = copy_from(self.target, self.info.id, rows, mode=o["mode"], batch=o["batch"],
+                               max_in_flight=o["max_in_flight"], bucket_field=o["bucket_field"],
+                               retry_timeout=o["retry_timeout"], info=self.info)
+        except CopyError as exc:
+            report, fatal = exc.report, str(exc)
+        for r in report.rejected:
+            k = where[r.position]
+            rejected.append((first + k, raws[k], r.reason, r.applied))
+        rejected.sort()
+        settled = where[report.settled] if report.settled < len(where) else len(raws)
+        return (len(raws), report.written, rejected, settled, fatal,
+                time.process_time() - cpu)
+
+    def close(self) -> None:
+        self.target.close()
+
+
+def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+    from gevent.socket import wait_read
+
+    try:
+        worker = Worker(spec, options)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which stops
+        pipe.send(("failed", "%s: %s" % (type(exc).__name__, exc)))
+        return
+    pipe.send(("ready", None))
+    try:
+        while True:
+            wait_read(pipe.fileno())     # lets the connection's greenlets run meanwhile
+            message = pipe.recv()
+            if message is None:
+                break
+            chunk_no, first, raws = message
+            result = worker.chunk(first, raws)
+            pipe.send(("chunk", (chunk_no,) + result))
+            if result[4] is not None:
+                break
+    finally:
+        worker.close()
+
+
+# -- the feeder ----------------------------------------------------------------------------
+
+def _chunks(stream: Any, args: argparse.Namespace, first_row: int
+            ) -> Iterator[Tuple[int, int, List[bytes]]]:
+    """(chunk number, index of its first row, records) after --skip-rows, up to
+    --max-rows, no faster than --rate."""
+    size = args.chunk
+    if args.rate:
+        size = max(1, min(size, int(args.rate // 20) or 1))
+    started = time.monotonic()
+    fed = 0
+    chunk: List[bytes] = []
+    index = first_row
+    chunk_no = 0
+    for n, raw in enumerate(records(stream, args.format, args.quote)):
+        if n < args.skip_rows:
+            continue
+        if args.max_rows is not None and fed >= args.max_rows:
+            break
+        if not chunk:
+            index = n
+        chunk.append(raw)
+        fed += 1
+        if len(chunk) >= size:
+            if args.rate:
+                _pace(started, fed, args.rate)
+            yield chunk_no, index, chunk
+            chunk_no += 1
+            chunk = []
+    if chunk:
+        if args.rate:
+            _pace(started, fed, args.rate)
+        yield chunk_no, index, chunk
+
+
+def _pace(started: float, fed: int, rate: float) -> None:
+    ahead = started + fed / rate - time.monotonic()
+    if ahead > 0:
+        time.sleep(ahead)
+
+
+# -- progress and the summary ----------------------------------------------------------------
+
+class Progress:
+    """A bar on a terminal, a plain line every ``interval`` seconds otherwise."""
+
+    def __init__(self, out: Any, total_bytes: Optional[int], interval: float) -> None:
+        self.out, self.total_bytes, self.interval = out, total_bytes, interval
+        self.tty = out.isatty()
+        self.started = self.last = time.monotonic()
+
+    def show(self, rows: int, written: int, rejected: int, fraction: Optional[float]) -> None:
+        now = time.monotonic()
+        if now - self.last < (0.25 if self.tty else self.interval):
+            return
+        self.last = now
+        elapsed = now - self.started
+        rate = written / elapsed if elapsed > 0 else 0.0
+        eta = ""
+        if fraction:
+            eta = " ETA %s" % _clock(elapsed * (1 - fraction) / fraction)
+        if self.tty:
+            bar = "#" * int(20 * (fraction or 0))
+            self.out.write("\r[%-20s] %s rows, %s rejected, %s rows/s%s   "
+                           % (bar, format(written, ","), format(rejected, ","),
+                              format(int(rate), ","), eta))
+        else:
+            self.out.write("%s: %s written, %s rejected, %s rows/s%s\n"
+                           % (_clock(elapsed), format(written, ","), format(rejected, ","),
+                              format(int(rate), ","), eta))
+        self.out.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return "%d:%02d:%02d" % (seconds // 3600, seconds // 60 % 60, seconds % 60)
+
+
+class _Errors:
+    """The rejected rows as they were in the input, and FILE.reasons beside."""
+
+    def __init__(self, path: Optional[str], header: Optional[bytes]) -> None:
+        self.path = path
+        self.rows: Any = None
+        self.reasons: Any = None
+        self.count = 0
+        self.header = header
+
+    def add(self, rejected: List[Tuple[int, bytes, str, Optional[bool]]]) -> None:
+        self.count += len(rejected)
+        if self.path is None or not rejected:
+            return
+        if self.rows is None:
+            self.rows = open(self.path, "wb")
+            self.reasons = open(self.path + ".reasons", "w", encoding="utf-8")
+            if self.header is not None:
+                self.rows.write(self.header)
+        for index, raw, reason, applied in rejected:
+            self.rows.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            note = "" if applied is False else " (it may have been written)"
+            self.reasons.write("row %d: %s%s\n" % (index + 1, reason, note))
+
+    def close(self) -> None:
+        if self.rows is not None:
+            self.rows.close()
+            self.reasons.close()
+
+
+# -- from --------------------------------------------------------------------------------------
+
+def _header(stream: Any, args: argparse.Namespace) -> Tuple[Optional[List[str]], Optional[bytes]]:
+    if args.columns:
+        return [c.strip() for c in args.columns.split(",")], None
+    if not args.header or args.format == "jsonl":
+        return None, None
+    raw = next(iter(records(stream, args.format, args.quote)), None)
+    if raw is None:
+        return None, None
+    names = parse([raw], args.format, dialect(args.format, args.delimiter, args.quote))[0]
+    if type(names) is BadRow:
+        raise SystemExit("the header line is not %s: %s" % (args.format, names))
+    return [n.strip() for n in names], raw
+
+
+def _options(args: argparse.Namespace, columns: Optional[List[str]]) -> Dict[str, Any]:
+    return {"space": args.space, "columns": columns, "null": args.null, "format": args.format,
+            "delimiter": args.delimiter, "quote": args.quote, "mode": args.mode,
+            "batch": args.batch, "max_in_flight": args.max_in_flight,
+            "bucket_field": args.bucket_field, "retry_timeout": args.retry_timeout}
+
+
+class _Pool:
+    """The worker processes: each a pipe, its chunks in flight."""
+
+    def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes: List[Any] = []
+        self.procs: List[Any] = []
+        self.held: Dict[Any, List[int]] = {}
+        for _ in range(n):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(theirs, spec, options), daemon=True)
+            proc.start()
+            theirs.close()
+            self.pipes.append(ours)
+            self.procs.append(proc)
+            self.held[ours] = []
+        for pipe in self.pipes:
+            kind, detail = self._recv(pipe)
+            if kind != "ready":
+                self.close()
+                raise RuntimeError(detail)
+
+    @staticmethod
+    def _recv(pipe: Any) -> Tuple[str, Any]:
+        try:
+            return pipe.recv()
+        except (EOFError, OSError):
+            return "failed", "a worker process died"
+
+    def free(self) -> Optional[Any]:
+        for pipe in self.pipes:
+            if len(self.held[pipe]) < IN_FLIGHT_CHUNKS:
+                return pipe
+        return None
+
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[bytes]]) -> None:
+        self.held[pipe].append(chunk[0])
+        pipe.send(chunk)
+
+    def busy(self) -> bool:
+        return any(self.held.values())
+
+    def results(self) -> Iterator[Tuple[str, Any]]:
+        """The answers ready now (waiting for one at least)."""
+        waiting = [p for p in self.pipes if self.held[p]]
+        for pipe in multiprocessing.connection.wait(waiting):
+            kind, detail = self._recv(pipe)
+            if kind == "chunk":
+                self.held[pipe].remove(detail[0])
+            else:   # the worker died: its chunks are lost (unsettled)
+                self.pipes.remove(pipe)
+                del self.held[pipe]
+            yield kind, detail
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+class _Local:
+    """``--procs 0``: the parent works the chunks itself, in the same order."""
+
+    def __init__(self, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+        self.worker = Worker(spec, options)
+        self.ready: List[Tuple[str, Any]] = []
+
+    def free(self) -> Optional[Any]:
+        return None if self.ready else self
+
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[bytes]]) -> None:
+        self.ready.append(("chunk", (chunk[0],) + self.worker.chunk(chunk[1], chunk[2])))
+
+    def busy(self) -> bool:
+        return bool(self.ready)
+
+    def results(self) -> Iterator[Tuple[str, Any]]:
+        ready, self.ready = self.ready, []
+        yield from ready
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _open_input(path: str) -> Tuple[Any, Optional[int]]:
+    if path == "-":
+        return sys.stdin.buffer, None
+    stream = open(path, "rb")
+    return stream, os.fstat(stream.fileno()).st_size
+
+
+def copy_from_file(args: argparse.Namespace) -> int:
+    """The ``from`` command: returns the exit status."""
+    started = time.monotonic()
+    stream, total = _open_input(args.file)
+    counted = _Counted(stream)
+    columns, header = _header(counted, args)
+    spec = target_spec(args)
+    options = _options(args, columns)
+    try:
+        workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(args.procs, spec,
+                                                                           options)
+    except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
+        _summary(args, {"rows": 0, "written": 0}, _Errors(None, None),
+                 time.monotonic() - started, args.skip_rows,
+                 ["cannot start: %s: %s" % (type(exc).__name__, exc)])
+        return EXIT_FATAL
+    errors = _Errors(args.errors, header)
+    progress = Progress(sys.stderr, total, args.progress_interval)
+    chunks: Dict[int, Tuple[int, int]] = {}      # chunk -> (first row, rows)
+    settled: Dict[int, int] = {}                 # chunk -> rows settled from its start
+    totals = {"rows": 0, "written": 0}
+    fatal: List[str] = []
+
+    def take(kind: str, detail: Any) -> None:
+        if kind != "chunk":
+            fatal.append(detail)
+            return
+        chunk_no, rows, written, rejected, done, failed, _cpu = detail
+        totals["rows"] += rows
+        totals["written"] += written
+        errors.add(rejected)
+        settled[chunk_no] = done
+        if failed is not None:
+            fatal.append(failed)
+
+    try:
+        for chunk in _chunks(counted, args, 0):
+            chunks[chunk[0]] = (chunk[1], len(chunk[2]))
+            pipe = workers.free()
+            while pipe is None:
+                for kind, detail in workers.results():
+                    take(kind, detail)
+                progress.show(totals["rows"], totals["written"], errors.count,
+                              counted.fraction(total))
+                pipe = workers.free()
+                if fatal:
+                    break
+            if fatal:
+                break
+            workers.send(pipe, chunk)
+        while workers.busy():
+            for kind, detail in workers.results():
+                take(kind, detail)
+            progress.show(totals["rows"], totals["written"], errors.count,
+                          counted.fraction(total))
+    except KeyboardInterrupt:
+        fatal.append("interrupted")
+    finally:
+        workers.close()
+        errors.close()
+        progress.done()
+    resume = args.skip_rows
+    for chunk_no in sorted(chunks):
+        first, rows = chunks[chunk_no]
+        done = settled.get(chunk_no, 0)
+        resume = first + done
+        if done < rows:
+            break
+    _summary(args, totals, errors, time.monotonic() - started, resume, fatal)
+    if fatal:
+        return EXIT_FATAL
+    return EXIT_REJECTED if errors.count else EXIT_OK
+
+
+class _Counted:
+    """The input's lines, counting the bytes read (for the ETA)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self.stream:
+            self.bytes += len(line)
+            yield line
+
+    def fraction(self, total: Optional[int]) -> Optional[float]:
+        return self.bytes / total if total else None
+
+
+def _usage() -> Tuple[float, int]:
+    """CPU seconds of this process and its finished children, and the larger
+    peak RSS of the two (KiB)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return cpu, max(me.ru_maxrss, kids.ru_maxrss)
+
+
+def _summary(args: argparse.Namespace, totals: Dict[str, int], errors: _Errors,
+             elapsed: float, resume: int, fatal: List[str]) -> None:
+    cpu, rss = _usage()
+    rate = totals["written"] / elapsed if elapsed > 0 else 0.0
+    where = " (%s)" % args.errors if args.errors and errors.count else ""
+    line = ("gtarantool-copy: %s rows read, %s written, %s rejected%s in %.1f s, %s rows/s, "
+            "client CPU %.1f s, peak RSS %d MiB; rows 1-%d settled (written or rejected)"
+            % (format(totals["rows"], ","), format(totals["written"], ","),
+               format(errors.count, ","), where, elapsed, format(int(rate), ","), cpu,
+               rss // 1024, resume))
+    if fatal:
+        line += "; stopped: %s" % (fatal[0],)
+    if resume < args.skip_rows + totals["rows"] or fatal:
+        line += "; resume with --skip-rows %d" % resume
+    print(line, flush=True)
+
+
+# -- to ----------------------------------------------------------------------------------------
+
+def copy_to_file(args: argparse.Namespace) -> int:
+    """The ``to`` command: returns the exit status."""
+    from gtarantool.copy import copy_to, space_info
+
+    started = time.monotonic()
+    target = open_target(target_spec(args))
+    try:
+        info = space_info(target, args.space)
+        exporter = Exporter(info.fields, args.format, args.null)
+        key = json.loads(args.key) if args.key is not None else None
+        out = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8",
+                                                       newline="")
+        n = 0
+        try:
+            tuples = copy_to(target, info.id, index=args.index, key=key,
+                             iterator=args.iterator, page=args.batch)
+            if args.format == "jsonl":
+                for tup in tuples:
+                    out.write(exporter.line(tup))
+                    n += 1
+            else:
+                writer = csv.writer(out, **dialect(args.format, args.delimiter, args.quote))
+                if args.header:
+                    writer.writerow(exporter.header())
+                for tup in tuples:
+                    writer.writerow(exporter.record(tup))
+                    n += 1
+        finally:
+            if out is not sys.stdout:
+                out.close()
+    finally:
+        target.close()
+    cpu, _rss = _usage()
+    print("gtarantool-copy: %s rows written to %s in %.1f s, client CPU %.1f s"
+          % (format(n, ","), args.file, time.monotonic() - started, cpu),
+          file=sys.stderr if args.file == "-" else sys.stdout, flush=True)
+    return EXIT_OK
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
+    p = argparse.ArgumentParser(prog="gtarantool-copy",
+                                description="Copy rows between a file and a Tarantool space.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, helptext in (("from", "import FILE into the space"),
+                           ("to", "export the space into FILE")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("file", metavar="FILE", help="the file ('-': stdin/stdout)")
+        c.add_argument("--space", required=True, help="the space's name or id")
+        c.add_argument("--host", default="127.0.0.1")
+        c.add_argument("--port", type=int, default=3301)
+        c.add_argument("--user", default=None)
+        c.add_argument("--password-file", default=None,
+                       help="a file holding the password (else $TARANTOOL_PASSWORD)")
+        c.add_argument("--pool", default=None, metavar="H:P,...",
+                       help="a replica set: write to its master")
+        c.add_argument("--router", default=None, metavar="H:P",
+                       help="a vshard router whose configuration names the storages")
+        c.add_argument("--sharding", default=None, metavar="CFG",
+                       help="a JSON file holding vshard's configuration")
+        c.add_argument("--format", choices=FORMATS, default="csv")
+        c.add_argument("--delimiter", default=None, help="(csv/tsv) the field separator")
+        c.add_argument("--quote", default='"', help="(csv/tsv) the quote character")
+        c.add_argument("--null", default="", help="(csv/tsv) the text of a null value")
+        c.add_argument("--header", action="store_true",
+                       help="the first line names the columns (fields of the space)")
+        c.add_argument("--batch", type=int, default=5000,
+                       help="rows per pipeline (from) or per select (to)")
+    f = sub.choices["from"]
+    f.add_argument("--columns", default=None, metavar="A,B,C",
+                   help="the fields the columns hold, in order")
+    f.add_argument("--mode", choices=("insert", "replace", "upsert"), default="insert")
+    f.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="worker processes (0: work in this process); default: cores - 1")
+    f.add_argument("--chunk", type=int, default=20000, help="rows a worker takes at a time")
+    f.add_argument("--max-in-flight", type=int, default=20000,
+                   help="rows a worker has sent and not seen answered")
+    f.add_argument("--rate", type=float, default=None, metavar="ROWS/S",
+                   help="read no faster than this")
+    f.add_argument("--skip-rows", type=int, default=0, help="skip this many rows first")
+    f.add_argument("--max-rows", type=int, default=None, help="import at most this many rows")
+    f.add_argument("--errors", default=None, metavar="FILE",
+                   help="write rejected rows here, their reasons to FILE.reasons")
+    f.add_argument("--bucket-field", default=None,
+                   help="(router) the field holding the bucket id (default: bucket_id)")
+    f.add_argument("--retry-timeout", type=float, default=30.0,
+                   help="seconds to keep re-sending rows a server did not take "
+                        "(read-only, unreachable) before stopping")
+    f.add_argument("--progress-interval", type=float, default=5.0,
+                   help="seconds between progress lines when stderr is not a terminal")
+    t = sub.choices["to"]
+    t.add_argument("--index", default="0", help="the index to read by (name or id)")
+    t.add_argument("--key", default=None, help="the start key, as JSON")
+    t.add_argument("--iterator", default=None, help="ALL, EQ, GE, GT, LE, LT, REQ")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = parser().parse_args(argv)
+    if args.command == "to" and args.index.isdigit():
+        args.index = int(args.index)
+    if args.command == "from":
+        for name in ("batch", "chunk", "max_in_flight"):
+            if getattr(args, name) < 1:
+                raise SystemExit("--%s must be positive" % name.replace("_", "-"))
+        return copy_from_file(args)
+    return copy_to_file(args)
+

@@ -1,0 +1,451 @@
+"""gtarantool.copy: copy_from/copy_to and the command line, against real servers."""
+import base64
+import decimal
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import gevent
+import pytest
+from tarantool.msgpack_ext.types.datetime import Datetime
+
+import gtarantool
+from gtarantool.copy import CopyError, copy_from, copy_to, space_info
+from gtarantool.copy.cli import main
+from gtarantool.copy.formats import BadRow, Converter, Field
+from gtarantool.testing.cluster import ShardedCluster, vshard_missing
+from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import binary_version
+from tests.conftest import PASSWORD, USER, _lua
+
+VERSION = binary_version()
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+TYPES = [("id", "unsigned"), ("i", "integer"), ("n", "number"), ("d", "double"),
+         ("s", "string"), ("b", "boolean"), ("dec", "decimal"), ("u", "uuid"),
+         ("vb", "varbinary"), ("m", "map"), ("a", "array"), ("x", "any")]
+if VERSION >= (2, 10):
+    TYPES.append(("dt", "datetime"))
+
+
+def _space(conn, name, fields, nullable=()):
+    fmt = ", ".join("{name = '%s', type = '%s'%s}" % (n, t, ", is_nullable = true"
+                                                       if n in nullable else "")
+                    for n, t in fields)
+    conn.eval("if box.space.%s then box.space.%s:drop() end "
+              "box.schema.space.create('%s', {format = {%s}}):create_index('pk')"
+              % (name, name, name, fmt))
+    conn.flush_schema()
+
+
+def _typed_rows(n):
+    rows = []
+    for k in range(n):
+        row = [k, -k * 1000, k + 0.5 if k % 2 else k, k / 3, "text %d, \"quoted\"\nline" % k,
+               k % 2 == 0, decimal.Decimal("%d.%03d" % (k, k % 1000)), uuid.uuid4(),
+               bytes([k % 256, 0, 255]), {"k": k, "nested": [1, "two"]}, [k, "a", None],
+               "free" if k % 3 else k]
+        if VERSION >= (2, 10):
+            row.append(Datetime(year=2024, month=1 + k % 12, day=1 + k % 28, hour=k % 24,
+                                minute=5, sec=k % 60, nsec=k * 1000, tzoffset=180))
+        rows.append(tuple(row))
+    return rows
+
+
+def _run(*argv):
+    """The command line in this process (--procs 0 unless given): (status, stdout)."""
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main([str(a) for a in argv])
+    return status, out.getvalue()
+
+
+def _conn_args(server):
+    return ["--host", server.host, "--port", server.port, "--user", USER]
+
+
+@pytest.fixture(autouse=True)
+def password(monkeypatch):
+    monkeypatch.setenv("TARANTOOL_PASSWORD", PASSWORD)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_every_field_type_round_trips_through_a_file(conn, server, tmp_path, fmt):
+    _space(conn, "copy_types", TYPES)
+    rows = _typed_rows(50)
+    assert copy_from(conn, "copy_types", rows).written == 50
+    before = conn.select("copy_types").data
+    path = tmp_path / ("rows." + fmt)
+    status, out = _run("to", path, "--space", "copy_types", "--format", fmt, "--header",
+                       *_conn_args(server))
+    assert status == 0 and "50 rows written" in out
+    conn.eval("box.space.copy_types:truncate()")
+    status, out = _run("from", path, "--space", "copy_types", "--format", fmt,
+                       *(["--header"] if fmt != "jsonl" else []), "--procs", 0,
+                       *_conn_args(server))
+    assert status == 0, out
+    assert "50 written, 0 rejected" in out
+    assert conn.select("copy_types").data == before
+
+
+def test_conversion_reasons_name_the_field_and_the_value():
+    fields = [Field(n, t) for n, t in TYPES] + [Field("opt", "string", nullable=True)]
+    conv = Converter(fields, [f.name for f in fields])
+    good = ["1", "-2", "3.5", "4", "s", "true", "1.10", str(uuid.uuid4()),
+            base64.b64encode(b"\x00").decode(), "{}", "[]", "x"]
+    good += ["2024-02-29T10:00:00Z"] if VERSION >= (2, 10) else []
+    assert conv.row(good + [""])[-1] is None
+    cases = {"id": ("-1", "negative"), "i": ("1.5", "not an integer"),
+             "n": ("abc", "not a number"), "b": ("maybe", "true/false"),
+             "dec": ("1,5", "not a decimal"), "u": ("zz", "not a UUID"),
+             "vb": ("!!", "base64"), "m": ("[1]", "JSON object"), "a": ("{", "not JSON")}
+    for name, (value, reason) in cases.items():
+        bad = list(good) + [""]
+        bad[[f.name for f in fields].index(name)] = value
+        with pytest.raises(BadRow, match="field %s .*%s" % (name, reason)):
+            conv.row(bad)
+    with pytest.raises(BadRow, match="cannot be null"):
+        conv.row([""] + good[1:] + [""])
+    with pytest.raises(BadRow, match="columns where"):
+        conv.row(good)
+
+
+def _write(path, lines, mode="w"):
+    with open(path, mode) as f:
+        for line in lines:
+            f.write(line)
+
+
+def test_bad_rows_and_duplicates_go_to_the_errors_file_and_exit_2(conn, server, tmp_path):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    conn.insert("copy_kv", (3, "taken", 0))
+    src = tmp_path / "in.csv"
+    lines = [b"id,name,n\n"] + [b"%d,name %d,%d\n" % (k, k, k) for k in range(10)]
+    lines[2] = b"1,one,not-a-number\n"           # a bad number
+    lines[5] = b"4,four\n"                       # a missing column
+    lines[6] = b"5,caf\xe9,5\n"                  # a byte that is not UTF-8
+    _write(src, lines, "wb")
+    errors = tmp_path / "errors.csv"
+    status, out = _run("from", src, "--space", "copy_kv", "--header", "--errors", errors,
+                       "--procs", 0, *_conn_args(server))
+    assert status == 2
+    assert "10 rows read, 6 written, 4 rejected" in out
+    assert errors.read_bytes() == b"".join([lines[0], lines[2], lines[4], lines[5], lines[6]])
+    reasons = (tmp_path / "errors.csv.reasons").read_text().splitlines()
+    assert reasons[0].startswith("row 2: field n (integer): 'not-a-number': not an integer")
+    assert reasons[1].startswith("row 4: DatabaseError: Duplicate key") and "(code 3)" in reasons[1]
+    assert reasons[2].startswith("row 5: 2 columns where 3 were expected")
+    assert reasons[3].startswith("row 6: not UTF-8: byte 0xe9")
+    assert sorted(t[0] for t in conn.select("copy_kv").data) == [0, 2, 3, 6, 7, 8, 9]
+    assert conn.select("copy_kv", 3).data[0][1] == "taken"
+
+
+def test_skip_and_max_rows_take_a_window(conn, server, tmp_path):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / "in.tsv"
+    _write(src, ["%d\tname %d\t%d\n" % (k, k, k) for k in range(100)])
+    status, out = _run("from", src, "--space", "copy_kv", "--format", "tsv", "--skip-rows", 10,
+                       "--max-rows", 25, "--chunk", 7, "--procs", 0, *_conn_args(server))
+    assert status == 0 and "rows 1-35 settled" in out
+    assert [t[0] for t in conn.select("copy_kv").data] == list(range(10, 35))
+
+
+def test_rate_paces_the_import_and_progress_lines_follow_it(conn, server, tmp_path, capsys):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / "in.csv"
+    _write(src, ["%d,n,%d\n" % (k, k) for k in range(600)])
+    started = time.monotonic()
+    status, _ = _run("from", src, "--space", "copy_kv", "--rate", 1000, "--procs", 0,
+                     "--progress-interval", 0.1, *_conn_args(server))
+    assert status == 0
+    assert time.monotonic() - started >= 0.55     # 600 rows at 1,000/s: 0.6 s at least
+    assert len(conn.select("copy_kv").data) == 600
+    lines = capsys.readouterr().err.splitlines()   # not a terminal: plain lines
+    assert len(lines) >= 2 and all(" written, 0 rejected, " in line for line in lines)
+
+
+def test_worker_processes_write_every_row_once(conn, server, tmp_path):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / "in.jsonl"
+    _write(src, [json.dumps({"id": k, "name": "n%d" % k, "n": k}) + "\n" for k in range(5000)]
+           + ['{"id": 1, "name": "again", "n": 1}\n'])
+    status, out = _run("from", src, "--space", "copy_kv", "--format", "jsonl", "--procs", 2,
+                       "--chunk", 300, "--batch", 100, "--errors", tmp_path / "e.jsonl",
+                       *_conn_args(server))
+    assert status == 2 and "5,001 rows read, 5,000 written, 1 rejected" in out
+    assert conn.eval("return box.space.copy_kv:count()").data[0] == 5000
+    assert "again" in (tmp_path / "e.jsonl").read_text()
+
+
+def test_copy_from_takes_dicts_and_reports_each_refusal(conn):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")],
+           nullable=("n",))
+    rows = [{"id": 1, "name": "a"}, (1, "dup", 1), {"id": 2, "nope": 1}, "text", [3, "c", 3]]
+    report = copy_from(conn, "copy_kv", rows, batch=2)
+    assert report.written == 2 and report.rows == 5 and report.settled == 5
+    assert [(r.position, r.applied) for r in report.rejected] == [(1, False), (2, False),
+                                                                   (3, False)]
+    assert "Duplicate key" in report.rejected[0].reason
+    assert conn.select("copy_kv").data == [[1, "a"], [3, "c", 3]]
+
+
+def test_upsert_assigns_the_fields_outside_the_key(conn):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    copy_from(conn, "copy_kv", [(k, "old", k) for k in range(10)])
+    report = copy_from(conn, "copy_kv", [(k, "new", -k) for k in range(5, 15)], mode="upsert")
+    assert report.written == 10 and not report.rejected
+    data = conn.select("copy_kv").data
+    assert data[:5] == [[k, "old", k] for k in range(5)]
+    assert data[5:] == [[k, "new", -k] for k in range(5, 15)]
+
+
+def test_copy_from_keeps_at_most_max_in_flight_rows_unanswered(conn):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    ahead = []
+
+    def rows():
+        for k in range(3000):
+            if k % 100 == 0:
+                ahead.append(k - conn.eval("return box.space.copy_kv:count()").data[0])
+            yield (k, "n", k)
+    copy_from(conn, "copy_kv", rows(), batch=100, max_in_flight=500)
+    assert max(ahead) <= 500 + 100
+
+
+@pytest.mark.parametrize("page", [1, 7, 1000])
+def test_copy_to_pages_through_a_non_unique_index(conn, page):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    conn.eval("box.space.copy_kv:create_index('by_n', {parts = {'n'}, unique = false})")
+    copy_from(conn, "copy_kv", [(k, "n", k % 5) for k in range(40)])
+    everything = conn.select("copy_kv", index="by_n").data
+    assert list(copy_to(conn, "copy_kv", index="by_n", page=page)) == everything
+    assert list(copy_to(conn, "copy_kv", index="by_n", key=3, iterator="GE", page=page)) == \
+        conn.select("copy_kv", 3, index="by_n", iterator="GE").data
+    assert list(copy_to(conn, "copy_kv", index="by_n", key=2, page=page)) == \
+        conn.select("copy_kv", 2, index="by_n").data
+    assert list(copy_to(conn, "copy_kv", index="by_n", key=2, iterator="LE", page=page)) == \
+        conn.select("copy_kv", 2, index="by_n", iterator="LE").data
+
+
+def test_unknown_space_and_mode_are_refused(conn):
+    with pytest.raises(ValueError, match="no space"):
+        copy_from(conn, "copy_nothing", [(1,)])
+    with pytest.raises(ValueError, match="mode"):
+        copy_from(conn, "tester", [(1,)], mode="merge")
+
+
+# -- interrupted imports ------------------------------------------------------------------
+
+def _cli(*argv):
+    return subprocess.Popen([sys.executable, "-m", "gtarantool.copy"] + [str(a) for a in argv],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TARANTOOL_PASSWORD=PASSWORD))
+
+
+def _resume_point(out, err=""):
+    assert "--skip-rows" in out, (out, err)
+    return int(out.rsplit("--skip-rows ", 1)[1].split()[0])
+
+
+@pytest.mark.parametrize("how", ["graceful", "kill"])
+def test_an_interrupted_import_resumes_with_skip_rows(fresh_server, tmp_path, how):
+    srv = fresh_server
+    conn = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD)
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    conn.close()
+    total = 10000
+    src = tmp_path / "in.csv"
+    _write(src, ["%d,n%d,%d\n" % (k, k, k) for k in range(total)])
+    args = ["--space", "copy_kv", "--host", srv.host, "--port", srv.port, "--user", USER,
+            "--mode", "replace", "--procs", 1, "--chunk", 500, "--errors", tmp_path / "err.csv"]
+    proc = _cli("from", src, "--rate", 5000, "--retry-timeout", 1, *args)
+    watch = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD)
+    while watch.eval("return box.space.copy_kv:count()").data[0] < 2000:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    watch.close()
+    if how == "kill":     # and stays away past --retry-timeout: the import stops
+        srv.kill()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, (out, err)
+        srv.start()
+    else:                 # and comes back: the import goes on
+        srv.stop()
+        srv.start()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode in (0, 2), (out, err)
+    if proc.returncode != 0:
+        resume = _resume_point(out, err)
+        assert 0 < resume < total
+        proc = _cli("from", src, "--skip-rows", resume, *args)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (out, err)
+    assert "--skip-rows" not in out
+    conn = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD)
+    try:
+        assert [t[0] for t in conn.select("copy_kv").data] == list(range(total))
+    finally:
+        conn.close()
+
+
+def test_a_pool_target_follows_a_switchover(tmp_path):
+    with ReplicaSet(_lua(), replicas=1, user=USER, password=PASSWORD) as rs:
+        admin = gtarantool.connect(rs.master.host, rs.master.port, user=USER, password=PASSWORD)
+        _space(admin, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+        admin.close()
+        rs.wait_synced()
+        pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD,
+                                         refresh_delay=0.1)
+        total = 30000
+        switched = []
+
+        def rows():
+            for k in range(total):
+                if k == 10000:
+                    rs.eval(rs.master, "box.cfg{read_only = true}")
+                    rs.promote(rs.replicas[0])
+                    switched.append(k)
+                yield (k, "n", k)
+        try:
+            report = copy_from(pool, "copy_kv", rows(), batch=500, max_in_flight=5000)
+        finally:
+            pool.close()
+        assert switched and report.written == total and not report.rejected
+        new = gtarantool.connect(rs.replicas[0].host, rs.replicas[0].port, user=USER,
+                                 password=PASSWORD)
+        try:
+            assert [t[0] for t in new.select("copy_kv").data] == list(range(total))
+        finally:
+            new.close()
+
+
+def test_a_dead_server_stops_copy_from_with_the_rows_settled(fresh_server):
+    srv = fresh_server
+    conn = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD,
+                              reconnect_delay=0.05)
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    info = space_info(conn, "copy_kv")
+
+    def rows():
+        for k in range(20000):
+            if k == 5000:
+                srv.kill()
+            yield (k, "n", k)
+    with pytest.raises(CopyError) as caught:
+        copy_from(conn, "copy_kv", rows(), batch=500, retry_timeout=0.5, info=info)
+    report = caught.value.report
+    srv.start()
+    written = len(conn.select("copy_kv").data)
+    conn.close()
+    assert report.settled <= written <= 5000 + 500
+
+
+# -- a vshard cluster -----------------------------------------------------------------------
+
+STORAGE = """
+if not box.info.ro then box.once('copy', function()
+    local s = box.schema.space.create('customers', {format = {
+        {name = 'id', type = 'unsigned'}, {name = 'bucket_id', type = 'unsigned'},
+        {name = 'name', type = 'string'}}})
+    s:create_index('pk', {parts = {'id'}})
+    s:create_index('bucket_id', {parts = {'bucket_id'}, unique = false})
+end) end
+"""
+
+
+@pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+def test_a_router_target_writes_each_row_on_its_buckets_owner(tmp_path):
+    with ShardedCluster(shards=2, storage_lua=STORAGE) as cluster:
+        router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                                   fetch_schema=True)
+        try:
+            rows = [(k, None, "customer %d" % k) for k in range(3000)]
+            report = copy_from(router, "customers", rows,
+                               bucket_id=lambda row: router.bucket_id_mpcrc32(row[0]))
+            assert report.written == 3000 and not report.rejected
+            cfg = tmp_path / "cfg.json"
+            cfg.write_text(json.dumps(cluster.cfg))
+            src = tmp_path / "more.csv"
+            _write(src, ["%d,%d,more %d\n" % (k, router.bucket_id_mpcrc32(k), k)
+                         for k in range(3000, 4000)])
+            env_password = tmp_path / "password"
+            env_password.write_text(cluster.password)
+            status, out = _run("from", src, "--space", "customers", "--sharding", cfg,
+                               "--user", cluster.user, "--password-file", env_password,
+                               "--procs", 0)
+            assert status == 0, out
+            exported = list(copy_to(router, "customers"))
+        finally:
+            router.close()
+        out_file = tmp_path / "out.jsonl"
+        status, out = _run("to", out_file, "--space", "customers", "--format", "jsonl",
+                           "--router", "%s:%s" % (cluster.router.host, cluster.router.port),
+                           "--user", cluster.user, "--password-file", env_password)
+        assert status == 0 and "4,000 rows written" in out
+        assert sorted(json.loads(line)["id"] for line in out_file.open()) == list(range(4000))
+        seen = 0
+        for shard in cluster.shards:
+            master = shard.servers[0]
+            owned = set(cluster.eval(master, "local ids = {} for _, b in "
+                                     "box.space._bucket:pairs() do ids[#ids + 1] = b[1] end "
+                                     "return ids")[0])
+            tuples = cluster.eval(master, "return box.space.customers:select()")[0]
+            assert tuples and all(t[1] in owned for t in tuples)
+            assert all(t[1] == router_bucket(cluster, t[0]) for t in tuples[:50])
+            seen += len(tuples)
+        assert seen == 4000 and len(exported) == 4000
+
+
+def router_bucket(cluster, key):
+    return cluster.eval(cluster.router, "return vshard.router.bucket_id_mpcrc32(...)", key)[0]
+
+
+def test_the_console_script_is_declared():
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert 'gtarantool-copy = "gtarantool.copy.cli:main"' in f.read()
+
+
+def test_a_greenlet_can_run_copy_from_beside_others(conn):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    pings = []
+    ticker = gevent.spawn(lambda: [pings.append(conn.ping()) or gevent.sleep(0.001)
+                                   for _ in range(20)])
+    report = copy_from(conn, "copy_kv", [(k, "n", k) for k in range(20000)])
+    ticker.join(5)
+    ticker.kill()
+    assert report.written == 20000 and len(pings) == 20
+
+
+def _guide_csv():
+    """The CSV file docs/copy.rst shows, as the guide prints it."""
+    with open(os.path.join(ROOT, "docs", "copy.rst"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("``customers.csv``::\n\n", 1)[1].split("\n\n", 1)[0]
+    return "".join(line[4:] + "\n" for line in block.splitlines()).encode()
+
+
+@pytest.mark.skipif(VERSION < (2, 10), reason="the guide's datetime field needs Tarantool 2.10+")
+def test_the_guides_dataset_imports_as_the_guide_says(conn, server, tmp_path):
+    _space(conn, "customers", [("id", "unsigned"), ("name", "string"), ("email", "string"),
+                               ("city", "string"), ("signup", "datetime"),
+                               ("balance", "decimal"), ("active", "boolean"),
+                               ("tags", "array"), ("note", "string")], nullable=("note",))
+    src = tmp_path / "customers.csv"
+    src.write_bytes(_guide_csv())
+    errors = tmp_path / "rejected.csv"
+    status, out = _run("from", src, "--space", "customers", "--header", "--errors", errors,
+                       "--procs", 0, *_conn_args(server))
+    assert status == 2 and "4 rows read, 2 written, 2 rejected" in out
+    assert (tmp_path / "rejected.csv.reasons").read_text() == (
+        "row 3: field signup (datetime): '2024-02-30T08:00:00Z': day is out of range for month\n"
+        "row 4: field balance (decimal): 'n/a': not a decimal number\n")
+    bruno = conn.select("customers", 2).data[0]
+    assert bruno[8] == 'called twice, "no reply"' and bruno[5] == decimal.Decimal("0")
+    ana = conn.select("customers", 1).data[0]
+    assert ana[7] == ["vip"] and ana[8:] in ([], [None])
