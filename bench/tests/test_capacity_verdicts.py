@@ -1,0 +1,51 @@
+"""``python -m bench.capacity`` end to end, where the answer is no number or a lower bound:
+every request failing gives ``capacity: none`` and exit status 1; a client that spends
+CPU on each answer (``--client-work``) ends the search ``client-bound``."""
+import json
+
+from bench.suites.capacity import main as capacity_main
+
+
+def _last_verdict(out):
+    return [line for line in out.splitlines() if line.startswith("capacity: ")][-1]
+
+
+def test_every_request_failing_is_capacity_none(server, tmp_path, capsys):
+    path = tmp_path / "none.json"
+    code = capacity_main([
+        "--host", server.host, "--port", str(server.port), "--user", "test",
+        "--password", "secret", "--mix", "call=100", "--call", "no_such_function_here",
+        "--records", "100", "--greenlets", "10", "--slo", "p99=50ms", "--start", "200",
+        "--factor", "4", "--step", "0.5", "--samples", "0", "--json", str(path)])
+    assert code == 1
+    line = _last_verdict(capsys.readouterr().out)
+    assert line.startswith("capacity: none") and "errors 100%" in line, line
+    result = json.loads(path.read_text())
+    assert result["capacity"] is None
+    step = result["steps"][0]
+    assert step["errors"] == step["ops"] > 0 and not step["ok"]
+    assert sum(step["errors_by_kind"].values()) == step["errors"]
+
+
+def test_a_busy_client_makes_the_search_client_bound(server, tmp_path, capsys):
+    # 2 ms of CPU per answer: one process holds at most 500/s, a local server far more.
+    path = tmp_path / "bound.json"
+    code = capacity_main([
+        "--host", server.host, "--port", str(server.port), "--user", "test",
+        "--password", "secret", "--mix", "select=100", "--records", "100",
+        "--greenlets", "10", "--client-work", "2000", "--slo", "p99=1s", "--start", "150",
+        "--factor", "3", "--precision", "0.3", "--step", "1", "--samples", "0",
+        "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = _last_verdict(out)
+    assert line.startswith("capacity: >= ") and "(client-bound: 1 worker process at " in line
+    assert line.endswith("add -p)"), line
+    result = json.loads(path.read_text())
+    assert result["client_bound"] is True
+    broken = [s for s in result["steps"] if s["client_bound"]]
+    # (the CPU it used plus its wait for one, on a busy host)
+    assert broken and all(
+        max(c + (w or 0) for c, w in zip(s["worker_cpu"], s["worker_wait"])) >= 0.85
+        for s in broken)
+    assert result["capacity"] < 500
