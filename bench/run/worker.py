@@ -77,11 +77,16 @@ def measure(driver, phase, config, send, profile):
     cpu_before = time.process_time()
     start = time.monotonic()
 
+    # A load phase inserts its records whatever the duration of the run phase.
+    duration = None if phase.name == "load" else config.duration
+    if not is_open:
+        phase.start(duration)   # (it sets the ``take`` the driver's workers hold)
+
     def started():
-        # The clock (an open loop's schedule) starts once every greenlet, thread or task
-        # exists: spawning them is not counted against the first requests.  A load phase
-        # inserts its records whatever the duration of the run phase.
-        phase.start(None if phase.name == "load" else config.duration)
+        # An open loop's schedule starts once every greenlet, thread or task exists:
+        # spawning them is not counted against the first requests.
+        if is_open:
+            phase.start(duration)
     # The measured section: profiling (--profile) resumes right before this call and pauses
     # right after it, so profiles hold the requests (and the connection's open and close).
     with profile.section():
