@@ -624,6 +624,9 @@ def _search(base, slos, target, args):
               base.driver, base.procs, base.concurrency, base.workload, args.step,
               ", ".join(map(str, slos)), args.max_errors, target.host, target.port,
               target.version), flush=True)
+    missing = getattr(target, "cpu_missing", None)
+    if missing:
+        print("server CPU: n/a, %s" % missing, flush=True)
     print(table([]), flush=True)
 
     def measure(rate):

@@ -3,7 +3,9 @@ every request failing gives ``capacity: none`` and exit status 1; a client that 
 CPU on each answer (``--client-work``) ends the search ``client-bound``."""
 import json
 
+from bench.core.config import Config
 from bench.suites.capacity import main as capacity_main
+from bench.targets.server import Target
 
 
 def _last_verdict(out):
@@ -49,3 +51,18 @@ def test_a_busy_client_makes_the_search_client_bound(server, tmp_path, capsys):
         max(c + (w or 0) for c, w in zip(s["worker_cpu"], s["worker_wait"])) >= 0.85
         for s in broken)
     assert result["capacity"] < 500
+    # The server runs here: its CPU is read for --host too.
+    assert all(s["server_cpu"] is not None for s in result["steps"])
+
+
+def test_an_existing_servers_cpu_is_read_through_the_connection(server):
+    config = Config(host=server.host, port=server.port, user="test", password="secret")
+    target = Target(server.host, server.port, config)
+    try:
+        assert target.cpu_source == "lua" and target.cpu_missing is None
+        before = target.cpu_seconds()
+        target._eval("local t = 0 for i = 1, 3e7 do t = t + i end return t")
+        after = target.cpu_seconds()
+    finally:
+        target.close()
+    assert 0 < before < after
