@@ -53,7 +53,8 @@ class Schedule:
         self.arrivals = arrivals
         self.offset = index / rate if arrivals == "uniform" else 0.0
         self.count, self.duration = count, duration
-        self._rng = random.Random(seed)
+        # Arrivals draw from a stream of their own: the keys use the worker's seed.
+        self._rng = random.Random("arrivals-%s" % seed)
         self.start = self.end = self.period_end = None
 
     def begin(self, now):
@@ -131,12 +132,12 @@ class OpenPhase:
 
 
 def _bucket(us):
-    """Microseconds to two significant digits: per-second percentiles for the progress
-    lines, cheap to send; the final figures come from full HDR histograms."""
+    """Microseconds rounded to two significant digits: per-second percentiles for the
+    progress lines, cheap to send; the final figures come from full HDR histograms."""
     if us < 100:
         return max(us, LOWEST_US)
     step = 10 ** (int(math.log10(us)) - 1)
-    return us - us % step
+    return (us + step // 2) // step * step
 
 
 class OpenRecorder(Recorder):

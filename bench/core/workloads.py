@@ -35,9 +35,10 @@ class Payloads:
 
     def __init__(self, size, seed=0):
         rng = random.Random(seed)
-        sizes = parse_sizes(size).table(self.SPREAD, rng)
+        parsed = parse_sizes(size)
+        sizes = parsed.table(parsed.slots(self.SPREAD), rng)
         largest = max(sizes)
-        base = bytes(rng.getrandbits(8) for _ in range(largest + self.SPREAD))
+        base = bytes(rng.getrandbits(8) for _ in range(largest + len(sizes)))
         self.table = [base[start:start + n] for start, n in enumerate(sizes)]
         self.SPREAD = len(self.table)
 
