@@ -141,11 +141,13 @@ class Window:
 
 
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
-              guard=0, **params):
+              guard=0, expected_ops=None, **params):
     """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
     without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
     with no live record left) is drawn again.
 
+    :param expected_ops: the operations a run of ``count`` None is expected to make
+        (an open loop's rate times its duration): the zipfian's fixed key space
     :raises ValueError: an unknown operation or distribution
     """
     unknown = set(mix) - set(RUN_OPERATIONS)
@@ -153,9 +155,15 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         raise ValueError("unknown operations %s; known: %s"
                          % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
     rng = random.Random(seed)
+    total = sum(mix.values())
+    expected_ops = count if count is not None else expected_ops
+    if distribution == "zipfian" and expected_ops is not None and "space" not in params:
+        # YCSB's key space: the records plus the inserts the run is expected to make
+        # (a run of unknown length: the window as it is).
+        params["space"] = share(records, index, procs) + round(
+            expected_ops * mix.get("insert", 0) / total) + 1
     window = Window(records, index, procs,
                     distributions.chooser(distribution, rng, **params), tx_size, guard)
-    total = sum(mix.values())
     table = []
     for op in RUN_OPERATIONS:
         table += [op] * round(1000 * mix.get(op, 0) / total)

@@ -83,7 +83,7 @@ def zipfian_item(rank, n):
     return fnv64(rank) % n
 
 
-def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS):
+def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS, space=None):
     """``pick(lo, hi)`` for distribution ``name``, drawing from ``rng.random``.
 
     :param name: one of :data:`DISTRIBUTIONS`
@@ -91,6 +91,10 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
     :param theta: the zipfian constant (zipfian, latest)
     :param hot_set: hotspot: the share of the window that is hot
     :param hot_ops: hotspot: the share of requests that go to it
+    :param space: zipfian: a fixed key space (the records plus the inserts expected, as
+        YCSB's): an item hashes onto it and a draw outside the window is drawn again, so
+        the popular records stay where they are as the window grows; None: onto the
+        window as it is now
     :returns: a function ``pick(lo, hi)`` -> a position in ``[lo, hi)``
     :raises ValueError: an unknown name or parameters out of range
     """
@@ -103,6 +107,13 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
         draw = _hashed_items(zipf, rng)
 
         def pick(lo, hi):
+            if space is not None and hi > lo:
+                for _ in range(REDRAWS):
+                    if not hashes:
+                        hashes.extend(draw())
+                    position = hashes.pop() % space
+                    if lo <= position < hi:
+                        return position
             if not hashes:
                 hashes.extend(draw())
             return lo + hashes.pop() % (hi - lo)
@@ -141,6 +152,7 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
 
 
 BATCH = 4096
+REDRAWS = 1000   # draws outside the window before the fixed space gives way to the window
 
 
 def _hashed_items(zipf, rng):
