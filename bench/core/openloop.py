@@ -146,9 +146,11 @@ class OpenRecorder(Recorder):
     sixth item: the second's latency and service time (``{microseconds: n}``, two
     significant digits) and the largest lag of a send behind its intended time."""
 
+    SERIES = ("latency", "service_time")
+
     def __init__(self, phase, send):
         super().__init__(phase, send)
-        self.service = collections.defaultdict(dict)   # op -> {microseconds: n}
+        self.service_time = collections.defaultdict(dict)   # op -> {microseconds: n}
         self._second_latency = collections.Counter()
         self._second_service = collections.Counter()
         self._second_lag = 0.0
@@ -163,7 +165,7 @@ class OpenRecorder(Recorder):
         lag = t0 - intended
         us = int((t1 - (intended if lag > 0 else t0)) * 1e6)
         service_us = int((t1 - t0) * 1e6)
-        latency, service = self.latency[op], self.service[op]
+        latency, service = self.latency[op], self.service_time[op]
         latency[us] = latency.get(us, 0) + 1
         service[service_us] = service.get(service_us, 0) + 1
         self._second_latency[_bucket(us)] += 1
@@ -193,7 +195,7 @@ class OpenRecorder(Recorder):
     def service_histograms(self):
         """op -> encoded HDR histogram of its service times in microseconds."""
         out = {}
-        for op, counts in self.service.items():
+        for op, counts in self.merged("service_time").items():
             hist = new_histogram()
             for us, n in counts.items():
                 hist.record_value(max(us, LOWEST_US), n)

@@ -3,6 +3,7 @@ every request failing gives ``capacity: none`` and exit status 1; a client that 
 CPU on each answer (``--client-work``) ends the search ``client-bound``."""
 import json
 
+from bench.__main__ import main as bench_main
 from bench.core.config import Config
 from bench.suites.capacity import main as capacity_main
 from bench.targets.server import Target
@@ -66,3 +67,19 @@ def test_an_existing_servers_cpu_is_read_through_the_connection(server):
     finally:
         target.close()
     assert 0 < before < after
+
+
+def test_an_open_loop_records_service_time_by_interval_and_counts_gc(server, tmp_path):
+    path, log = tmp_path / "run.json", tmp_path / "run.hlog"
+    assert bench_main(["--host", server.host, "--port", str(server.port), "--user", "test",
+                       "--password", "secret", "--workload", "mix", "--mix", "select=100",
+                       "--records", "100", "--rate", "400", "--duration", "1", "-q",
+                       "--json", str(path), "--hlog", str(log)]) == 0
+    results = json.loads(path.read_text())
+    run = [i for i in results["intervals"] if i["phase"] == "run"]
+    assert run and all("service_time_ms" in i for i in run)
+    assert all(i["service_time_ms"]["p50"] <= i["latency_ms"]["p99.9"] for i in run)
+    assert "service_time.select" in log.read_text()
+    phase = results["phases"][-1]
+    assert len(phase["client_gc_collections"]) == 3
+    assert len(phase["client_cpu_by_process"]) == 1
