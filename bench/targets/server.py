@@ -32,15 +32,18 @@ if ok and type(misc) == 'table' and misc.getrusage then
     if type(r) == 'table' and r.utime and r.stime then return r.utime + r.stime end
 end
 local ffi = require('ffi')
-if not pcall(ffi.typeof, 'struct bench_rusage') then
+-- Tarantool 3.x declares struct rusage and getrusage itself; 2.x does not.
+if not pcall(ffi.typeof, 'struct rusage') then
     ffi.cdef[[
         struct bench_timeval { long tv_sec; long tv_usec; };
-        struct bench_rusage { struct bench_timeval ru_utime; struct bench_timeval ru_stime;
-                              long ru_rest[14]; };
-        int getrusage(int who, struct bench_rusage *usage);
+        struct rusage { struct bench_timeval ru_utime; struct bench_timeval ru_stime;
+                        long ru_rest[14]; };
     ]]
 end
-local r = ffi.new('struct bench_rusage')
+if not pcall(function() return ffi.C.getrusage end) then
+    ffi.cdef('int getrusage(int who, struct rusage *usage);')
+end
+local r = ffi.new('struct rusage')
 if ffi.C.getrusage(0, r) ~= 0 then return nil end
 return tonumber(r.ru_utime.tv_sec) + tonumber(r.ru_utime.tv_usec) / 1e6
     + tonumber(r.ru_stime.tv_sec) + tonumber(r.ru_stime.tv_usec) / 1e6
