@@ -162,6 +162,9 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         # (a run of unknown length: the window as it is).
         params["space"] = share(records, index, procs) + round(
             expected_ops * mix.get("insert", 0) / total) + 1
+    if distribution == "latest" and "window" not in params:
+        # Its generator built now, before the start barrier, not on the first draw.
+        params["window"] = share(records, index, procs)
     window = Window(records, index, procs,
                     distributions.chooser(distribution, rng, **params), tx_size, guard)
     table = []
