@@ -100,10 +100,11 @@ class Connection(RequestMethods, tarantool.Connection):
 
     :param host: the server's address; ``None`` for a Unix socket.
     :param port: its port, or the Unix socket's path.
-    :param request_timeout: seconds a request may wait for its reply (queueing
-        for an in-flight slot included); ``None`` waits forever.  On expiry the
-        caller gets :class:`gtarantool.RequestTimeout` and the late reply is
-        discarded.
+    :param request_timeout: seconds a call may take, end to end: waiting for
+        an in-flight slot or a reconnect, the request and any re-send; ``None``
+        waits for the reply forever.  On expiry the caller gets
+        :class:`gtarantool.RequestTimeout` and the late reply is discarded
+        (docs/guarantees.rst).
     :param max_in_flight: most requests awaiting replies at once; further
         callers wait for a slot.
     :param max_response_size: largest reply frame accepted, in bytes.

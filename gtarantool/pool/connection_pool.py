@@ -181,6 +181,9 @@ class ConnectionPool(_PoolBase):
     :raises tarantool.error.ConfigurationError: ``addrs`` is empty or not a
         list, an address is bad or given twice, or a bad ``wait_timeout``.
 
+    What a call gets on a timeout, a crash, a restart, a failover or a fork,
+    and what is re-sent: docs/guarantees.rst.
+
     ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
     authenticating and learning the role.  Instances that are down at start are
     connected later, every ``refresh_delay`` until they answer.
