@@ -26,12 +26,10 @@ import weakref
 
 import gevent
 from gevent.event import Event
-
-from gtarantool import features, watchers
 from tarantool.error import NetworkError
 
+from gtarantool import features, watchers
 from gtarantool.errors import ConnectionClosed
-from gtarantool.transport import check_process, process_token
 from gtarantool.protocol.constants import (
     ER_LOADING,
     ER_READONLY,
@@ -41,6 +39,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_UPDATE,
     REQUEST_TYPE_UPSERT,
 )
+from gtarantool.transport import check_process, process_token
 
 SHUTDOWN_KEY = "box.shutdown"
 STATUS_KEY = "box.status"

@@ -15,7 +15,7 @@ import pytest
 from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
-from gtarantool import ConnectionClosed, Mode, RequestTimeout
+from gtarantool import RequestTimeout
 from gtarantool.errors import applied
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import TarantoolServer, binary_version

@@ -39,7 +39,6 @@ from gtarantool.errors import ConnectionClosed, RequestTimeout, not_sent
 from gtarantool.pool.roles import monitor
 from gtarantool.pool.strategies import ANY, MODES, RW, RoundRobinStrategy
 from gtarantool.protocol import NO_LIMIT
-from gtarantool.transport import check_process, process_token
 from gtarantool.protocol.constants import (
     ER_LOADING,
     ER_READONLY,
@@ -47,6 +46,7 @@ from gtarantool.protocol.constants import (
     ER_SYNC_QUEUE_UNCLAIMED,
     ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
 )
+from gtarantool.transport import check_process, process_token
 
 _pool = compiled.pool   # None: built without a C compiler, or Python < 3.10
 
@@ -422,7 +422,7 @@ class ConnectionPool(_PoolBase):
             except PoolTopologyError as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    exc.applied = False   # type: ignore[attr-defined]
+                    exc.applied = False
                     raise
                 changed.wait(remaining)
                 check_process(token)
