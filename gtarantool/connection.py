@@ -373,9 +373,12 @@ class Connection(RequestMethods, tarantool.Connection):
             # own call, if any, is not undone.)
             gevent.reinit()
             _hub_reinit = self._process
-        # (The locks stay: a greenlet copied from the parent that holds one
-        # releases it when it wakes here, with the ConnectionClosed of its
-        # process check; a new lock would be released by it in its place.)
+        # A greenlet copied from the parent may hold them and wait here for
+        # good (for the parent's resolver thread, say): this process's callers
+        # take new ones.  (The copy, if it wakes, releases the one it took:
+        # each holder keeps a reference to its own lock.)
+        self._lock = gevent.lock.RLock()
+        self._schema_lock = gevent.lock.RLock()
         transport, self._transport = self._transport, None
         self._socket = None
         self.connected = False

@@ -5,17 +5,19 @@ Real servers throughout; the C paths and their Python twins (``routes``,
 ``reader``) both run the pool and transport cases.
 """
 import gc
+import json
 import os
 import signal
 import socket
 import time
 
 import gevent
+import gevent.os
 import pytest
 from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
-from gtarantool import RequestTimeout
+from gtarantool import ConnectionClosed, RequestTimeout
 from gtarantool.errors import applied
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import TarantoolServer, binary_version
@@ -265,3 +267,65 @@ def test_a_write_waiting_for_a_master_is_applied_once_across_a_fork(replicaset, 
             assert conn.select("kv", "fork-counter").data == [["fork-counter", 1]]
     finally:
         pool.close()
+
+
+def _in_child(body):
+    """Fork; run ``body()`` in the child (its hub running) and return what it
+    returns (a JSON value), as the parent reads it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            gevent.get_hub().exception_stream = None
+            with gevent.Timeout(20):
+                os.write(w, json.dumps(body()).encode())
+            status = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(w, json.dumps({"crash": repr(exc)}).encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+    gevent.os.make_nonblocking(r)
+    data = b""
+    try:
+        with gevent.Timeout(30):
+            while True:
+                chunk = gevent.os.nb_read(r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(r)
+        in_thread(os.waitpid, pid, 0)
+    return json.loads(data.decode())
+
+
+def _outcome(glet):
+    exc = glet.exception
+    return None if exc is None else [type(exc).__name__, applied(exc)]
+
+
+def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):
+    """A caller reconnecting (the lock held, between attempts) when the process
+    forks: its copy in the child gets ConnectionClosed, not applied, and makes
+    no attempt there (and releases the lock it took); the child's own call gets
+    its own outcome; the parent's call goes on."""
+    path = str(tmp_path / "nobody.sock")   # nothing listens: every attempt is refused
+    conn = gtarantool.Connection(None, path, connect_now=False, reconnect_max_attempts=3,
+                                 reconnect_delay=0.3)
+    parent = gevent.spawn(conn.ping)
+    gevent.sleep(0.1)
+    assert not parent.ready()
+
+    def child():
+        own = gevent.spawn(conn.ping)
+        gevent.joinall([own, parent])
+        return {"copy": _outcome(parent), "own": _outcome(own)}
+
+    got = _in_child(child)
+    assert got == {"copy": ["ConnectionClosed", False], "own": ["NetworkError", False]}, got
+    parent.join(timeout=5)
+    assert isinstance(parent.exception, NetworkError)
+    assert not isinstance(parent.exception, ConnectionClosed)
