@@ -91,15 +91,19 @@ class Draining(ConnectionClosed):
     applied = False
 
 
+class CopiedCall(ConnectionClosed):
+    """This greenlet is a copy, in a forked child, of a caller of the parent's,
+    whose call goes on there: nothing of it is sent here (and no one re-sends it)."""
+
+    applied = False
+
+
 def check_process(token):
-    """Raise ``ConnectionClosed`` (``applied`` False) when this is not the
-    process ``token`` (a ``process_token()``) was taken in: the caller is a
-    copy, in a forked child, of a greenlet of the parent's, whose call goes on
-    there; it must not send anything here."""
+    """Raise ``CopiedCall`` when this is not the process ``token`` (a
+    ``process_token()``) was taken in."""
     if token != process_token():
-        raise not_sent(ConnectionClosed(
-            "this call was made by the parent of this forked process, and goes on there: "
-            "nothing of it is sent here"))
+        raise CopiedCall("this call was made by the parent of this forked process, and goes "
+                         "on there: nothing of it is sent here")
 
 
 def process_token():
@@ -422,12 +426,12 @@ class Transport(_State):
                     exc.unsent = True   # (read by Connection: a timeout before the write)
                 raise
             if self._process != self._token():
-                raise not_sent(ConnectionClosed(
-                    "this call was made by the parent of this forked process, and goes on "
-                    "there: nothing of it is sent here"))
+                raise CopiedCall("this call was made by the parent of this forked process, "
+                                 "and goes on there: nothing of it is sent here")
+        if type(self.error) is InheritedSocket:
+            raise CopiedCall(str(self.error))
         if self.error is not None:
-            raise not_sent(ConnectionClosed(str(self.error)) if type(self.error) is InheritedSocket
-                           else self.error)
+            raise not_sent(self.error)
         if self.draining:
             raise Draining("the server announced its shutdown: this socket takes no new "
                            "request")

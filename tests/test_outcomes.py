@@ -304,7 +304,10 @@ def _in_child(body):
 
 def _outcome(glet):
     exc = glet.exception
-    return None if exc is None else [type(exc).__name__, applied(exc)]
+    if exc is None:
+        return None
+    return ["ConnectionClosed" if isinstance(exc, ConnectionClosed) else type(exc).__name__,
+            applied(exc)]
 
 
 def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):

@@ -46,7 +46,7 @@ from gtarantool.protocol.constants import (
     ER_SYNC_QUEUE_UNCLAIMED,
     ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
 )
-from gtarantool.transport import check_process, process_token
+from gtarantool.transport import CopiedCall, InheritedSocket, check_process, process_token
 
 _pool = compiled.pool   # None: built without a C compiler, or Python < 3.10
 
@@ -444,8 +444,8 @@ class ConnectionPool(_PoolBase):
             if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
                 return self._reroute_write(instance, exc, mode, deadline)
             raise exc
-        if isinstance(exc, RequestTimeout):
-            raise exc
+        if isinstance(exc, (RequestTimeout, CopiedCall, InheritedSocket)):
+            raise exc   # (the last two: a copy of the parent's caller, in a forked child)
         if instance.conn.is_closed() and self.pool.get(instance.name) is instance:
             instance.last_error = exc
             self._set_state(instance, UNHEALTHY, None, None)
