@@ -17,7 +17,10 @@ the callers of such a batch queue is sent by the hub once they all wait again
 (``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
-on the first while the rest still queue theirs.
+on the first while the rest still queue theirs, and a batch of at most
+``HALVE_UP_TO`` callers that finds none of its requests at the server sends
+its first half as soon as that is queued, so that the server works on it while
+the client runs the second.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -148,7 +151,8 @@ class TransportState:
     while it waited; ``switched_early(sync, greenlet)``, a caller switched to
     before its reply came; ``after_send(header, body, sent)``, a caller's own
     send that the socket did not take whole (``sent`` bytes, or the OSError);
-    ``flush_early()``, every ``FLUSH_EVERY`` queued requests;
+    ``flush_early()``, every ``FLUSH_EVERY`` queued requests and once the
+    first half of a small batch of woken callers is queued (``HALVE_UP_TO``);
     ``after_lone_receive(received, taken)``, a lone receive that was not one
     whole reply; ``hand_on(more)``, after the read watcher's receive; and
     ``flush()``, to send what the caller the read watcher woke has queued.
@@ -192,6 +196,8 @@ class TransportState:
                 self._wakeup.set()
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
             queued = len(buf) // 2
+            # The first half of a small batch of woken callers, none of whose
+            # requests is at the server (all queued here), goes now.
             if (queued == len(pending) and 0 < len(ready) <= queued
                     and queued + len(ready) <= HALVE_UP_TO) or queued % FLUSH_EVERY == 0:
                 try:
@@ -465,7 +471,8 @@ class Transport(_State):
         self.flush()
 
     def flush_early(self):
-        """Every ``FLUSH_EVERY`` requests queued: send them now (see the module),
+        """Every ``FLUSH_EVERY`` requests queued, and once the first half of a
+        small batch with nothing at the server is: send them now (see the module),
         unless the writer has a backlog (the socket was full): that would be
         copied again for every ``FLUSH_EVERY`` requests."""
         if not self._wakeup.is_set():
