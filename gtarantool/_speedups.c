@@ -97,10 +97,10 @@ static PyObject *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zer
  * TransportCore below; the module's TRANSPORT_HOOKS lists them, and
  * transport.TransportState.HOOKS must match it). */
 enum { H_REQUEST_GENERAL, H_FORGET, H_SWITCHED_EARLY, H_AFTER_SEND, H_FLUSH_EARLY,
-       H_AFTER_LONE_RECEIVE, H_HAND_ON, H_FLUSH, N_HOOKS };
+       H_AFTER_LONE_RECEIVE, H_HAND_ON, H_FLUSH, H_HALVE, N_HOOKS };
 static const char *hook_names[N_HOOKS] = {
     "request_general", "forget", "switched_early", "after_send", "flush_early",
-    "after_lone_receive", "hand_on", "flush"};
+    "after_lone_receive", "hand_on", "flush", "halve"};
 static PyObject *hooks[N_HOOKS];   /* their interned names */
 
 /* ResponseCore: the fields of a response (protocol.responses.Response and
@@ -1596,9 +1596,9 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
  * frames the header, queues header and body for the writer (a lone request:
  * sends them, as send_now below),
  * registers the current greenlet under its sync (every flush_every requests
- * queued, and once half of a batch of at most halve_up_to woken callers
- * with nothing at the server is, calls transport.flush_early(): see
- * halve_due) and switches away (to
+ * queued, calls transport.flush_early(); once half of a batch of at most
+ * halve_up_to woken callers with nothing at the server is, see halve_due,
+ * transport.halve()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready` (a RawReply finished by `cutter`, the transport's ReplyCutter
  * or None).  Any other call goes to slow(transport, sync, code,
@@ -1903,7 +1903,8 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
             goto forget;
         if (halve || queued % self->flush_entries == 0) {
             /* queued and registered: a failed send fails the transport, and so this caller */
-            res = PyObject_CallMethodNoArgs(self->transport, hooks[H_FLUSH_EARLY]);
+            res = PyObject_CallMethodNoArgs(self->transport,
+                                            hooks[halve ? H_HALVE : H_FLUSH_EARLY]);
             if (res == NULL)
                 goto forget;
             Py_DECREF(res);

@@ -80,6 +80,9 @@ FLUSH_EVERY = 128
 # at the server sends its first half as soon as it is queued, so that the
 # server works on it while the client runs the second (see docs/design.rst).
 HALVE_UP_TO = 64
+# After this many such batches in a row whose halves came back together, a
+# batch is halved only once per this many (see Transport.halve).
+HALVE_RETRY = 64
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
@@ -151,15 +154,16 @@ class TransportState:
     while it waited; ``switched_early(sync, greenlet)``, a caller switched to
     before its reply came; ``after_send(header, body, sent)``, a caller's own
     send that the socket did not take whole (``sent`` bytes, or the OSError);
-    ``flush_early()``, every ``FLUSH_EVERY`` queued requests and once the
-    first half of a small batch of woken callers is queued (``HALVE_UP_TO``);
+    ``flush_early()``, every ``FLUSH_EVERY`` queued requests; ``halve()``,
+    once the first half of a small batch of woken callers is queued
+    (``HALVE_UP_TO``);
     ``after_lone_receive(received, taken)``, a lone receive that was not one
     whole reply; ``hand_on(more)``, after the read watcher's receive; and
     ``flush()``, to send what the caller the read watcher woke has queued.
     """
 
     HOOKS = ("request_general", "forget", "switched_early", "after_send", "flush_early",
-             "after_lone_receive", "hand_on", "flush")
+             "after_lone_receive", "hand_on", "flush", "halve")
 
     __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
                  "_fd", "_rlen", "_waking", "_flush_due", "max_response_size", "_requester")
@@ -197,11 +201,15 @@ class TransportState:
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
             queued = len(buf) // 2
             # The first half of a small batch of woken callers, none of whose
-            # requests is at the server (all queued here), goes now.
-            if (queued == len(pending) and 0 < len(ready) <= queued
-                    and queued + len(ready) <= HALVE_UP_TO) or queued % FLUSH_EVERY == 0:
+            # requests is at the server (all queued here), may go now.
+            halve = (queued == len(pending) and 0 < len(ready) <= queued
+                     and queued + len(ready) <= HALVE_UP_TO)
+            if halve or queued % FLUSH_EVERY == 0:
                 try:
-                    self.flush_early()
+                    if halve:
+                        self.halve()
+                    else:
+                        self.flush_early()
                 except BaseException:   # queued: its reply, if it comes, is discarded
                     self.forget(sync, current)
                     raise
@@ -249,7 +257,7 @@ class Transport(_State):
     """
 
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
-                 "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
+                 "_abandoned", "_round_reads", "_pingpong", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
                  "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "__weakref__")
 
     # The Python request, for what the C one hands back (see TransportState).
@@ -274,6 +282,8 @@ class Transport(_State):
         # once they all wait again (flush): they need not wake the writer.
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
+        self._round_reads = 0             # stats.recv_calls at the last halve()
+        self._pingpong = 0                # halve() calls in a row with one read between
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
         self._sending = False             # the writer is sending the front of _wbuf
@@ -469,6 +479,22 @@ class Transport(_State):
                 ready.popleft()   # it did not take its reply (it was dead): never retry it
         self._waking = self._flush_due = False
         self.flush()
+
+    def halve(self):
+        """The first half of a batch of at most ``HALVE_UP_TO`` woken callers,
+        none of whose requests was at the server, is queued: send it now
+        (``flush_early``), so that the server works on it while the rest run.
+        When such batches come one read after another, the halves came back
+        together (the client had no core to run beside the server): then only
+        the first, second, fourth ... and every ``HALVE_RETRY``-th of them is
+        halved, which costs a write each and brings nothing."""
+        reads = self.stats.recv_calls
+        if reads == self._round_reads:   # the same batch, not halved: its next callers
+            return
+        pingpong = self._pingpong + 1 if reads - self._round_reads == 1 else 0
+        self._round_reads, self._pingpong = reads, pingpong
+        if pingpong & (pingpong - 1) == 0 or pingpong % HALVE_RETRY == 0:
+            self.flush_early()
 
     def flush_early(self):
         """Every ``FLUSH_EVERY`` requests queued, and once the first half of a
