@@ -257,7 +257,8 @@ class Transport(_State):
     """
 
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
-                 "_abandoned", "_round_reads", "_pingpong", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
+                 "_round_reads", "_pingpong",
+                 "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
                  "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "__weakref__")
 
     # The Python request, for what the C one hands back (see TransportState).
