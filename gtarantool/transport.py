@@ -284,7 +284,7 @@ class Transport(_State):
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._round_reads = 0             # stats.recv_calls at the last halve()
-        self._pingpong = 0                # halve() calls in a row with one read between
+        self._pingpong = 0                # halve() calls in a row, at most two reads apart
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
         self._sending = False             # the writer is sending the front of _wbuf
@@ -485,14 +485,14 @@ class Transport(_State):
         """The first half of a batch of at most ``HALVE_UP_TO`` woken callers,
         none of whose requests was at the server, is queued: send it now
         (``flush_early``), so that the server works on it while the rest run.
-        When such batches come one read after another, the halves came back
-        together (the client had no core to run beside the server): then only
+        When such batches come one or two reads after another, the halves came
+        back together (the client had no core to run beside the server): then only
         the first, second, fourth ... and every ``HALVE_RETRY``-th of them is
         halved, which costs a write each and brings nothing."""
         reads = self.stats.recv_calls
         if reads == self._round_reads:   # the same batch, not halved: its next callers
             return
-        pingpong = self._pingpong + 1 if reads - self._round_reads == 1 else 0
+        pingpong = self._pingpong + 1 if reads - self._round_reads <= 2 else 0
         self._round_reads, self._pingpong = reads, pingpong
         if pingpong & (pingpong - 1) == 0 or pingpong % HALVE_RETRY == 0:
             self.flush_early()
