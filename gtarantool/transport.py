@@ -535,9 +535,9 @@ class Transport(_State):
         none of whose requests was at the server, is queued: send it now
         (``flush_early``), so that the server works on it while the rest run.
         When such batches come one or two reads after another, the halves came
-        back together (the client had no core to run beside the server): then only
-        the first, second, fourth ... and every ``HALVE_RETRY``-th of them is
-        halved, which costs a write each and brings nothing."""
+        back together (the client had no core to run beside the server), and
+        halving cost a write for nothing: of such batches in a row only the
+        first, second, fourth ... and every ``HALVE_RETRY``-th is halved."""
         reads = self.stats.recv_calls
         if reads == self._round_reads:   # the same batch, not halved: its next callers
             return
