@@ -1924,7 +1924,9 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
     if (res == NULL)
         goto forget;
     Py_DECREF(res);
-    if (first_ready(self) != current) {
+    /* (A copy in a forked child may wake with a reply the parent read before
+     * the fork: the hook raises CopiedCall for it.) */
+    if (first_ready(self) != current || self->generation != fork_generation) {
         res = PyObject_CallMethodObjArgs(self->transport, hooks[H_SWITCHED_EARLY], sync, current,
                                          NULL);
         Py_DECREF(current);

@@ -251,7 +251,9 @@ class TransportState:
         except BaseException:
             self.forget(sync, current)
             raise
-        if ready and ready[0][0] is current:
+        # (The process checked again: a copy in a forked child may wake with
+        # a reply the parent read before the fork; it is the parent's.)
+        if ready and ready[0][0] is current and self._process == self._token():
             value = ready.popleft()[1]
             if type(value) is _RawReply:   # (the C reader's: see _speedups.c)
                 return self._cutter.finish(value)
@@ -387,8 +389,12 @@ class Transport(_State):
         self._wakeup.set()
 
     def switched_early(self, sync, waiting):
-        """Something switched to ``waiting`` before its reply came: give up on it."""
+        """Something switched to ``waiting`` before its reply came, or ``waiting``
+        is a copy in a forked child of a caller of the parent's: give up on it."""
         self.forget(sync, waiting)
+        if self._process != self._token():
+            raise CopiedCall("this call was made by the parent of this forked process, and goes "
+                             "on there: its reply is the parent's")
         raise InvalidSwitchError("%r was switched to while it waited for the reply to "
                                  "request %d, which has not come" % (waiting, sync))
 
