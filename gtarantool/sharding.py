@@ -29,6 +29,7 @@ from gevent import Timeout
 from tarantool.connection_pool import Mode
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
+from gtarantool import monitoring
 from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
@@ -730,6 +731,8 @@ class Router:
                     dest = self._destinations.get(err.get("destination"))
                     if dest is not None and dest is not rs:
                         self._set(bucket_id, dest)
+                    monitoring.emit(monitoring.BucketMapCorrectedEvent, rs.name,
+                                    bucket_id=bucket_id, to=dest.name if dest else "", code=code)
                     # The first redirect goes at once; a bucket still moving is
                     # asked again after a growing pause.
                     pause = self._pause(pause) if pause or dest is None else 0.001
