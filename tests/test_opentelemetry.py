@@ -20,11 +20,21 @@ from tarantool.error import DatabaseError
 import gtarantool
 from gtarantool import Mode, RequestTimeout
 from gtarantool.contrib.opentelemetry import DURATION_BUCKETS, GtarantoolInstrumentor
+from gtarantool.sharding import Router
+from gtarantool.testing.cluster import ShardedCluster, vshard_missing
 from gtarantool.testing.server import binary_version
 
 from .conftest import PASSWORD, USER
 
 STREAMS = binary_version() >= (2, 10)
+STORAGE = """
+if not box.info.ro then box.once('kv', function()
+    local s = box.schema.space.create('kv')
+    s:create_index('pk', {parts = {{1, 'unsigned'}}})
+end) end
+function put(bucket_id, id) box.space.kv:replace{id, bucket_id} return true end
+function get(id) return box.space.kv:get(id) ~= nil end
+"""
 
 
 class Telemetry:
@@ -311,3 +321,42 @@ def test_the_prometheus_exporter_serves_the_duration_metric(server, conn):
     assert len(counts) == 1, text
     assert counts[0].rsplit(" ", 1)[1] in ("12", "12.0")
     assert 'le="0.005"' in text
+
+
+@pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+def test_router_spans_carry_the_bucket_and_replica_set_and_re_routes_are_events(telemetry):
+    cluster = ShardedCluster(2, replicas=0, storage_lua=STORAGE).start()
+    try:
+        router = Router(cluster.cfg, user=cluster.user, password=cluster.password)
+        with gevent.Timeout(10):
+            while router.known_bucket_count < cluster.bucket_count:
+                gevent.sleep(0.02)
+        bucket_id = 7
+        source = cluster.shard(cluster.buckets()[bucket_id])
+        target = next(shard for shard in cluster.shards if shard is not source)
+        masters = {shard.name: (shard.master.host, shard.master.port)
+                   for shard in (source, target)}
+        router.callrw(bucket_id, "put", (bucket_id, 1), timeout=5)
+        cluster.bucket_send(bucket_id, target.uuid)
+        router.callro(bucket_id, "get", (1,), timeout=5)
+        router.close()
+    finally:
+        cluster.cleanup()
+    spans = [span for span in telemetry.finished() if span.name in ("call put", "call get")]
+    assert [span.name for span in spans] == ["call put", "call get"]
+    put, get = spans
+    assert put.attributes["tarantool.vshard.bucket_id"] == bucket_id
+    assert put.attributes["tarantool.vshard.replicaset"] == source.name
+    assert put.attributes["tarantool.pool.mode"] == "RW"
+    assert put.attributes["db.stored_procedure.name"] == "put"
+    assert (put.attributes["server.address"], put.attributes["server.port"]) == (
+        masters[source.name])
+    assert get.attributes["tarantool.vshard.replicaset"] == target.name
+    assert (get.attributes["server.address"], get.attributes["server.port"]) == (
+        masters[target.name])
+    events = [event.name for event in get.events]
+    assert events == ["gtarantool.bucket_moved", "gtarantool.resend"]
+    moved = get.events[0].attributes
+    assert (moved["bucket_id"], moved["address"], moved["to"]) == (
+        bucket_id, source.name, target.name)
+    assert not put.events

@@ -82,12 +82,13 @@ def _address(conn: Any) -> Tuple[str, Optional[int]]:
 class _Call:
     """A pool's or router's request: its span and the connections it went to."""
 
-    __slots__ = ("span", "conn", "attempts")
+    __slots__ = ("span", "conn", "attempts", "mode")
 
     def __init__(self, span: Any) -> None:
         self.span = span
         self.conn: Any = None
         self.attempts = 0
+        self.mode: Tuple[Tuple[str, Any], ...] = ()   # a router's: its pool's mode
 
     def attempt(self, conn: Any) -> None:
         if self.attempts and self.span.is_recording():
@@ -210,7 +211,10 @@ class _Telemetry:
                after: Optional[Callable[[Any], Tuple[Tuple[str, Any], ...]]] = None) -> Any:
         """A pool's or router's request: one span, naming the instance that
         answered (the last its requests went to)."""
-        if _outer.get() is not None:   # a router's pool (its span covers it), or quiet
+        outer = _outer.get()
+        if outer is not None:   # a router's pool (its span covers it), or quiet
+            if outer is not _QUIET:
+                outer.mode = extra
             return call(*args, **kwargs)
         name, attributes, _ = self.describe(None, op, target, None, extra)
         span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
@@ -230,7 +234,7 @@ class _Telemetry:
             if token is not None:
                 otel_context.detach(token)
             _outer.reset(outer_token)
-            more = after(error) if after is not None else ()
+            more = here.mode + (after(error) if after is not None else ())
             _, attributes, metric = self.describe(here.conn, op, target, None, extra + more)
             if span.is_recording():
                 span.set_attributes(attributes)
@@ -386,7 +390,9 @@ def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
             if type(bucket_id) is int and 0 < bucket_id <= self.bucket_count:
                 rs = self._routes[bucket_id]
             rs_id = getattr(error, "replicaset", None)
-            name = rs.name if rs is not None and rs_id in (None, rs.id) else rs_id
+            if rs_id is not None:
+                rs = self.replicasets.get(rs_id)
+            name = rs.name if rs is not None else rs_id
             return (() if name is None else (("tarantool.vshard.replicaset", str(name)),))
         return telemetry.routed("call", func, original, (self, bucket_id, func) + args, kwargs,
                                 (("tarantool.vshard.bucket_id", bucket_id),
