@@ -26,8 +26,8 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
-from opentelemetry.metrics import CallbackOptions, Observation, get_meter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.metrics import CallbackOptions, NoOpMeter, Observation, get_meter
+from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
 from tarantool.error import DatabaseError
 
 import gtarantool
@@ -62,6 +62,7 @@ CACHE_LIMIT = 4096
 _outer: contextvars.ContextVar[Any] = contextvars.ContextVar("gtarantool_otel_outer",
                                                              default=None)
 _QUIET = object()   # ... or a request the library makes for itself: no span
+_PARENT_BASED_OFF = "ParentBased{root:AlwaysOffSampler,remoteParentSampled:AlwaysOnSampler,"
 
 
 def _stability() -> Tuple[bool, bool]:
@@ -71,6 +72,17 @@ def _stability() -> Tuple[bool, bool]:
     options = {part.strip() for part in
                os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")}
     return True, "database/dup" in options
+
+
+def _sampled_parent() -> bool:
+    return bool(trace.get_current_span().get_span_context().trace_flags.sampled)
+
+
+def _sampler_of(provider: Any) -> Optional[str]:
+    """The description of an SDK tracer provider's sampler (None for another provider)."""
+    sampler = getattr(provider, "sampler", None)
+    describe = getattr(sampler, "get_description", None)
+    return describe() if callable(describe) else None
 
 
 def _address(conn: Any) -> Tuple[str, Optional[int]]:
@@ -105,10 +117,16 @@ class _Call:
 class _Telemetry:
     """The tracer, the instruments and the attributes cache of one instrumentation."""
 
-    def __init__(self, tracer: Any, meter: Any) -> None:
+    def __init__(self, tracer: Any, meter: Any, sampler: Optional[str] = None) -> None:
         self.tracer = tracer
         self.stable, self.legacy = _stability()
         self.active = True
+        # The sampler drops every span (``never``), or every span without a sampled
+        # parent (``parent``): then no span is started where none would be recorded.
+        self.never = sampler == "AlwaysOffSampler"
+        self.parented = sampler is not None and sampler.startswith(_PARENT_BASED_OFF)
+        self.metered = not isinstance(meter, NoOpMeter)
+        self.idle = self.never and not self.metered
         self.duration = meter.create_histogram(
             "db.client.operation.duration", unit="s",
             description="Duration of database client operations.",
@@ -189,6 +207,8 @@ class _Telemetry:
                 outer.attempt(conn)
             return call(*args, **kwargs)
         name, attributes, metric = self.describe(conn, op, target, query, extra)
+        if self.never or (self.parented and not _sampled_parent()):
+            return self._timed(conn, metric, call, args, kwargs)
         span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
         token = (otel_context.attach(trace.set_span_in_context(span))
                  if span.is_recording() else None)
@@ -205,6 +225,17 @@ class _Telemetry:
             if token is not None:
                 otel_context.detach(token)
             span.end()
+
+    def _timed(self, conn, metric, call, args, kwargs):
+        """A request no span is recorded for: its duration alone."""
+        start = time.perf_counter()
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(INVALID_SPAN, metric, exc, time.perf_counter() - start, conn)
+            raise
+        self.duration.record(time.perf_counter() - start, metric)
+        return result
 
     def routed(self, op: str, target: Any, call: Callable[..., Any], args: Tuple[Any, ...],
                kwargs: Dict[str, Any], extra: Tuple[Tuple[str, Any], ...],
@@ -354,6 +385,8 @@ def _query(op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[s
 
 def _connection_method(telemetry: _Telemetry, op: str, original: Callable[..., Any]) -> Any:
     def method(self, *args, **kwargs):
+        if telemetry.idle:
+            return original(self, *args, **kwargs)
         return telemetry.request(self, op, _target(op, args, kwargs), original,
                                  (self,) + args, kwargs, _query(op, args, kwargs))
     return _named(method, original)
@@ -461,11 +494,12 @@ class GtarantoolInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        tracer = trace.get_tracer(__name__, gtarantool.__version__,
-                                  kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
+        tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
+        tracer = trace.get_tracer(__name__, gtarantool.__version__, tracer_provider,
+                                  schema_url=SCHEMA_URL)
         meter = get_meter(__name__, gtarantool.__version__, kwargs.get("meter_provider"),
                           schema_url=SCHEMA_URL)
-        telemetry = _Telemetry(tracer, meter)
+        telemetry = _Telemetry(tracer, meter, _sampler_of(tracer_provider))
         self._telemetry = telemetry
         self._patched = []
         for op in DATA_METHODS:
