@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional, Tuple
+from typing import Any, Callable, ClassVar, Optional, Tuple, Type
 
 __all__ = [
     "register", "unregister", "listeners", "Event",
@@ -202,7 +202,7 @@ class BucketMapCorrectedEvent(Event):
     logger: ClassVar[logging.Logger] = SHARDING
 
 
-def emit(kind: type, address: Any, **fields: Any) -> None:
+def emit(kind: Type[Event], address: Any, **fields: Any) -> None:
     """Build a ``kind`` event and hand it to the logger and the listeners,
     when either wants it (the library's rare points call this).
 

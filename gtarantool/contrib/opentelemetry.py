@@ -158,7 +158,7 @@ class _Telemetry:
         return found
 
     def _build(self, conn, op, target, query, extra):
-        metric: Dict[str, Any] = {"db.system.name": SYSTEM, "db.operation.name": op}
+        metric = {"db.system.name": SYSTEM, "db.operation.name": op}
         name = op
         if target is not None:
             name = "%s %s" % (op, target)
@@ -476,7 +476,7 @@ def _named(wrapper: Any, original: Any) -> Any:
     return wrapper
 
 
-class GtarantoolInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class GtarantoolInstrumentor(BaseInstrumentor):
     """Spans and metrics for every gtarantool connection, pool and router.
 
     ``instrument(tracer_provider=None, meter_provider=None)`` (the global
