@@ -46,14 +46,14 @@ import sys
 from typing import TYPE_CHECKING
 
 import msgpack
-from gevent import Greenlet, getcurrent
+from gevent import Greenlet, Timeout, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
 from tarantool.error import NetworkError
 
 from gtarantool import compiled
-from gtarantool.errors import ConnectionClosed, ProtocolError
+from gtarantool.errors import ConnectionClosed, ProtocolError, not_sent
 from gtarantool.protocol.codec import BodyDecoder, decode_or_error
 from gtarantool.protocol.constants import (
     IPROTO_CHUNK,
@@ -77,7 +77,33 @@ FLUSH_EVERY = 128
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
     the request was sent (``Transport.request`` raises it before), or, for a
-    request the parent sent before the fork, its reply goes to the parent."""
+    request the parent sent before the fork, its reply goes to the parent (the
+    copy of its caller in this process did nothing here: ``applied`` False)."""
+
+    applied = False
+
+
+class Draining(ConnectionClosed):
+    """The server announced its shutdown while the caller waited in line for
+    ``max_in_flight``: nothing was sent on this socket, the connection sends
+    the request on the next one."""
+
+    applied = False
+
+
+class CopiedCall(ConnectionClosed):
+    """This greenlet is a copy, in a forked child, of a caller of the parent's,
+    whose call goes on there: nothing of it is sent here (and no one re-sends it)."""
+
+    applied = False
+
+
+def check_process(token):
+    """Raise ``CopiedCall`` when this is not the process ``token`` (a
+    ``process_token()``) was taken in."""
+    if token != process_token():
+        raise CopiedCall("this call was made by the parent of this forked process, and goes "
+                         "on there: nothing of it is sent here")
 
 
 def process_token():
@@ -238,7 +264,8 @@ class Transport(_State):
 
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
                  "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
-                 "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "__weakref__")
+                 "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "draining",
+                 "__weakref__")
 
     # The Python request, for what the C one hands back (see TransportState).
     request_general = TransportState.request
@@ -254,6 +281,7 @@ class Transport(_State):
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.error = None                 # set once: why the transport died
+        self.draining = False             # an announced shutdown: no new request (drain())
         self._hub = get_hub()
         self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
         self._ready = collections.deque()  # (greenlet, reply) to wake, in order
@@ -375,27 +403,48 @@ class Transport(_State):
             start = stop
 
     def _wait_for_room(self):
-        """Wait in line while ``max_in_flight`` requests await replies (raise if dead)."""
+        """Wait in line while ``max_in_flight`` requests await replies.  Raises,
+        the request unsent (``applied`` False), when the transport died, is
+        being drained (``Draining``: the caller goes to the next socket), or
+        the process forked while the caller waited (a copy of the parent's
+        caller, which goes on there: an error, never a cue to send it here)."""
         join = self._queue.append
-        while self.error is None and len(self._pending) >= self.max_in_flight:
+        while self.error is None and not self.draining \
+                and len(self._pending) >= self.max_in_flight:
             waiter = Waiter(self._hub)
             join(waiter)
             # Let in, and another caller took the slot first: wait at the front.
             join = self._queue.appendleft
             try:
                 waiter.get()
-            except BaseException:  # timed out or killed while in line
+            except BaseException as exc:  # timed out or killed while in line
                 try:
                     self._queue.remove(waiter)
                 except ValueError:
                     self._pass_on()  # it was let in already: the slot goes to the next
+                if isinstance(exc, Timeout):
+                    exc.unsent = True   # (read by Connection: a timeout before the write)
                 raise
+            if self._process != self._token():
+                raise CopiedCall("this call was made by the parent of this forked process, "
+                                 "and goes on there: nothing of it is sent here")
         if type(self.error) is InheritedSocket:
-            # In line since before a fork (a copy of the parent's caller, which
-            # goes on there): an error, never a cue to send it again here.
-            raise ConnectionClosed(str(self.error))
+            raise CopiedCall(str(self.error))
         if self.error is not None:
-            raise self.error
+            raise not_sent(self.error)
+        if self.draining:
+            raise Draining("the server announced its shutdown: this socket takes no new "
+                           "request")
+
+    def drain(self):
+        """Take no new request (an announced shutdown): the callers in line for
+        ``max_in_flight`` leave it with ``Draining``; those in flight get their
+        replies."""
+        self.draining = True
+        if self._queue:
+            wake = [(waiter, None) for waiter in self._queue]
+            self._queue.clear()
+            self._hub.loop.run_callback(_wake_all, wake)
 
     def _let_in(self, wake):
         """Hand the slots that came free to the callers waiting in line."""
@@ -763,11 +812,14 @@ class Transport(_State):
             self._need = stop - pos   # nothing to parse before it is whole
             return None
         sync, code, schema, body = parse_header(data, start, stop)
-        if code == IPROTO_EVENT and self.on_event is not None:
+        if code == IPROTO_EVENT:
             # A watcher's notification: it carries the sync of the last
-            # IPROTO_WATCH on its key, which never waits in _pending.
+            # IPROTO_WATCH on its key, which never waits in _pending.  With no
+            # one to hand it to (a socket being drained, its watchers moved to
+            # the next one) it is dropped: the next socket's own event comes.
             self.stats.responses += 1
-            self.on_event(sync, body)
+            if self.on_event is not None:
+                self.on_event(sync, body)
             return stop
         waiter = self._pending.pop(sync, None)
         if code == IPROTO_CHUNK and waiter is not None:
