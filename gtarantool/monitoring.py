@@ -58,7 +58,8 @@ def unregister(listener: Listener) -> None:
     :param listener: a listener given to :func:`register`.
     """
     global _listeners
-    _listeners = tuple(known for known in _listeners if known is not listener)
+    # (==, not is: a bound method is a new object at each attribute access)
+    _listeners = tuple(known for known in _listeners if known != listener)
 
 
 def listeners() -> Tuple[Listener, ...]:

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from tarantool.error import DatabaseError
 
 import gtarantool
-from gtarantool import Mode, RequestTimeout
+from gtarantool import Mode, RequestTimeout, monitoring
 from gtarantool.contrib.opentelemetry import DURATION_BUCKETS, GtarantoolInstrumentor
 from gtarantool.sharding import Router
 from gtarantool.testing.cluster import ShardedCluster, vshard_missing
@@ -280,6 +280,7 @@ def test_uninstrument_stops_everything_on_connections_made_before(server, conn):
     assert len(t.finished()) == 2
     assert t.requests_recorded() == 2
     assert t.points("db.client.connection.count") == []
+    assert monitoring.listeners() == ()
     assert "__wrapped__" not in vars(type(conn)).get("select", lambda: 0).__dict__
     t.meter_provider.shutdown()
 
@@ -360,3 +361,34 @@ def test_router_spans_carry_the_bucket_and_replica_set_and_re_routes_are_events(
     assert (moved["bucket_id"], moved["address"], moved["to"]) == (
         bucket_id, source.name, target.name)
     assert not put.events
+
+
+@pytest.mark.parametrize("sampler", [sampling.ALWAYS_OFF, sampling.ParentBased(sampling.ALWAYS_OFF)])
+def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampler):
+    """No span where the sampler records none; the histogram counts every request.
+    Under a sampled parent a parent-based sampler's requests are spans again."""
+    t = Telemetry()
+    t.tracer_provider = TracerProvider(sampler=sampler)
+    t.tracer_provider.add_span_processor(SimpleSpanProcessor(t.spans))
+    parents = TracerProvider()
+    parents.add_span_processor(SimpleSpanProcessor(t.spans))
+    instrumentor = GtarantoolInstrumentor()
+    instrumentor.instrument(tracer_provider=t.tracer_provider, meter_provider=t.meter_provider)
+    try:
+        for i in range(20):
+            conn.select("tester", i)
+        with pytest.raises(DatabaseError):
+            conn.call("raise_error", "x")
+        with parents.get_tracer("tests").start_as_current_span("sampled parent"):
+            conn.select("tester", 1)
+    finally:
+        instrumentor.uninstrument()
+        t.meter_provider.shutdown()
+    spans = t.finished()
+    if sampler is sampling.ALWAYS_OFF:
+        assert spans == []
+    else:
+        assert [span.name for span in spans] == ["select tester"]
+    assert t.requests_recorded() == 22
+    failed = [p for p in t.points("db.client.operation.duration") if "error.type" in p.attributes]
+    assert [p.attributes["error.type"] for p in failed] == ["555"]
