@@ -363,7 +363,8 @@ def test_router_spans_carry_the_bucket_and_replica_set_and_re_routes_are_events(
     assert not put.events
 
 
-@pytest.mark.parametrize("sampler", [sampling.ALWAYS_OFF, sampling.ParentBased(sampling.ALWAYS_OFF)])
+@pytest.mark.parametrize("sampler", [sampling.ALWAYS_OFF,
+                                     sampling.ParentBased(sampling.ALWAYS_OFF)])
 def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampler):
     """No span where the sampler records none; the histogram counts every request.
     Under a sampled parent a parent-based sampler's requests are spans again."""
