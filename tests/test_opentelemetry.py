@@ -227,8 +227,10 @@ def test_the_duration_histogram_counts_every_request(telemetry, conn):
 
 def test_connection_metrics_count_connections_and_pending_requests(telemetry, server, conn):
     conn.ping()
-    busy = [gevent.spawn(conn.call, "sleep_and_return", 0.5, 1) for _ in range(3)]
-    gevent.sleep(0.1)
+    busy = [gevent.spawn(conn.call, "sleep_and_return", 1.0, 1) for _ in range(3)]
+    with gevent.Timeout(5):
+        while conn._transport.in_flight < 3:
+            gevent.sleep(0.01)
     name = "%s:%s" % (server.host, server.port)
     pending = [p.value for p in telemetry.points("db.client.connection.pending_requests")
                if p.attributes["db.client.connection.pool.name"] == name]
