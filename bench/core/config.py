@@ -63,7 +63,7 @@ class Config:
     profile: Optional[str] = None
     profile_clock: str = "cpu"
     profile_greenlets: bool = False
-    otel: Optional[str] = None      # --otel: the sampler (bench/otel.py), None: not instrumented
+    otel: Optional[str] = None      # --otel: the sampler (core/otel.py); None: off
 
     def __post_init__(self):
         if self.shards and self.driver == "gtarantool":

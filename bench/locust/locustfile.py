@@ -18,7 +18,7 @@ import random
 from locust import constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from bench import otel
+from bench.core import otel
 from bench.core.config import DISTRIBUTIONS, Config, parse_mix
 from bench.core.workloads import ER_TUPLE_FOUND, Payloads
 from bench.drivers.clients import UPDATE_OPS

@@ -11,8 +11,8 @@ import threading
 import time
 import traceback
 
-from bench import drivers, otel
-from bench.core import workloads
+from bench import drivers
+from bench.core import otel, workloads
 from bench.core.openloop import OpenPhase, Schedule
 from bench.profiling import workers as profiling
 

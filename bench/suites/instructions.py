@@ -15,7 +15,7 @@ inserts keys that are there already: every reply is error 3, which since 2.10
 quotes both tuples, bytes fields raw (``make bench``'s mix makes them by design);
 ``--drivers gtarantool,lazy`` puts it beside a connection with ``lazy_errors=True``.
 ``--otel always_on`` / ``--otel always_off`` count gtarantool instrumented with
-OpenTelemetry (``bench/otel.py``): what a request costs with every span recorded,
+OpenTelemetry (``bench/core/otel.py``): what a request costs with every span recorded,
 and with every span dropped by the sampler.
 """
 import argparse
@@ -24,7 +24,8 @@ import re
 import subprocess
 import sys
 
-from bench import drivers, otel
+from bench import drivers
+from bench.core import otel
 from bench.core.config import OPERATIONS, Config
 from bench.core.workloads import DUPLICATE_KEY, Payloads, Phase
 from bench.suites import perf
