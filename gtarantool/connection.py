@@ -34,7 +34,7 @@ from tarantool.error import (
 from tarantool.schema import Schema
 from tarantool.utils import greeting_decode
 
-from gtarantool import graceful, streams, watchers
+from gtarantool import graceful, monitoring, streams, watchers
 from gtarantool.api import RequestMethods
 from gtarantool.errors import (
     ConnectionClosed,
@@ -227,6 +227,7 @@ class Connection(RequestMethods, tarantool.Connection):
                 self.connect_basic()
                 check_process(token)
                 greeting = self._read_greeting(token)
+                monitoring.emit(monitoring.ConnectionOpenedEvent, monitoring.address_of(self))
                 self._socket.settimeout(None)
                 transport = Transport(self._socket, self.stats, self.max_in_flight,
                                       self.max_response_size, name="tarantool-%s" % (self.port,),
@@ -243,6 +244,9 @@ class Connection(RequestMethods, tarantool.Connection):
                 finally:
                     self._handshaking = None
                     self._transport = transport
+                if self.user:
+                    monitoring.emit(monitoring.ConnectionAuthenticatedEvent,
+                                    monitoring.address_of(self), user=self.user)
                 # (Before the schema's round trips: the first event and its
                 # acknowledgement are through when connect() returns.)
                 self._graceful.connected(self, self._connected_once)
@@ -259,6 +263,8 @@ class Connection(RequestMethods, tarantool.Connection):
                 # with the cause chained.  A timeout or kill leaves no half-made
                 # socket (one not authenticated yet) behind either.
                 self._drop_transport(ConnectionClosed("connect failed: %r" % (exc,)))
+                monitoring.emit(monitoring.ConnectionFailedEvent, monitoring.address_of(self),
+                                error=_describe(exc))
                 if isinstance(exc, NetworkError) or not isinstance(exc, Exception):
                     raise
                 raise NetworkError("cannot connect to %s:%s: %s"
@@ -321,6 +327,8 @@ class Connection(RequestMethods, tarantool.Connection):
             if self._finalizer is not None:
                 self._finalizer.detach()
             transport.close(exc)
+            monitoring.emit(monitoring.ConnectionClosedEvent, monitoring.address_of(self),
+                            reason=str(transport.error or exc))
 
     def close(self) -> None:
         """Close the socket: waiting requests fail with ConnectionClosed; the reader
@@ -430,6 +438,9 @@ class Connection(RequestMethods, tarantool.Connection):
                      else self.reconnect_delay)
             attempt = 0
             while self._transport is None or self._transport.error is not None:
+                if self._connected_once:
+                    monitoring.emit(monitoring.ReconnectAttemptEvent,
+                                    monitoring.address_of(self), attempt=attempt + 1)
                 try:
                     self.connect()
                 except NetworkError as exc:

@@ -28,7 +28,7 @@ import gevent
 from gevent.event import Event
 from tarantool.error import NetworkError
 
-from gtarantool import features, watchers
+from gtarantool import features, monitoring, watchers
 from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol.constants import (
     ER_LOADING,
@@ -109,6 +109,7 @@ class State:
                 or registry._transport is not transport):
             return   # (an event of a socket replaced since)
         self.restarting = True
+        monitoring.emit(monitoring.ShutdownAnnouncedEvent, monitoring.address_of(conn))
         # (Set now: a caller may write on the next socket before connect() is through.)
         self.recovering = True
         conn._transport = None
@@ -123,6 +124,8 @@ class State:
     def _on_status(self, key, value):
         self.status = value if isinstance(value, dict) else None
         if self.status is not None and not self.status.get("is_ro"):
+            if self.recovering and self._ref() is not None:
+                monitoring.emit(monitoring.ServerWritableEvent, monitoring.address_of(self._ref()))
             self.recovering = False
         changed, self._changed = self._changed, Event()
         changed.set()
@@ -153,6 +156,8 @@ class State:
             if status is not None:
                 if not status.get("is_ro"):
                     self.resent += 1
+                    monitoring.emit(monitoring.WriteResentEvent, monitoring.address_of(conn),
+                                    code=exc.code)
                     return True
                 if status.get("is_ro_cfg") or status.get("status") not in ("loading", "running"):
                     self.recovering = False   # read-only by design: refused at once from now on

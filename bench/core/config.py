@@ -64,6 +64,7 @@ class Config:
     profile: Optional[str] = None
     profile_clock: str = "cpu"
     profile_greenlets: bool = False
+    otel: Optional[str] = None      # --otel: the sampler (core/otel.py); None: off
 
     def __post_init__(self):
         if self.shards and self.driver == "gtarantool":
@@ -297,6 +298,14 @@ def add_arguments(parser, driver=True):
                       help="yappi clock (default %(default)s)")
     prof.add_argument("--profile-greenlets", action="store_true",
                       help="also one profile per greenlet")
+
+    otel = parser.add_argument_group("OpenTelemetry")
+    otel.add_argument("--otel", nargs="?", const="env", default=None,
+                      choices=("env", "always_on", "always_off"), metavar="SAMPLER",
+                      help="gtarantool's spans and metrics from every worker, exported as "
+                           "OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER and OTEL_EXPORTER_OTLP_* "
+                           "say (OTLP when installed); SAMPLER: env (OTEL_TRACES_SAMPLER, the "
+                           "default), always_on or always_off")
 
 
 def from_args(args, **overrides):

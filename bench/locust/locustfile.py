@@ -16,8 +16,9 @@ import os
 import random
 
 from locust import constant, events, task
-from locust.runners import WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
+from bench.core import otel
 from bench.core.config import DISTRIBUTIONS, Config, parse_mix
 from bench.core.workloads import ER_TUPLE_FOUND, Payloads
 from bench.drivers.clients import UPDATE_OPS
@@ -47,6 +48,11 @@ def _options(parser, **_kwargs):
     group.add_argument("--bench-prepare", action="store_true",
                        help="create (or empty) the space when the test starts (the master "
                             "does it; bench.locust_run prepares it itself)")
+    group.add_argument("--bench-otel", nargs="?", const="env", default=None,
+                       choices=("env", "always_on", "always_off"), metavar="SAMPLER",
+                       help="gtarantool's OpenTelemetry spans and metrics from every process "
+                            "that sends requests, exported as the OTEL_* environment says "
+                            "(as python -m bench --otel)")
     group.add_argument("--bench-report", metavar="FILE",
                        help="write Locust's counts and every worker's gtarantool counters "
                             "(JSON) here when the run ends (bench.locust_run reads it)")
@@ -136,6 +142,22 @@ class BenchUser(TarantoolUser):
         # An empty reply is a missing key; a tuple must be the key's.
         if rows and (rows[0][0] != key or rows[0][2] != self.payloads(key)):
             raise AssertionError("%s %d returned %r..." % (op, key, str(rows[0])[:80]))
+
+
+_otel_providers = []
+
+
+@events.init.add_listener
+def _instrument(environment, **_kwargs):
+    sampler = getattr(environment.parsed_options, "bench_otel", None)
+    if sampler is not None and not isinstance(environment.runner, MasterRunner):
+        _otel_providers.extend(otel.instrument(sampler))
+
+
+@events.quitting.add_listener
+def _flush_telemetry(environment, **_kwargs):
+    while _otel_providers:
+        _otel_providers.pop().shutdown()
 
 
 @events.test_start.add_listener

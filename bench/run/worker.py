@@ -14,7 +14,7 @@ import time
 import traceback
 
 from bench import drivers
-from bench.core import workloads
+from bench.core import otel, workloads
 from bench.core.openloop import OpenPhase, Schedule
 from bench.profiling import workers as profiling
 
@@ -24,7 +24,10 @@ BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a 
 def main(index, config, host, port, pipe, barrier):
     # Ctrl-C reaches the whole process group; the parent alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    providers = ()
     try:
+        if config.otel is not None:
+            providers = otel.instrument(config.otel)
         driver = drivers.make(config, host, port)
         profile = profiling.WorkerProfile(config, index)
         with profile.section():
@@ -59,6 +62,8 @@ def main(index, config, host, port, pipe, barrier):
     except Exception:
         pipe.send(("error", "worker %d:\n%s" % (index, traceback.format_exc())))
     finally:
+        for provider in providers:   # (a worker's exit runs no atexit hook)
+            provider.shutdown()
         pipe.close()
 
 

@@ -14,6 +14,9 @@ two loops ``make perf`` times.  The ``duplicate`` row (not run unless asked for)
 inserts keys that are there already: every reply is error 3, which since 2.10
 quotes both tuples, bytes fields raw (``make bench``'s mix makes them by design);
 ``--drivers gtarantool,lazy`` puts it beside a connection with ``lazy_errors=True``.
+``--otel always_on`` / ``--otel always_off`` count gtarantool instrumented with
+OpenTelemetry (``bench/core/otel.py``): what a request costs with every span recorded,
+and with every span dropped by the sampler.
 """
 import argparse
 import itertools
@@ -22,6 +25,7 @@ import subprocess
 import sys
 
 from bench import drivers
+from bench.core import otel
 from bench.core.config import OPERATIONS, Config
 from bench.core.workloads import DUPLICATE_KEY, Payloads, Phase
 from bench.suites import perf
@@ -45,8 +49,18 @@ class _Discard:
         pass
 
 
-def child(driver_name, op, n, host, port, space, size, greenlets):
-    """The counted process: connect, then run ``n`` requests of ``op``."""
+def child(driver_name, op, n, host, port, space, size, greenlets, sampler=None, metrics=True):
+    """The counted process: connect, then run ``n`` requests of ``op`` (instrumented
+    with OpenTelemetry, spans sampled by ``sampler``, when it is given; its metrics
+    aggregated in memory unless ``metrics`` is False)."""
+    if sampler is not None:
+        providers = otel.instrument(sampler, span_exporter=otel.DiscardSpans(),
+                                    metric_reader=otel.metric_reader() if metrics else False)
+        try:
+            return child(driver_name, op, n, host, port, space, size, greenlets)
+        finally:
+            for provider in providers:
+                provider.shutdown()
     if op == PIPELINE:
         fn, window = PIPELINED[driver_name]
         fn(host, port, space, n, PIPELINE_SIZE, window or greenlets, _Discard())
@@ -94,6 +108,8 @@ def count(driver_name, op, n, target, args):
                sys.executable, "-m", "bench.instructions", "--child", driver_name, op,
                str(n), target.host, str(target.port), "--space", args.space,
                "--size", str(args.size), "--greenlets", str(args.greenlets)]
+    if args.otel:
+        command += ["--otel", args.otel] + (["--otel-no-metrics"] if args.otel_no_metrics else [])
     run = subprocess.run(command, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", run.stderr)
     if run.returncode or not found:
@@ -156,12 +172,19 @@ def main(argv=None):
                         help="greenlets / asyncio tasks (default %(default)s)")
     parser.add_argument("--size", type=int, default=1536, help="payload bytes (default 1536)")
     parser.add_argument("--space", default="bench", help="space to use (default bench)")
+    parser.add_argument("--otel", choices=otel.SAMPLERS[1:], default=None,
+                        help="instrument gtarantool with OpenTelemetry, spans sampled "
+                             "always_on or always_off (exported to nowhere, metrics "
+                             "aggregated in memory)")
+    parser.add_argument("--otel-no-metrics", action="store_true",
+                        help="with --otel: spans only, the metrics' meter a no-op")
     parser.add_argument("--child", nargs=5, metavar=("DRIVER", "OP", "N", "HOST", "PORT"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         driver_name, op, n, host, port = args.child
-        child(driver_name, op, int(n), host, int(port), args.space, args.size, args.greenlets)
+        child(driver_name, op, int(n), host, int(port), args.space, args.size, args.greenlets,
+              args.otel, not args.otel_no_metrics)
         return 0
     args.drivers = args.drivers.split(",")
     args.ops = args.ops.split(",")
@@ -172,7 +195,10 @@ def main(argv=None):
         if op not in OPERATIONS + (PIPELINE, DUPLICATE):
             parser.error("unknown operation %r; expected some of %s"
                          % (op, ", ".join(OPERATIONS + (PIPELINE, DUPLICATE))))
-    print("server: Tarantool %s (%s)" % (".".join(map(str, binary_version())), find_binary()))
+    print("server: Tarantool %s (%s)%s" % (".".join(map(str, binary_version())), find_binary(),
+                                           "; OpenTelemetry, spans %s, metrics %s"
+                                           % (args.otel, "off" if args.otel_no_metrics
+                                              else "in memory") if args.otel else ""))
     print(table(measure(args), args))
     return 0
 

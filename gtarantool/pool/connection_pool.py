@@ -33,7 +33,7 @@ from tarantool.error import (
 from tarantool.mesh_connection import prepare_address
 from tarantool.utils import ENCODING_DEFAULT
 
-from gtarantool import compiled
+from gtarantool import compiled, monitoring
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout, not_sent
 from gtarantool.pool.roles import monitor
@@ -358,7 +358,8 @@ class ConnectionPool(_PoolBase):
             instance.last_error = None
         if instance.state.status is status and instance.state.read_only == read_only:
             return
-        instance.state = InstanceState(status, read_only)
+        old, instance.state = instance.state, InstanceState(status, read_only)
+        monitoring.instance_state(instance.name, old, instance.state, instance.last_error)
         instance.last_change = time.time()
         if self.pool.get(instance.name) is instance:
             self._reroute()
@@ -475,6 +476,8 @@ class ConnectionPool(_PoolBase):
             raise exc
         instance.rerouted += 1
         self.rerouted_writes += 1
+        monitoring.emit(monitoring.WriteReroutedEvent, instance.name, to=other.name,
+                        code=getattr(exc, "code", None))
         return other, deadline
 
     @staticmethod

@@ -28,6 +28,7 @@ from gevent import Timeout
 from tarantool.connection_pool import Mode
 from tarantool.error import ConfigurationError, DatabaseError, NetworkError, PoolTopologyError
 
+from gtarantool import monitoring
 from gtarantool.connection import Connection
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
@@ -999,6 +1000,8 @@ class _Call:
             dest = router._destinations.get(refused.details.get("destination"))
             if dest is not None and dest is not rs:
                 router._set(self.bucket_id, dest)
+            monitoring.emit(monitoring.BucketMapCorrectedEvent, rs.name,
+                            bucket_id=self.bucket_id, to=dest.name if dest else "", code=code)
             # The first redirect goes at once; a bucket still moving is
             # asked again after a growing pause.
             return _pause(pause) if pause or dest is None else 0.001

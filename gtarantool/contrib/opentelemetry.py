@@ -1,0 +1,544 @@
+"""OpenTelemetry spans and metrics for gtarantool (extra ``otel``).
+
+``GtarantoolInstrumentor().instrument(tracer_provider=..., meter_provider=...)``
+wraps the data methods of :class:`gtarantool.Connection`, streams, pipelines,
+prepared statements, :class:`gtarantool.ConnectionPool` and
+:class:`gtarantool.Router` on their classes, so connections made before the
+call are covered as well as later ones; ``uninstrument()`` puts the classes
+back.  Nothing of this module runs while it is not instrumented.
+
+Each request is one CLIENT span, started and ended in the caller's greenlet
+under the caller's current span, named and described as the OpenTelemetry
+database semantic conventions ask (``db.system.name`` = ``tarantool``); a
+pool's or router's request is one span naming the instance that answered,
+its re-sends being span events.  ``db.client.operation.duration`` records
+each such request; the connection metrics are read from the live
+connections when the meter collects.  See "Observability" in the manual.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import os
+import time
+from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.metrics import CallbackOptions, NoOpMeter, Observation, get_meter
+from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
+from tarantool.error import DatabaseError
+
+import gtarantool
+from gtarantool import connection as _connection
+from gtarantool import monitoring
+from gtarantool.connection import Connection
+from gtarantool.errors import RequestTimeout
+from gtarantool.pipeline import Pipeline
+from gtarantool.pool import ConnectionPool, roles
+from gtarantool.sharding import Router
+from gtarantool.sql import PreparedStatement
+from gtarantool.streams import Stream
+
+__all__ = ["GtarantoolInstrumentor", "DURATION_BUCKETS", "SYSTEM"]
+
+_instruments = ("gtarantool >= 2.0",)
+
+SYSTEM = "tarantool"
+# The conventions' advice for db.client.operation.duration, in seconds.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.33.0"
+
+SPACE_METHODS = ("insert", "replace", "select", "update", "upsert", "delete")
+DATA_METHODS = SPACE_METHODS + ("call", "eval", "execute", "ping")
+STREAM_METHODS = DATA_METHODS + ("begin", "commit", "rollback")
+ROUTER_METHODS = ("callrw", "callro", "callbro", "callre", "callbre")
+# A cache of attributes by (address, operation, target) is emptied past this size.
+CACHE_LIMIT = 4096
+
+# The pool's or router's request this greenlet is in: its connection-level
+# requests add to that span instead of making their own.
+_outer: contextvars.ContextVar[Any] = contextvars.ContextVar("gtarantool_otel_outer",
+                                                             default=None)
+_QUIET = object()   # ... or a request the library makes for itself: no span
+_PARENT_BASED_OFF = "ParentBased{root:AlwaysOffSampler,remoteParentSampled:AlwaysOnSampler,"
+
+
+def _stability() -> Tuple[bool, bool]:
+    """(stable names, pre-stable names) as ``OTEL_SEMCONV_STABILITY_OPT_IN`` asks:
+    ``database/dup`` emits both; anything else the stable ones, which are all
+    this instrumentation ever had."""
+    options = {part.strip() for part in
+               os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")}
+    return True, "database/dup" in options
+
+
+def _sampled_parent() -> bool:
+    return bool(trace.get_current_span().get_span_context().trace_flags.sampled)
+
+
+def _sampler_of(provider: Any) -> Optional[str]:
+    """The description of an SDK tracer provider's sampler (None for another provider)."""
+    sampler = getattr(provider, "sampler", None)
+    describe = getattr(sampler, "get_description", None)
+    return describe() if callable(describe) else None
+
+
+def _address(conn: Any) -> Tuple[str, Optional[int]]:
+    if conn.host is None:
+        return str(conn.port), None
+    return str(conn.host), int(conn.port)
+
+
+class _Call:
+    """A pool's or router's request: its span and the connections it went to."""
+
+    __slots__ = ("span", "conn", "attempts", "mode")
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        self.conn: Any = None
+        self.attempts = 0
+        self.mode: Tuple[Tuple[str, Any], ...] = ()   # a router's: its pool's mode
+
+    def attempt(self, conn: Any) -> None:
+        if self.attempts and self.span.is_recording():
+            host, port = _address(conn)
+            attributes: Dict[str, Any] = {"server.address": host, "tarantool.attempt":
+                                          self.attempts + 1}
+            if port is not None:
+                attributes["server.port"] = port
+            self.span.add_event("gtarantool.resend", attributes)
+        self.attempts += 1
+        self.conn = conn
+
+
+class _Telemetry:
+    """The tracer, the instruments and the attributes cache of one instrumentation."""
+
+    def __init__(self, tracer: Any, meter: Any, sampler: Optional[str] = None) -> None:
+        self.tracer = tracer
+        self.stable, self.legacy = _stability()
+        self.active = True
+        # The sampler drops every span (``never``), or every span without a sampled
+        # parent (``parent``): then no span is started where none would be recorded.
+        self.never = sampler == "AlwaysOffSampler"
+        self.parented = sampler is not None and sampler.startswith(_PARENT_BASED_OFF)
+        self.metered = not isinstance(meter, NoOpMeter)
+        self.idle = self.never and not self.metered
+        self.duration = meter.create_histogram(
+            "db.client.operation.duration", unit="s",
+            description="Duration of database client operations.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS))
+        self.timeouts = meter.create_counter(
+            "db.client.connection.timeouts", unit="{timeout}",
+            description="Requests that got no reply (or no connection) within request_timeout.")
+        meter.create_observable_up_down_counter(
+            "db.client.connection.count", callbacks=[self._count], unit="{connection}",
+            description="Open connections, by state: used (requests in flight) or idle.")
+        meter.create_observable_up_down_counter(
+            "db.client.connection.pending_requests", callbacks=[self._pending],
+            unit="{request}", description="Requests written and awaiting their replies.")
+        self._cache: Dict[Any, Tuple[str, Dict[str, Any], Dict[str, Any]]] = {}
+
+    # -- attributes --------------------------------------------------------------------
+
+    def describe(self, conn: Any, op: str, target: Any, query: Optional[str] = None,
+                 extra: Tuple[Tuple[str, Any], ...] = ()) -> Tuple[str, Dict[str, Any],
+                                                                     Dict[str, Any]]:
+        """(span name, span attributes, metric attributes) of a request."""
+        key = (None, None, op, target, query, extra) if conn is None else (
+            conn.host, conn.port, op, target, query, extra)
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            found = self._cache[key] = self._build(conn, op, target, query, extra)
+        return found
+
+    def _build(self, conn, op, target, query, extra):
+        metric = {"db.system.name": SYSTEM, "db.operation.name": op}
+        name = op
+        if target is not None:
+            name = "%s %s" % (op, target)
+            if op == "call" or op.endswith(" call"):
+                metric["db.stored_procedure.name"] = str(target)
+            else:
+                metric["db.collection.name"] = str(target)
+        if conn is not None:
+            host, port = _address(conn)
+            metric["server.address"] = host
+            if port is not None:
+                metric["server.port"] = port
+        metric.update(extra)
+        span = dict(metric)
+        if query is not None:
+            span["db.query.text"] = query
+        if self.legacy:
+            span["db.system"] = SYSTEM
+            span["db.operation"] = op
+            if query is not None:
+                span["db.statement"] = query
+            if "server.address" in span:
+                span["net.peer.name"] = span["server.address"]
+            if "server.port" in span:
+                span["net.peer.port"] = span["server.port"]
+        return name, span, metric
+
+    @staticmethod
+    def error_attributes(exc: BaseException) -> Dict[str, Any]:
+        code = getattr(exc, "code", None) if isinstance(exc, DatabaseError) else None
+        if isinstance(code, int) and not isinstance(exc, RequestTimeout) and code:
+            return {"error.type": str(code), "db.response.status_code": str(code)}
+        kind = type(exc)
+        return {"error.type": "%s.%s" % (kind.__module__, kind.__qualname__)}
+
+    # -- requests ----------------------------------------------------------------------
+
+    def request(self, conn: Any, op: str, target: Any, call: Callable[..., Any],
+                args: Tuple[Any, ...], kwargs: Dict[str, Any], query: Optional[str] = None,
+                extra: Tuple[Tuple[str, Any], ...] = ()) -> Any:
+        """One connection-level request: its own span, or an attempt of the
+        pool's or router's request it is part of."""
+        outer = _outer.get()
+        if outer is not None:
+            if outer is not _QUIET:
+                outer.attempt(conn)
+            return call(*args, **kwargs)
+        name, attributes, metric = self.describe(conn, op, target, query, extra)
+        if self.never or (self.parented and not _sampled_parent()):
+            return self._timed(conn, metric, call, args, kwargs)
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        token = (otel_context.attach(trace.set_span_in_context(span))
+                 if span.is_recording() else None)
+        start = time.perf_counter()
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(span, metric, exc, time.perf_counter() - start, conn)
+            raise
+        else:
+            self.duration.record(time.perf_counter() - start, metric)
+            return result
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            span.end()
+
+    def _timed(self, conn, metric, call, args, kwargs):
+        """A request no span is recorded for: its duration alone."""
+        start = time.perf_counter()
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(INVALID_SPAN, metric, exc, time.perf_counter() - start, conn)
+            raise
+        self.duration.record(time.perf_counter() - start, metric)
+        return result
+
+    def routed(self, op: str, target: Any, call: Callable[..., Any], args: Tuple[Any, ...],
+               kwargs: Dict[str, Any], extra: Tuple[Tuple[str, Any], ...],
+               after: Optional[Callable[[Any], Tuple[Tuple[str, Any], ...]]] = None) -> Any:
+        """A pool's or router's request: one span, naming the instance that
+        answered (the last its requests went to)."""
+        outer = _outer.get()
+        if outer is not None:   # a router's pool (its span covers it), or quiet
+            if outer is not _QUIET:
+                outer.mode = extra
+            return call(*args, **kwargs)
+        name, attributes, _ = self.describe(None, op, target, None, extra)
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        here = _Call(span)
+        outer_token = _outer.set(here)
+        token = (otel_context.attach(trace.set_span_in_context(span))
+                 if span.is_recording() else None)
+        start = time.perf_counter()
+        error: Optional[BaseException] = None
+        try:
+            return call(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            if token is not None:
+                otel_context.detach(token)
+            _outer.reset(outer_token)
+            more = here.mode + (after(error) if after is not None else ())
+            _, attributes, metric = self.describe(here.conn, op, target, None, extra + more)
+            if span.is_recording():
+                span.set_attributes(attributes)
+            if error is None:
+                self.duration.record(elapsed, metric)
+            else:
+                self._failed(span, metric, error, elapsed, here.conn)
+            span.end()
+
+    def _failed(self, span, metric, exc, elapsed, conn):
+        errors = self.error_attributes(exc)
+        if span.is_recording():
+            span.set_attributes(errors)
+            # (The type only: a box error's message may quote the tuples.)
+            span.set_status(Status(StatusCode.ERROR, errors["error.type"]))
+        if isinstance(exc, Exception):
+            self.duration.record(elapsed, dict(metric, **errors))
+        if isinstance(exc, RequestTimeout) and conn is not None:
+            self.timeouts.add(1, {"db.client.connection.pool.name":
+                                  monitoring.address_of(conn)})
+
+    def batch(self, conn: Any, ops: List[Any], size: int, stream_id: Optional[int],
+              start_ns: int, call: Callable[[], Any]) -> Any:
+        """A pipeline's wait: one span from its first queued request to its replies."""
+        names = {op for op, _ in ops}
+        targets = {target for _, target in ops}
+        op, target = "BATCH", None
+        if len(names) == 1:
+            op = "BATCH " + names.pop()
+            target = targets.pop() if len(targets) == 1 else None
+        extra: Tuple[Tuple[str, Any], ...] = (("db.operation.batch.size", size),)
+        if stream_id is not None:
+            extra += (("tarantool.stream.id", stream_id),)
+        name, attributes, metric = self._build(conn, op, target, None, extra)
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes,
+                                      start_time=start_ns)
+        start = time.perf_counter()
+        try:
+            result = call()
+        except BaseException as exc:
+            self._failed(span, metric, exc, time.perf_counter() - start, conn)
+            raise
+        else:
+            self.duration.record(time.perf_counter() - start, metric)
+            return result
+        finally:
+            span.end()
+
+    # -- connection metrics ---------------------------------------------------------------
+
+    def _count(self, options: CallbackOptions) -> List[Observation]:
+        counts: Dict[Tuple[str, str], int] = {}
+        for conn in self._live():
+            transport = conn._transport
+            if transport is None or transport.error is not None:
+                continue
+            state = "used" if transport.in_flight else "idle"
+            key = (monitoring.address_of(conn), state)
+            counts[key] = counts.get(key, 0) + 1
+        return [Observation(count, {"db.client.connection.pool.name": name,
+                                    "db.client.connection.state": state,
+                                    "db.system.name": SYSTEM})
+                for (name, state), count in counts.items()]
+
+    def _pending(self, options: CallbackOptions) -> List[Observation]:
+        pending: Dict[str, int] = {}
+        for conn in self._live():
+            transport = conn._transport
+            if transport is not None and transport.error is None:
+                name = monitoring.address_of(conn)
+                pending[name] = pending.get(name, 0) + transport.in_flight
+        return [Observation(count, {"db.client.connection.pool.name": name,
+                                    "db.system.name": SYSTEM})
+                for name, count in pending.items()]
+
+    def _live(self) -> List[Any]:
+        return list(_connection._live) if self.active else []
+
+    # -- monitoring events as span events -----------------------------------------------
+
+    def on_event(self, event: monitoring.Event) -> None:
+        """A library event that happened in the caller's greenlet: an event on its span."""
+        name = _SPAN_EVENTS.get(type(event))
+        if name is None:
+            return
+        span = trace.get_current_span()
+        if span.is_recording():
+            attributes = {key: value for key, value in vars(event).items()
+                          if key != "time" and value is not None}
+            span.add_event(name, attributes, timestamp=int(event.time * 1e9))
+
+
+_SPAN_EVENTS = {
+    monitoring.ReconnectAttemptEvent: "gtarantool.reconnect_attempt",
+    monitoring.WriteResentEvent: "gtarantool.writable_wait",
+    monitoring.WriteReroutedEvent: "gtarantool.write_rerouted",
+    monitoring.BucketMapCorrectedEvent: "gtarantool.bucket_moved",
+}
+
+
+# -- the wrappers, installed on the classes -------------------------------------------------
+
+def _target(op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    if op in SPACE_METHODS:
+        return args[0] if args else kwargs.get("space_name")
+    if op == "call":
+        return args[0] if args else kwargs.get("func_name")
+    return None
+
+
+def _query(op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[str]:
+    if op == "execute":
+        query = args[0] if args else kwargs.get("query")
+        return query if isinstance(query, str) else None
+    return None
+
+
+def _connection_method(telemetry: _Telemetry, op: str, original: Callable[..., Any]) -> Any:
+    def method(self, *args, **kwargs):
+        if telemetry.idle:
+            return original(self, *args, **kwargs)
+        return telemetry.request(self, op, _target(op, args, kwargs), original,
+                                 (self,) + args, kwargs, _query(op, args, kwargs))
+    return _named(method, original)
+
+
+def _stream_method(telemetry: _Telemetry, op: str, original: Callable[..., Any]) -> Any:
+    def method(self, *args, **kwargs):
+        return telemetry.request(self._conn, op, _target(op, args, kwargs), original,
+                                 (self,) + args, kwargs, _query(op, args, kwargs),
+                                 (("tarantool.stream.id", self.stream_id),))
+    return _named(method, original)
+
+
+def _statement_method(telemetry: _Telemetry, op: str, original: Callable[..., Any]) -> Any:
+    def method(self, *args, **kwargs):
+        return telemetry.request(self._conn, op, None, original, (self,) + args, kwargs,
+                                 self.sql)
+    return _named(method, original)
+
+
+def _pool_method(telemetry: _Telemetry, op: str, original: Any, default_mode: Any) -> Any:
+    def method(self, *args, **kwargs):
+        mode = kwargs.get("mode", default_mode)
+        return telemetry.routed(op, _target(op, args, kwargs), original, (self,) + args,
+                                kwargs, (("tarantool.pool.mode", getattr(mode, "name",
+                                                                         str(mode))),))
+    return _named(method, getattr(original, "__wrapped__", original))
+
+
+def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
+    def method(self, bucket_id, func, *args, **kwargs):
+        def after(error):
+            rs = None
+            if type(bucket_id) is int and 0 < bucket_id <= self.bucket_count:
+                rs = self._routes[bucket_id]
+            rs_id = getattr(error, "replicaset", None)
+            if rs_id is not None:
+                rs = self.replicasets.get(rs_id)
+            name = rs.name if rs is not None else rs_id
+            return (() if name is None else (("tarantool.vshard.replicaset", str(name)),))
+        return telemetry.routed("call", func, original, (self, bucket_id, func) + args, kwargs,
+                                (("tarantool.vshard.bucket_id", bucket_id),
+                                 ("tarantool.vshard.method", original.__name__)), after)
+    return _named(method, original)
+
+
+def _pipeline_method(op: str, original: Callable[..., Any]) -> Any:
+    def method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        batch = self.__dict__.get("_otel_batch")
+        if batch is None:
+            batch = self._otel_batch = [time.time_ns(), []]
+        batch[1].append((op, _target(op, args, kwargs)))
+        return result
+    return _named(method, original)
+
+
+def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
+    def wait(self):
+        batch = self.__dict__.pop("_otel_batch", None)
+        if batch is None:
+            return original(self)
+        stream = self._stream
+        return telemetry.batch(self._conn, batch[1], len(batch[1]),
+                               None if stream is None else stream.stream_id, batch[0],
+                               lambda: original(self))
+    return _named(wait, original)
+
+
+def _quiet(original: Callable[..., Any]) -> Any:
+    """``original`` with the requests it makes itself left out: a connect's
+    authentication and schema, a pool's role checks."""
+    def quiet(*args, **kwargs):
+        token = _outer.set(_QUIET)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _outer.reset(token)
+    return _named(quiet, original)
+
+
+def _named(wrapper: Any, original: Any) -> Any:
+    wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
+    wrapper.__qualname__ = getattr(original, "__qualname__", wrapper.__qualname__)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+class GtarantoolInstrumentor(BaseInstrumentor):
+    """Spans and metrics for every gtarantool connection, pool and router.
+
+    ``instrument(tracer_provider=None, meter_provider=None)`` (the global
+    providers by default) starts them, for objects made before and after the
+    call; ``uninstrument()`` stops them everywhere.  Registered under the
+    ``opentelemetry_instrumentor`` entry point, so ``opentelemetry-instrument``
+    finds it.
+    """
+
+    _telemetry: Optional[_Telemetry] = None
+    _patched: List[Tuple[Any, str, Any]] = []
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        """The packages and versions this instruments: gtarantool's."""
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
+        tracer = trace.get_tracer(__name__, gtarantool.__version__, tracer_provider,
+                                  schema_url=SCHEMA_URL)
+        meter = get_meter(__name__, gtarantool.__version__, kwargs.get("meter_provider"),
+                          schema_url=SCHEMA_URL)
+        telemetry = _Telemetry(tracer, meter, _sampler_of(tracer_provider))
+        self._telemetry = telemetry
+        self._patched = []
+        for op in DATA_METHODS:
+            self._patch(Connection, op, _connection_method(telemetry, op, getattr(Connection, op)))
+        for op in filter(functools.partial(hasattr, Stream), STREAM_METHODS):
+            self._patch(Stream, op, _stream_method(telemetry, op, getattr(Stream, op)))
+        self._patch(PreparedStatement, "_prepare", _statement_method(
+            telemetry, "prepare", PreparedStatement._prepare))
+        self._patch(PreparedStatement, "execute", _statement_method(
+            telemetry, "execute", PreparedStatement.execute))
+        for op in filter(functools.partial(hasattr, Pipeline), DATA_METHODS):
+            self._patch(Pipeline, op, _pipeline_method(op, getattr(Pipeline, op)))
+        self._patch(Pipeline, "wait", _pipeline_wait(telemetry, Pipeline.wait))
+        for op in DATA_METHODS:
+            original = ConnectionPool.__dict__[op]
+            spec = getattr(original, "__wrapped__", original)
+            mode = (spec.__kwdefaults__ or {}).get("mode")
+            self._patch(ConnectionPool, op, _pool_method(telemetry, op, original, mode))
+        self._patch(Connection, "connect", _quiet(Connection.connect))
+        self._patch(roles, "_check", _quiet(roles._check))
+        for name in ROUTER_METHODS:
+            self._patch(Router, name, _router_method(telemetry, getattr(Router, name)))
+        monitoring.register(telemetry.on_event)
+
+    def _patch(self, cls: Any, name: str, wrapper: Any) -> None:
+        self._patched.append((cls, name, cls.__dict__.get(name, _INHERITED)))
+        setattr(cls, name, wrapper)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for cls, name, original in reversed(self._patched):
+            if original is _INHERITED:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+        self._patched = []
+        telemetry, self._telemetry = self._telemetry, None
+        if telemetry is not None:
+            telemetry.active = False
+            monitoring.unregister(telemetry.on_event)
+
+
+_INHERITED = object()

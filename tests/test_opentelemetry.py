@@ -1,0 +1,397 @@
+"""gtarantool.contrib.opentelemetry against real servers, with the SDK's in-memory
+span exporter and metric reader: spans per request under the caller's own span,
+their attributes and errors, pipelines, streams, pools, routers, the metrics,
+uninstrument(), and the Prometheus exporter scraped over HTTP."""
+import random
+import urllib.request
+
+import gevent
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider, sampling
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import start_http_server
+from tarantool.error import DatabaseError
+
+import gtarantool
+from gtarantool import Mode, RequestTimeout, monitoring
+from gtarantool.contrib.opentelemetry import DURATION_BUCKETS, GtarantoolInstrumentor
+from gtarantool.sharding import Router
+from gtarantool.testing.cluster import ShardedCluster, vshard_missing
+from gtarantool.testing.server import binary_version
+
+from .conftest import PASSWORD, USER
+
+STREAMS = binary_version() >= (2, 10)
+STORAGE = """
+if not box.info.ro then box.once('kv', function()
+    local s = box.schema.space.create('kv')
+    s:create_index('pk', {parts = {{1, 'unsigned'}}})
+end) end
+function put(bucket_id, id) box.space.kv:replace{id, bucket_id} return true end
+function get(id) return box.space.kv:get(id) ~= nil end
+"""
+
+
+class Telemetry:
+    """A tracer provider and a meter provider that keep what they get in memory."""
+
+    def __init__(self):
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.tracer = self.tracer_provider.get_tracer("tests")
+
+    def finished(self, kind=SpanKind.CLIENT):
+        return [span for span in self.spans.get_finished_spans() if span.kind is kind]
+
+    def points(self, name):
+        data = self.reader.get_metrics_data()
+        found = []
+        for resource in (data.resource_metrics if data else ()):
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        found += list(metric.data.data_points)
+        return found
+
+    def requests_recorded(self):
+        return sum(point.count for point in self.points("db.client.operation.duration"))
+
+
+@pytest.fixture
+def telemetry():
+    t = Telemetry()
+    instrumentor = GtarantoolInstrumentor()
+    instrumentor.instrument(tracer_provider=t.tracer_provider, meter_provider=t.meter_provider)
+    try:
+        yield t
+    finally:
+        instrumentor.uninstrument()
+        t.meter_provider.shutdown()
+
+
+def address(server):
+    return {"server.address": server.host, "server.port": server.port}
+
+
+def test_each_greenlets_request_span_is_a_child_of_that_greenlets_own_span(telemetry,
+                                                                            server, conn):
+    """100 greenlets, each under a span of its own, on one connection: the replies
+    come back in another order and through the reader greenlet, and each request's
+    span still has its own greenlet's span as parent."""
+    parents = {}
+
+    def one(i):
+        with telemetry.tracer.start_as_current_span("work-%d" % i) as parent:
+            parents[i] = parent.get_span_context()
+            conn.call("sleep_and_return", (random.random() * 0.05, i))
+
+    gevent.joinall([gevent.spawn(one, i) for i in range(100)], raise_error=True)
+    spans = telemetry.finished()
+    assert len(spans) == 100
+    for span in spans:
+        assert span.name == "call sleep_and_return"
+        parent = span.parent
+        assert parent is not None
+        owner = [i for i, context in parents.items() if context.span_id == parent.span_id]
+        assert len(owner) == 1
+        assert span.context.trace_id == parents[owner[0]].trace_id
+    assert len({span.parent.span_id for span in spans}) == 100
+
+
+def test_data_methods_carry_the_database_conventions_attributes(telemetry, server, conn):
+    conn.replace("tester", (1, "one"))
+    conn.select("tester", 1)
+    conn.update("tester", 1, [("=", 1, "uno")])
+    conn.upsert("tester", (1, "one"), [("=", 1, "one")])
+    conn.delete("tester", 1)
+    conn.call("echo", 1, 2)
+    conn.eval("return ...", 3)
+    conn.ping()
+    spans = {span.name: span for span in telemetry.finished()}
+    assert sorted(spans) == ["call echo", "delete tester", "eval", "ping", "replace tester",
+                             "select tester", "update tester", "upsert tester"]
+    for op in ("replace", "select", "update", "upsert", "delete"):
+        assert dict(spans[op + " tester"].attributes) == dict(
+            {"db.system.name": "tarantool", "db.operation.name": op,
+             "db.collection.name": "tester"}, **address(server))
+    assert dict(spans["call echo"].attributes) == dict(
+        {"db.system.name": "tarantool", "db.operation.name": "call",
+         "db.stored_procedure.name": "echo"}, **address(server))
+    assert dict(spans["eval"].attributes) == dict(
+        {"db.system.name": "tarantool", "db.operation.name": "eval"}, **address(server))
+    for span in spans.values():
+        assert span.kind is SpanKind.CLIENT
+        assert span.status.status_code is StatusCode.UNSET
+
+
+def test_sql_records_the_query_text_and_never_its_parameters(telemetry, conn):
+    secret = "s3cret-%d" % random.randrange(10 ** 6)
+    key = random.randrange(10 ** 9)
+    conn.execute("INSERT INTO sqltest VALUES (?, ?)", [key, secret])
+    statement = conn.prepare("SELECT name FROM sqltest WHERE id = ?")
+    assert statement.execute([key]).data == [[secret]]
+    statement.unprepare()
+    spans = telemetry.finished()
+    assert [span.name for span in spans] == ["execute", "prepare", "execute"]
+    assert spans[0].attributes["db.query.text"] == "INSERT INTO sqltest VALUES (?, ?)"
+    assert spans[1].attributes["db.query.text"] == "SELECT name FROM sqltest WHERE id = ?"
+    assert spans[2].attributes["db.operation.name"] == "execute"
+    for span in spans:
+        assert secret not in repr(dict(span.attributes))
+
+
+def test_errors_set_the_status_the_error_type_and_the_box_error_code(telemetry, conn):
+    conn.replace("tester", (7, "x"))
+    with pytest.raises(DatabaseError):
+        conn.insert("tester", (7, "duplicate-payload"))
+    with pytest.raises(DatabaseError):
+        conn.call("raise_error", "secret-message")
+    conn.request_timeout = 0.05
+    try:
+        with pytest.raises(RequestTimeout):
+            conn.call("sleep_and_return", 1, 1)
+    finally:
+        conn.request_timeout = None
+    duplicate, raised, timed_out = telemetry.finished()[1:]
+    assert duplicate.attributes["error.type"] == "3"
+    assert duplicate.attributes["db.response.status_code"] == "3"
+    assert raised.attributes["error.type"] == "555"
+    assert raised.attributes["db.response.status_code"] == "555"
+    assert timed_out.attributes["error.type"] == "gtarantool.errors.RequestTimeout"
+    assert "db.response.status_code" not in timed_out.attributes
+    for span in (duplicate, raised, timed_out):
+        assert span.status.status_code is StatusCode.ERROR
+        assert "payload" not in str(span.status.description)
+        assert "secret" not in str(span.status.description)
+    failed = [point for point in telemetry.points("db.client.operation.duration")
+              if "error.type" in point.attributes]
+    assert sorted(point.attributes["error.type"] for point in failed) == [
+        "3", "555", "gtarantool.errors.RequestTimeout"]
+    timeouts = telemetry.points("db.client.connection.timeouts")
+    assert [point.value for point in timeouts] == [1]
+
+
+def test_a_pipeline_is_one_batch_span(telemetry, server, conn):
+    base = random.randrange(10 ** 6, 10 ** 9)
+    with conn.pipeline() as pipe:
+        for i in range(300):
+            pipe.replace("tester", (base + i, "p"))
+    mixed = conn.pipeline()
+    mixed.select("tester", base)
+    mixed.call("echo", 1)
+    mixed.results()
+    same, other = telemetry.finished()
+    assert same.name == "BATCH replace tester"
+    assert dict(same.attributes) == dict(
+        {"db.system.name": "tarantool", "db.operation.name": "BATCH replace",
+         "db.collection.name": "tester", "db.operation.batch.size": 300}, **address(server))
+    assert other.name == "BATCH"
+    assert other.attributes["db.operation.batch.size"] == 2
+    assert telemetry.requests_recorded() == 2
+
+
+@pytest.mark.skipif(not STREAMS, reason="streams need Tarantool 2.10+")
+def test_a_streams_requests_carry_its_stream_id(telemetry, conn):
+    stream = conn.stream()
+    stream.replace("tester", (11, "stream"))
+    stream.call("echo", 1)
+    conn.select("tester", 11)
+    names = [(span.name, span.attributes.get("tarantool.stream.id"))
+             for span in telemetry.finished()]
+    assert names == [("replace tester", stream.stream_id), ("call echo", stream.stream_id),
+                     ("select tester", None)]
+
+
+def test_the_duration_histogram_counts_every_request(telemetry, conn):
+    made = 0
+    for i in range(37):
+        conn.select("tester", i)
+        made += 1
+    for i in range(5):
+        conn.call("echo", i)
+        made += 1
+    assert telemetry.requests_recorded() == made == len(telemetry.finished())
+    points = telemetry.points("db.client.operation.duration")
+    assert tuple(points[0].explicit_bounds) == DURATION_BUCKETS
+    selects = [p for p in points if p.attributes["db.operation.name"] == "select"]
+    assert [p.count for p in selects] == [37]
+
+
+def test_connection_metrics_count_connections_and_pending_requests(telemetry, server, conn):
+    conn.ping()
+    busy = [gevent.spawn(conn.call, "sleep_and_return", 1.0, 1) for _ in range(3)]
+    with gevent.Timeout(5):
+        while conn._transport.in_flight < 3:
+            gevent.sleep(0.01)
+    name = "%s:%s" % (server.host, server.port)
+    pending = [p.value for p in telemetry.points("db.client.connection.pending_requests")
+               if p.attributes["db.client.connection.pool.name"] == name]
+    used = [p.value for p in telemetry.points("db.client.connection.count")
+            if p.attributes["db.client.connection.pool.name"] == name
+            and p.attributes["db.client.connection.state"] == "used"]
+    gevent.joinall(busy, raise_error=True)
+    assert pending and pending[0] >= 3
+    assert used and used[0] >= 1
+
+
+def test_pool_spans_name_the_instance_that_answered_and_the_mode(telemetry, server):
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD)
+    try:
+        pool.select("tester", 1)
+        pool.replace("tester", (5, "pool"))
+        pool.call("echo", 1, mode=Mode.PREFER_RO)
+    finally:
+        pool.close()
+    spans = telemetry.finished()
+    assert [span.name for span in spans] == ["select tester", "replace tester", "call echo"]
+    for span, mode in zip(spans, ("ANY", "RW", "PREFER_RO")):
+        assert span.attributes["tarantool.pool.mode"] == mode
+        assert span.attributes["server.address"] == server.host
+        assert span.attributes["server.port"] == server.port
+    assert telemetry.requests_recorded() == 3
+
+
+def test_uninstrument_stops_everything_on_connections_made_before(server, conn):
+    t = Telemetry()
+    instrumentor = GtarantoolInstrumentor()
+    instrumentor.instrument(tracer_provider=t.tracer_provider, meter_provider=t.meter_provider)
+    conn.select("tester", 1)
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD)
+    try:
+        pool.select("tester", 1)
+        assert len(t.finished()) == 2
+        instrumentor.uninstrument()
+        conn.select("tester", 1)
+        conn.call("echo", 1)
+        pool.select("tester", 1)
+        with conn.pipeline() as pipe:
+            pipe.select("tester", 1)
+    finally:
+        pool.close()
+        instrumentor.uninstrument()
+    assert len(t.finished()) == 2
+    assert t.requests_recorded() == 2
+    assert t.points("db.client.connection.count") == []
+    assert monitoring.listeners() == ()
+    assert "__wrapped__" not in vars(type(conn)).get("select", lambda: 0).__dict__
+    t.meter_provider.shutdown()
+
+
+def test_the_library_s_own_requests_make_no_span(telemetry, server):
+    """Connecting (authentication, the schema) and a pool's role checks."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD, refresh_delay=0.05)
+    try:
+        gevent.sleep(0.3)
+        conn.select("tester", 1)
+    finally:
+        pool.close()
+        conn.close()
+    assert [span.name for span in telemetry.finished()] == ["select tester"]
+
+
+def test_the_prometheus_exporter_serves_the_duration_metric(server, conn):
+    reader = PrometheusMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    instrumentor = GtarantoolInstrumentor()
+    instrumentor.instrument(tracer_provider=TracerProvider(), meter_provider=meter_provider)
+    httpd, thread = start_http_server(0, addr="127.0.0.1")
+    try:
+        for i in range(12):
+            conn.select("tester", i)
+        url = "http://127.0.0.1:%d/metrics" % httpd.server_port
+        text = gevent.get_hub().threadpool.spawn(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode()).get()
+    finally:
+        instrumentor.uninstrument()
+        httpd.shutdown()
+        thread.join(5)
+        meter_provider.shutdown()   # (unregisters the reader from prometheus_client)
+    counts = [line for line in text.splitlines()
+              if line.startswith("db_client_operation_duration_seconds_count")
+              and 'db_operation_name="select"' in line]
+    assert len(counts) == 1, text
+    assert counts[0].rsplit(" ", 1)[1] in ("12", "12.0")
+    assert 'le="0.005"' in text
+
+
+@pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+def test_router_spans_carry_the_bucket_and_replica_set_and_re_routes_are_events(telemetry):
+    cluster = ShardedCluster(2, replicas=0, storage_lua=STORAGE).start()
+    try:
+        router = Router(cluster.cfg, user=cluster.user, password=cluster.password)
+        with gevent.Timeout(10):
+            while router.known_bucket_count < cluster.bucket_count:
+                gevent.sleep(0.02)
+        bucket_id = 7
+        source = cluster.shard(cluster.buckets()[bucket_id])
+        target = next(shard for shard in cluster.shards if shard is not source)
+        masters = {shard.name: (shard.master.host, shard.master.port)
+                   for shard in (source, target)}
+        router.callrw(bucket_id, "put", (bucket_id, 1), timeout=5)
+        cluster.bucket_send(bucket_id, target.uuid)
+        router.callro(bucket_id, "get", (1,), timeout=5)
+        router.close()
+    finally:
+        cluster.cleanup()
+    spans = [span for span in telemetry.finished() if span.name in ("call put", "call get")]
+    assert [span.name for span in spans] == ["call put", "call get"]
+    put, get = spans
+    assert put.attributes["tarantool.vshard.bucket_id"] == bucket_id
+    assert put.attributes["tarantool.vshard.replicaset"] == source.name
+    assert put.attributes["tarantool.pool.mode"] == "RW"
+    assert put.attributes["db.stored_procedure.name"] == "put"
+    assert (put.attributes["server.address"], put.attributes["server.port"]) == (
+        masters[source.name])
+    assert get.attributes["tarantool.vshard.replicaset"] == target.name
+    assert (get.attributes["server.address"], get.attributes["server.port"]) == (
+        masters[target.name])
+    events = [event.name for event in get.events]
+    assert events == ["gtarantool.bucket_moved", "gtarantool.resend"]
+    moved = get.events[0].attributes
+    assert (moved["bucket_id"], moved["address"], moved["to"]) == (
+        bucket_id, source.name, target.name)
+    assert not put.events
+
+
+@pytest.mark.parametrize("sampler", [sampling.ALWAYS_OFF,
+                                     sampling.ParentBased(sampling.ALWAYS_OFF)])
+def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampler):
+    """No span where the sampler records none; the histogram counts every request.
+    Under a sampled parent a parent-based sampler's requests are spans again."""
+    t = Telemetry()
+    t.tracer_provider = TracerProvider(sampler=sampler)
+    t.tracer_provider.add_span_processor(SimpleSpanProcessor(t.spans))
+    parents = TracerProvider()
+    parents.add_span_processor(SimpleSpanProcessor(t.spans))
+    instrumentor = GtarantoolInstrumentor()
+    instrumentor.instrument(tracer_provider=t.tracer_provider, meter_provider=t.meter_provider)
+    try:
+        for i in range(20):
+            conn.select("tester", i)
+        with pytest.raises(DatabaseError):
+            conn.call("raise_error", "x")
+        with parents.get_tracer("tests").start_as_current_span("sampled parent"):
+            conn.select("tester", 1)
+    finally:
+        instrumentor.uninstrument()
+        t.meter_provider.shutdown()
+    spans = t.finished()
+    if sampler is sampling.ALWAYS_OFF:
+        assert spans == []
+    else:
+        assert [span.name for span in spans] == ["select tester"]
+    assert t.requests_recorded() == 22
+    failed = [p for p in t.points("db.client.operation.duration") if "error.type" in p.attributes]
+    assert [p.attributes["error.type"] for p in failed] == ["555"]
