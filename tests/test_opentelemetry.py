@@ -360,8 +360,10 @@ def test_router_spans_carry_the_bucket_and_replica_set_and_re_routes_are_events(
     events = [event.name for event in get.events]
     assert events == ["gtarantool.bucket_moved", "gtarantool.resend"]
     moved = get.events[0].attributes
-    assert (moved["bucket_id"], moved["address"], moved["to"]) == (
-        bucket_id, source.name, target.name)
+    # (A bucket still being sent is refused BUCKET_IS_LOCKED, which names no
+    # destination: the router forgets the bucket and searches for it.)
+    assert (moved["bucket_id"], moved["address"]) == (bucket_id, source.name)
+    assert moved["to"] in (target.name, ""), dict(moved)
     assert not put.events
 
 

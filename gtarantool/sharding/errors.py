@@ -14,6 +14,8 @@ from typing import Any, Dict, Optional
 
 from tarantool.error import DatabaseError
 
+from gtarantool.protocol.constants import ER_ACCESS_DENIED, ER_NO_SUCH_PROC, ER_PROC_LUA
+
 __all__ = ["ShardingError", "StorageError"]
 
 # vshard's error codes (error.lua) the router acts on.
@@ -45,10 +47,6 @@ NOT_READY = frozenset((NON_MASTER, STORAGE_IS_DISABLED, STORAGE_CFG_IS_IN_PROGRE
 # A read refused so may go to another replica of the same replica set first.
 READ_ELSEWHERE = frozenset((WRONG_BUCKET, TRANSFER_IS_IN_PROGRESS, STORAGE_IS_DISABLED,
                             STORAGE_CFG_IS_IN_PROGRESS))
-
-ER_PROC_LUA = 32
-ER_NO_SUCH_PROC = 33
-ER_ACCESS_DENIED = 42
 
 
 class ShardingError(DatabaseError):
