@@ -33,6 +33,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"tarantool\..*"),          # tarantool-python
     (r"py:.*", r"locust\..*"),             # Locust, TarantoolUser's bases
     (r"py:.*", r"collections\.abc\..*"),   # type hints
+    (r"py:.*", r"opentelemetry\..*"),      # the instrumentor's base
 ]
 nitpick_ignore = [
     ("py:class", "Mode"),   # tarantool.Mode in the pool's type hints
