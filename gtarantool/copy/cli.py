@@ -106,7 +106,12 @@ class Worker:
         where: List[int] = []
         rejected: List[Tuple[int, bytes, str, Optional[bool]]] = []
         row = self.converter.row
-        for k, record in enumerate(parse(raws, self.fmt, self.csv)):
+        parsed = parse(raws, self.fmt, self.csv)
+        fast = self.converter.rows(parsed) if self.fmt != "jsonl" else None
+        if fast is not None:   # every record converted: no per-record bookkeeping
+            rows, parsed = fast, []
+            where = range(len(rows))   # type: ignore[assignment]
+        for k, record in enumerate(parsed):
             if type(record) is BadRow:
                 rejected.append((first + k, raws[k], str(record), False))
                 continue
@@ -296,11 +301,26 @@ def _options(args: argparse.Namespace, columns: Optional[List[str]]) -> Dict[str
             "bucket_field": args.bucket_field, "retry_timeout": args.retry_timeout}
 
 
+def _start_method() -> str:
+    """``fork`` when this process runs nothing a child could inherit half-way
+    (no gevent hub, no other thread: the command line as a program), so that
+    the workers start without importing the library again; ``spawn`` otherwise
+    (``main()`` called inside a gevent program, or where there is no fork)."""
+    import threading
+
+    from gevent._hub_local import get_hub_if_exists
+
+    if ("fork" in multiprocessing.get_all_start_methods() and get_hub_if_exists() is None
+            and threading.active_count() == 1):
+        return "fork"
+    return "spawn"
+
+
 class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
     def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context(_start_method())
         self.pipes: List[Any] = []
         self.procs: List[Any] = []
         self.held: Dict[Any, List[int]] = {}

@@ -271,7 +271,32 @@ class Converter:
         code = "def row(r):\n    return (%s,)\n" % ", ".join(parts) if parts else \
             "def row(r):\n    return ()\n"
         exec(code, env)   # noqa: S102 - built from field numbers only
+        # The same for many records at once, each unpacked (a record of
+        # another length raises, as does anything but a list of strings).
+        names = ["v%d" % k for k in range(len(self._plan))]
+        unpack = ", ".join(names) + ("," if len(names) == 1 else "")
+        values = [re.sub(r"r\[(\d+)\]", r"v\1", part) for part in parts]
+        code = ("def rows(records):\n    return [(%s,) for %s in records]\n"
+                % (", ".join(values), unpack)) if names else None
+        self._text_rows = None
+        if code is not None:
+            exec(code, env)   # noqa: S102 - built from field numbers only
+            self._text_rows = env["rows"]
         return env["row"]
+
+    def rows(self, records: List[Any]) -> Optional[List[tuple]]:
+        """The tuples of many CSV/TSV records (lists of strings) in one go, or
+        None when one of them is anything else or does not convert: then
+        :meth:`row`, record by record, says which and why."""
+        if self._text_rows is None:
+            return None
+        for record in records:
+            if type(record) is not list:   # a BadRow of the parser
+                return None
+        try:
+            return self._text_rows(records)
+        except Exception:   # noqa: BLE001 - row() says why, record by record
+            return None
 
     def row(self, record: Any) -> tuple:
         """The tuple for one record: a list of strings (CSV/TSV) or of JSON values,
