@@ -157,7 +157,7 @@ class Pipeline(ConnectionRequestMethods):
                 error = RequestTimeout("pipeline: no room to send within request_timeout=%ss"
                                        % timeout)
             if len(sink.syncs) == index:   # not queued: each holds the error
-                error.applied = False   # type: ignore[union-attr]
+                setattr(error, "applied", False)
                 syncs = range(first_sync, first_sync + count)
                 sink.syncs += syncs
                 if isinstance(error, Exception):

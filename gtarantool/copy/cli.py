@@ -320,7 +320,7 @@ class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
     def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
-        ctx = multiprocessing.get_context(_start_method())
+        ctx: Any = multiprocessing.get_context(_start_method())
         self.pipes: List[Any] = []
         self.procs: List[Any] = []
         self.held: Dict[Any, List[int]] = {}

@@ -276,11 +276,10 @@ class Converter:
         names = ["v%d" % k for k in range(len(self._plan))]
         unpack = ", ".join(names) + ("," if len(names) == 1 else "")
         values = [re.sub(r"r\[(\d+)\]", r"v\1", part) for part in parts]
-        code = ("def rows(records):\n    return [(%s,) for %s in records]\n"
-                % (", ".join(values), unpack)) if names else None
         self._text_rows = None
-        if code is not None:
-            exec(code, env)   # noqa: S102 - built from field numbers only
+        if names:
+            exec("def rows(records):\n    return [(%s,) for %s in records]\n"   # noqa: S102
+                 % (", ".join(values), unpack), env)
             self._text_rows = env["rows"]
         return env["row"]
 
