@@ -456,6 +456,31 @@ def _decode(raw):
         return BadRow("not UTF-8: byte 0x%02x at offset %d" % (raw[exc.start], exc.start))
 
 
+def _unquoted(raws: Sequence[bytes], options: Dict[str, Any]) -> Optional[List[Any]]:
+    """The records split at the delimiter when none of them holds the quote
+    character or a carriage return (what ``csv.reader`` then gives, without its
+    state machine walking every character), or None: they go through
+    ``csv.reader``.  Each record is one line, then (``records`` joins lines
+    only for a quote), and a blank one is left for the general path to report."""
+    blob = b"".join(raws)
+    if options["quotechar"].encode() in blob or b"\r" in blob:
+        return None
+    try:
+        lines = blob.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return None
+    n = len(raws)
+    # n lines, and an empty string after the last newline when it ends with one
+    if len(lines) != n + (1 if blob.endswith(b"\n") else 0):
+        return None
+    sep = options["delimiter"]
+    rows = [line.split(sep) for line in lines[:n]]
+    for row in rows:
+        if row == [""]:   # a blank line: an error of its own, said by the general path
+            return None
+    return rows
+
+
 def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]:
     """The records in ``raws`` (as :func:`records` cut them) parsed: a list of
     strings per CSV/TSV record, a JSON value per JSONL line, or a
@@ -472,6 +497,9 @@ def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]
             except ValueError as exc:
                 out.append(BadRow("not JSON: %s" % exc))
         return out
+    rows = _unquoted(raws, options)
+    if rows is not None:
+        return rows
     try:
         texts = [raw.decode("utf-8") for raw in raws]
         rows = list(csv.reader(texts, **options))
