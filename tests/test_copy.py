@@ -483,3 +483,22 @@ def test_converter_rows_take_a_chunk_at_once_or_leave_it_to_row():
     assert c.rows([["1", "a", "3"], ["2", "b", ""]]) == [(1, "a", 3), (2, "b", None)]
     for bad in ([["1", "a"]], [["x", "a", "1"]], [["1", "a", "1", "4"]], [BadRow("no")]):
         assert c.rows(bad) is None   # row() says why, record by record
+
+
+def test_record_blocks_cut_as_records_does_whatever_the_blocks():
+    import random
+
+    from gtarantool.copy.formats import record_blocks, records
+
+    rng = random.Random(11)
+    for _ in range(500):
+        lines = [rng.choice([b"1,a\n", b'2,"x\n', b'y",3\n', b"\n", b'"q"\n', b'a""b\n'])
+                 for _ in range(rng.randrange(40))]
+        fmt = rng.choice(["csv", "tsv", "jsonl"])
+        blocks, at = [], 0
+        while at < len(lines):
+            step = rng.randrange(1, 9)
+            blocks.append(lines[at:at + step])
+            at += step
+        got = [r for block in record_blocks(blocks, fmt) for r in block]
+        assert got == list(records(lines, fmt)), lines

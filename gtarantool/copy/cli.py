@@ -25,7 +25,16 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from gtarantool.copy.formats import FORMATS, BadRow, Converter, Exporter, dialect, parse, records
+from gtarantool.copy.formats import (
+    FORMATS,
+    BadRow,
+    Converter,
+    Exporter,
+    dialect,
+    parse,
+    record_blocks,
+    records,
+)
 
 EXIT_OK, EXIT_FATAL, EXIT_REJECTED = 0, 1, 2
 IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waiting
@@ -175,25 +184,38 @@ def _chunks(stream: Any, args: argparse.Namespace, first_row: int
     if args.rate:
         size = max(1, min(size, int(args.rate // 20) or 1))
     started = time.monotonic()
+    skip, most = args.skip_rows, args.max_rows
     fed = 0
     chunk: List[bytes] = []
     index = first_row
     chunk_no = 0
-    for n, raw in enumerate(records(stream, args.format, args.quote)):
-        if n < args.skip_rows:
+    n = 0   # records read
+    for block in record_blocks(stream.blocks(), args.format, args.quote):
+        if n + len(block) <= skip:
+            n += len(block)
             continue
-        if args.max_rows is not None and fed >= args.max_rows:
+        pos = max(0, skip - n)
+        n += pos
+        while pos < len(block):
+            take = min(size - len(chunk), len(block) - pos)
+            if most is not None:
+                take = min(take, most - fed)
+                if take <= 0:
+                    break
+            if not chunk:
+                index = n
+            chunk += block[pos:pos + take]
+            pos += take
+            n += take
+            fed += take
+            if len(chunk) >= size:
+                if args.rate:
+                    _pace(started, fed, args.rate)
+                yield chunk_no, index, chunk
+                chunk_no += 1
+                chunk = []
+        if most is not None and fed >= most:
             break
-        if not chunk:
-            index = n
-        chunk.append(raw)
-        fed += 1
-        if len(chunk) >= size:
-            if args.rate:
-                _pace(started, fed, args.rate)
-            yield chunk_no, index, chunk
-            chunk_no += 1
-            chunk = []
     if chunk:
         if args.rate:
             _pace(started, fed, args.rate)
@@ -499,6 +521,15 @@ class _Counted:
         for line in self.stream:
             self.bytes += len(line)
             yield line
+
+    def blocks(self, hint: int = 1 << 20) -> Iterator[List[bytes]]:
+        """The lines in lists of about ``hint`` bytes."""
+        while True:
+            lines = self.stream.readlines(hint)
+            if not lines:
+                return
+            self.bytes += sum(map(len, lines))
+            yield lines
 
     def fraction(self, total: Optional[int]) -> Optional[float]:
         return self.bytes / total if total else None

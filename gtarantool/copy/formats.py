@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from tarantool.msgpack_ext.types.datetime import Datetime
 
-__all__ = ["FORMATS", "BadRow", "Converter", "Exporter", "Field", "parse", "records"]
+__all__ = ["FORMATS", "BadRow", "Converter", "Exporter", "Field", "parse", "record_blocks",
+           "records"]
 
 FORMATS = ("csv", "tsv", "jsonl")
 
@@ -447,6 +448,34 @@ def records(lines: Iterable[bytes], fmt: str, quote: str = '"') -> Iterator[byte
             yield line
     if pending is not None:
         yield pending
+
+
+def record_blocks(blocks: Iterable[List[bytes]], fmt: str, quote: str = '"'
+                  ) -> Iterator[List[bytes]]:
+    """:func:`records` for lists of lines, a list of records for each: a list
+    with no quote character (nor a record left open by the one before) is
+    its own records, with no look at each line."""
+    q = quote.encode()
+    pending = None
+    for lines in blocks:
+        if fmt == "jsonl" or (pending is None and q not in b"".join(lines)):
+            yield lines
+            continue
+        out = []
+        for line in lines:
+            if pending is not None:
+                pending += line
+                if line.count(q) % 2:
+                    out.append(pending)
+                    pending = None
+            elif line.count(q) % 2:
+                pending = line
+            else:
+                out.append(line)
+        if out:
+            yield out
+    if pending is not None:
+        yield [pending]
 
 
 def _decode(raw):
