@@ -129,7 +129,7 @@ compare: install
 	$(PY) -m bench.compare $(BENCH_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS))
 
 capacity: install
-	$(PY) -m bench.capacity $(CAPACITY_ARGS) --driver $(DRIVER) --slo $(SLO)
+	$(PY) -m bench.capacity $(CAPACITY_ARGS) $(if $(DRIVERS),--drivers $(DRIVERS),--driver $(DRIVER)) --slo $(SLO)
 
 perf: install
 	$(PY) -m bench.perf --runs $(RUNS) $(if $(WAL),--wal $(WAL)) $(if $(JSON),--json $(JSON))

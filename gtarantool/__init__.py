@@ -46,6 +46,9 @@ def connect(host: Optional[str] = "127.0.0.1", port: Union[int, str] = 3301,
 
     A Unix socket: ``connect(None, "/path/to/socket")``, as in tarantool-python.
 
+    What bounds a call, what each error says about its request (``applied``)
+    and what is ever re-sent: docs/guarantees.rst.
+
     :param host: the server's address; ``None`` for a Unix socket.
     :param port: its port, or the Unix socket's path.
     :param user: the user to authenticate as (``None``: guest).

@@ -36,14 +36,28 @@ from tarantool.utils import greeting_decode
 
 from gtarantool import graceful, streams, watchers
 from gtarantool.api import RequestMethods
-from gtarantool.errors import ConnectionClosed, ProtocolError, RequestTimeout, WrongOwner
+from gtarantool.errors import (
+    ConnectionClosed,
+    ProtocolError,
+    RequestTimeout,
+    WrongOwner,
+    not_sent,
+    refused,
+)
 from gtarantool.pipeline import Pipeline
 from gtarantool.protocol.codec import BodyDecoder, Encoder
 from gtarantool.protocol.constants import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING
 from gtarantool.protocol.frames import request_header
 from gtarantool.protocol.responses import RESPONSE_CLASSES, Response, make_response
 from gtarantool.sql import PreparedStatement
-from gtarantool.transport import InheritedSocket, Stats, Transport, process_token
+from gtarantool.transport import (
+    Draining,
+    InheritedSocket,
+    Stats,
+    Transport,
+    check_process,
+    process_token,
+)
 
 _get_ident = get_original("_thread", "get_ident")
 
@@ -86,10 +100,11 @@ class Connection(RequestMethods, tarantool.Connection):
 
     :param host: the server's address; ``None`` for a Unix socket.
     :param port: its port, or the Unix socket's path.
-    :param request_timeout: seconds a request may wait for its reply (queueing
-        for an in-flight slot included); ``None`` waits forever.  On expiry the
-        caller gets :class:`gtarantool.RequestTimeout` and the late reply is
-        discarded.
+    :param request_timeout: seconds a call may take, end to end: waiting for
+        an in-flight slot or a reconnect, the request and any re-send; ``None``
+        waits for the reply forever.  On expiry the caller gets
+        :class:`gtarantool.RequestTimeout` and the late reply is discarded
+        (docs/guarantees.rst).
     :param max_in_flight: most requests awaiting replies at once; further
         callers wait for a slot.
     :param max_response_size: largest reply frame accepted, in bytes.
@@ -202,13 +217,16 @@ class Connection(RequestMethods, tarantool.Connection):
         :raises gtarantool.WrongOwner: called from another OS thread.
         """
         self._check_owner()
+        token = process_token()
         with self._lock:
+            check_process(token)
             self._drop_transport(ConnectionClosed("connection re-established; "
                                                   "requests on the old socket failed"))
             try:
                 self._decoder = BodyDecoder.for_connection(self)
                 self.connect_basic()
-                greeting = self._read_greeting()
+                check_process(token)
+                greeting = self._read_greeting(token)
                 self._socket.settimeout(None)
                 transport = Transport(self._socket, self.stats, self.max_in_flight,
                                       self.max_response_size, name="tarantool-%s" % (self.port,),
@@ -235,12 +253,13 @@ class Connection(RequestMethods, tarantool.Connection):
                     self._load_schema_versioned()
                 else:
                     self.schema = None
-            except Exception as exc:
+            except BaseException as exc:
                 # As tarantool-python: whatever fails while connecting (auth, a
                 # required_protocol_version the server lacks...) is a NetworkError
-                # with the cause chained.
-                self._drop_transport(ConnectionClosed("connect failed: %s" % (exc,)))
-                if isinstance(exc, NetworkError):
+                # with the cause chained.  A timeout or kill leaves no half-made
+                # socket (one not authenticated yet) behind either.
+                self._drop_transport(ConnectionClosed("connect failed: %r" % (exc,)))
+                if isinstance(exc, NetworkError) or not isinstance(exc, Exception):
                     raise
                 raise NetworkError("cannot connect to %s:%s: %s"
                                    % (self.host, self.port, _describe(exc))) from exc
@@ -250,11 +269,16 @@ class Connection(RequestMethods, tarantool.Connection):
             if self._watchers is not None:
                 self._watchers.attach(self._transport)
 
-    def _read_greeting(self):
+    def _read_greeting(self, token):
         data = b""
+        sock = self._socket
         try:
             while len(data) < IPROTO_GREETING_SIZE:
-                chunk = self._socket.recv(IPROTO_GREETING_SIZE - len(data))
+                # Waited for, then the process checked, then read: a copy of
+                # this greenlet in a forked child must not take the parent's greeting.
+                gevent.socket.wait_read(sock.fileno(), sock.gettimeout(), socket.timeout())
+                check_process(token)
+                chunk = sock.recv(IPROTO_GREETING_SIZE - len(data))
                 if not chunk:
                     raise NetworkError("the server closed the connection before its greeting")
                 data += chunk
@@ -294,7 +318,8 @@ class Connection(RequestMethods, tarantool.Connection):
         self._socket = None
         self.connected = False
         if transport is not None:
-            self._finalizer.detach()
+            if self._finalizer is not None:
+                self._finalizer.detach()
             transport.close(exc)
 
     def close(self) -> None:
@@ -348,18 +373,30 @@ class Connection(RequestMethods, tarantool.Connection):
             # own call, if any, is not undone.)
             gevent.reinit()
             _hub_reinit = self._process
-        # A greenlet copied from the parent may hold them, and will not release them here.
+        # A greenlet copied from the parent may hold them and wait here for
+        # good (for the parent's resolver thread, say): this process's callers
+        # take new ones.  (The copy, if it wakes, releases the one it took:
+        # each holder keeps a reference to its own lock.)
         self._lock = gevent.lock.RLock()
         self._schema_lock = gevent.lock.RLock()
         transport, self._transport = self._transport, None
         self._socket = None
         self.connected = False
         if transport is not None:
-            self._finalizer.detach()
+            if self._finalizer is not None:
+                self._finalizer.detach()
             transport._inherited()
 
-    def _ensure_connected(self):
-        """The live transport, reconnecting first when the last one died."""
+    def _ensure_connected(self, deadline=None):
+        """The live transport, reconnecting first when the last one died.
+
+        ``deadline``: the call's end (``time.monotonic()``), None without a
+        ``request_timeout``.  Everything here is bounded by it: the wait for
+        the lock (callers queued behind a reconnect), each attempt and the
+        pauses between them; without one, a caller waits for the reconnect in
+        progress, and after an announced shutdown for ``graceful.patience``
+        from its own arrival, so queued callers never wait one after another.
+        Each error raised here is one of a request never written."""
         self._check_owner()
         transport = self._transport
         if transport is not None and transport.error is None:
@@ -367,23 +404,26 @@ class Connection(RequestMethods, tarantool.Connection):
         handshaking = self._handshaking
         if handshaking is not None and handshaking[0] is getcurrent():
             return handshaking[1]   # connect()'s own requests
-        # Callers queued behind a reconnect wait for it at most request_timeout,
-        # and fail at once if it fails instead of each retrying in turn.
+        token = process_token()
+        # After an announced shutdown each caller waits for the server's
+        # return within its own time, whatever the attempts before it.
+        patient = self._graceful.restarting
+        if deadline is None and patient:
+            deadline = time.monotonic() + graceful.patience(self)
+        # Callers queued behind a reconnect fail at once if it fails instead
+        # of each retrying in turn.
         failures = self._connect_failures
-        if not self._lock.acquire(timeout=self.request_timeout):
-            raise RequestTimeout("no connection within request_timeout=%ss: still reconnecting"
-                                 % (self.request_timeout,))
+        lock = self._lock
+        if not lock.acquire(timeout=None if deadline is None
+                            else max(0.0, deadline - time.monotonic())):
+            raise not_sent(RequestTimeout("no connection within request_timeout=%ss: "
+                                          "still reconnecting" % (self.request_timeout,)))
         try:
+            check_process(token)
+            patient = patient or self._graceful.restarting
             dead = self._transport is None or self._transport.error is not None
-            # After an announced shutdown each caller waits for the server's
-            # return within its own timeout, whatever the attempts before it.
-            patient = self._graceful.restarting
             if dead and self._connect_failures != failures and not patient:
-                raise NetworkError("reconnect failed: %s" % (self._connect_error,))
-            deadline = (None if self.request_timeout is None
-                        else time.monotonic() + self.request_timeout)
-            if patient and deadline is None:
-                deadline = time.monotonic() + graceful.patience(self)
+                raise not_sent(NetworkError("reconnect failed: %s" % (self._connect_error,)))
             # (A pool's connections have reconnect_delay 0: a restarting server
             # refuses at once, and retrying at once spins the CPU it needs to start.)
             delay = (max(self.reconnect_delay, graceful.RETRY_DELAY) if patient
@@ -393,17 +433,20 @@ class Connection(RequestMethods, tarantool.Connection):
                 try:
                     self.connect()
                 except NetworkError as exc:
+                    check_process(token)
                     if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
                             and time.monotonic() + delay > deadline):
                         self._connect_failures += 1
                         self._connect_error = exc
-                        raise
+                        raise not_sent(exc) from exc.__cause__
                     attempt += 1
                     gevent.sleep(delay)
+                    check_process(token)
+                check_process(token)
             return self._transport
         finally:
-            self._lock.release()
+            lock.release()
 
     def _opt_reconnect(self):
         self._ensure_connected()
@@ -429,8 +472,22 @@ class Connection(RequestMethods, tarantool.Connection):
         return self._packer
 
     def _send_request(self, request, on_push=None, on_push_ctx=None):
-        self._ensure_connected()
-        return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
+        timeout = self.request_timeout
+        if timeout is None:
+            self._ensure_connected()
+            return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
+        timer = Timeout._start_new_or_dummy(timeout)
+        sync = None
+        try:
+            self._ensure_connected(time.monotonic() + timeout)
+            sync = request.sync
+            return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
+        except Timeout as exc:
+            if exc is not timer:
+                raise
+            raise self._timed_out(exc, sync) from None
+        finally:
+            timer.close()
 
     def _send_request_wo_reconnect(self, request, on_push=None, on_push_ctx=None,
                                    retries=SCHEMA_RETRIES):
@@ -442,12 +499,13 @@ class Connection(RequestMethods, tarantool.Connection):
                 and self._handshaking[0] is getcurrent():
             transport = self._handshaking[1]   # connect()'s authentication
         if transport is None:
-            raise ConnectionClosed("connection is closed")
+            raise not_sent(ConnectionClosed("connection is closed"))
         value = self._wait(transport, request.sync, None, data)
         try:
             return self._response(value, response_class, on_push, on_push_ctx)
         except DatabaseError as exc:
             if not self._resend(exc, None, retries, None):
+                refused(exc, None)
                 raise
             return self._send_request_wo_reconnect(request, on_push, on_push_ctx, retries - 1)
 
@@ -458,27 +516,22 @@ class Connection(RequestMethods, tarantool.Connection):
         The one request path: every data method, a stream's requests
         (``stream``: its ``stream_id`` goes in the header, and its
         ``_transport()`` says where it is sent) and the connection's own
-        requests end here, so the common case (no stream, no timeout, an OK
-        reply without push messages) is written out in this one frame."""
-        if stream is None:
-            transport = self._transport
-            if transport is None or transport.error is not None or self._owner != _get_ident():
-                transport = self._ensure_connected()
-            sync = next(self._syncs)
-            frame_code, frame = code, body
-        else:
-            transport = stream._transport()
-            sync = next(self._syncs)
-            frame_code, frame = None, request_header(code, sync, self.schema_version, len(body),
-                                                     stream.stream_id) + body
+        requests end here.  The common case (no stream, no timeout, an OK
+        reply without push messages) is written out in this one frame; a
+        call with a ``request_timeout`` or in a stream goes on in ``_bounded``."""
+        if stream is not None or self.request_timeout is not None:
+            return self._bounded(code, body, on_push, on_push_ctx, retries, stream,
+                                 response_class)
+        transport = self._transport
+        if transport is None or transport.error is not None or self._owner != _get_ident():
+            transport = self._ensure_connected()
+        sync = next(self._syncs)
         try:
-            if self.request_timeout is None:
-                value = transport.request(sync, frame_code, self.schema_version, frame)
-            else:
-                value = self._wait(transport, sync, frame_code, frame)
-        except InheritedSocket:
-            # Forked (from C: no at-fork hook ran) since the last request, and
-            # this one was not sent: now on this process's own socket.
+            value = transport.request(sync, code, self.schema_version, body)
+        except (InheritedSocket, Draining):
+            # Not sent: forked (from C: no at-fork hook ran) since the last
+            # request, now on this process's own socket; or in line on a
+            # socket being drained, now on the next one.
             return self._request(code, body, on_push, on_push_ctx, retries, stream,
                                  response_class)
         if type(value) is Response and response_class is Response:
@@ -487,22 +540,86 @@ class Connection(RequestMethods, tarantool.Connection):
         try:
             return self._response(value, response_class, on_push, on_push_ctx)
         except DatabaseError as exc:
-            if not self._resend(exc, code, retries, stream):
+            if not self._resend(exc, code, retries, stream, None):
+                refused(exc, code)
                 raise
             return self._request(code, body, on_push, on_push_ctx, retries - 1, stream,
                                  response_class)
 
-    def _resend(self, exc, code, retries, stream):
+    def _bounded(self, code, body, on_push, on_push_ctx, retries, stream, response_class):
+        """``_request`` for a call in a stream or with a ``request_timeout``,
+        which bounds the whole call: one timer and one deadline for the wait
+        for a connection, the request, and any re-send (docs/guarantees.rst)."""
+        timeout = self.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        timer = Timeout._start_new_or_dummy(timeout)
+        sync = None
+        refusal = None   # a refusal proven not applied, while its re-send waits
+        try:
+            while True:
+                if stream is None:
+                    transport = self._transport
+                    if (transport is None or transport.error is not None
+                            or self._owner != _get_ident()):
+                        transport = self._ensure_connected(deadline)
+                    sync = next(self._syncs)
+                    frame_code, frame = code, body
+                else:
+                    transport = stream._transport()
+                    sync = next(self._syncs)
+                    frame_code, frame = None, request_header(code, sync, self.schema_version,
+                                                             len(body), stream.stream_id) + body
+                try:
+                    value = transport.request(sync, frame_code, self.schema_version, frame)
+                except (InheritedSocket, Draining):
+                    if stream is not None:
+                        raise
+                    continue   # not sent: on this process's own socket, or the next one
+                if type(value) is Response and response_class is Response:
+                    value.conn = self
+                    return value
+                try:
+                    return self._response(value, response_class, on_push, on_push_ctx)
+                except DatabaseError as exc:
+                    refusal = exc
+                    if not self._resend(exc, code, retries, stream, deadline):
+                        refused(exc, code)
+                        raise
+                    refusal = None
+                    retries -= 1
+        except Timeout as exc:
+            if exc is not timer:
+                raise
+            if refusal is not None:   # the time ran out waiting to re-send it
+                refused(refusal, code)
+                raise refusal from None
+            raise self._timed_out(exc, sync) from None
+        finally:
+            timer.close()
+
+    def _timed_out(self, timer, sync):
+        """The ``RequestTimeout`` of a call whose ``timer`` fired; ``applied``
+        False when it fired before the request was written."""
+        if sync is None or getattr(timer, "unsent", False):
+            return not_sent(RequestTimeout(
+                "request_timeout=%ss ran out before the request was sent"
+                % (self.request_timeout,)))
+        return RequestTimeout("no reply within request_timeout=%ss (sync %d); the request "
+                              "may still execute on the server" % (self.request_timeout, sync))
+
+    def _resend(self, exc, code, retries, stream, deadline=None):
         """Whether a request refused with ``exc`` before it ran is sent again
         (at most ``retries`` more times): after a schema change (error 109,
         the schema reloaded first), or a write refused by a server still
-        becoming writable (``code``: the request type; not in a stream)."""
+        becoming writable (``code``: the request type; not in a stream),
+        at most until ``deadline``."""
         if not retries:
             return False
         if isinstance(exc, SchemaReloadException):
             self._reload_schema(exc.schema_version)
             return True
-        return stream is None and code is not None and self._graceful.resend(self, code, exc)
+        return stream is None and code is not None and self._graceful.resend(
+            self, code, exc, deadline)
 
     def _wait(self, transport, sync, code, body):
         """Send one request and wait for its reply, at most ``request_timeout``."""
@@ -512,9 +629,7 @@ class Connection(RequestMethods, tarantool.Connection):
         except Timeout as exc:
             if exc is not timer:
                 raise
-            raise RequestTimeout("no reply within request_timeout=%ss (sync %d); the request "
-                                 "may still execute on the server"
-                                 % (self.request_timeout, sync)) from None
+            raise self._timed_out(exc, sync) from None
         finally:
             timer.close()
 

@@ -4,24 +4,29 @@ read-only window of a server that has just restarted.
 Every connection to a server with watchers watches ``box.shutdown`` (one
 subscription, shared with the user's watchers of that key).  When the server
 announces ``true``, the connection stops sending on that socket: callers from
-then on wait in ``Connection._ensure_connected`` (at most their
-``request_timeout``) for a new socket, which the server accepts once it is back;
-the requests written before get their replies, then the old socket is closed,
-which lets the server exit without waiting out its shutdown timeout.  Nothing
-is sent twice: only requests never written wait.
+then on (and those in line for ``max_in_flight`` on it) wait in
+``Connection._ensure_connected`` (within their ``request_timeout``) for a new
+socket, which the server accepts once it is back; the requests written before
+get their replies, then the old socket is closed, which lets the server exit
+without waiting out its shutdown timeout.  Nothing is sent twice: only
+requests never written wait.
 
-After a reconnect, a DML request (insert, replace, update, upsert, delete)
-refused with ``ER_READONLY`` or ``ER_LOADING`` (raised before the statement
-changes anything) is sent again once the ``box.status`` event says the server
-is writable, when it says the server is on its way there: read-only without
-``read_only`` configured, loading or running.  A server configured read-only,
-or a wait longer than the request's timeout, gives the caller the error.
+After the reconnect that follows an announced shutdown (not any reconnect: a
+server that was never restarting, such as a permanent election follower, has
+its refusal given at once), a DML request (insert, replace, update, upsert,
+delete) refused with ``ER_READONLY`` or ``ER_LOADING`` (raised before the
+statement changes anything) is sent again once the ``box.status`` event says
+the server is writable, when it says the server is on its way there:
+read-only without ``read_only`` configured, loading or running.  A server
+configured read-only, or a wait past the call's deadline, gives the caller the
+error (``applied`` False).  Only the process that made the call sends it again.
 """
 import time
 import weakref
 
 import gevent
 from gevent.event import Event
+from tarantool.error import NetworkError
 
 from gtarantool import features, watchers
 from gtarantool.errors import ConnectionClosed
@@ -34,6 +39,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_UPDATE,
     REQUEST_TYPE_UPSERT,
 )
+from gtarantool.transport import check_process, process_token
 
 SHUTDOWN_KEY = "box.shutdown"
 STATUS_KEY = "box.status"
@@ -80,7 +86,8 @@ class State:
     def connected(self, conn, reconnected):
         """From ``connect()``, the new transport up: watch ``box.shutdown``."""
         self.restarting = False
-        self.recovering = self.recovering or reconnected
+        # (recovering stays as _on_shutdown set it: only a restart it announced
+        # makes a refusal worth waiting out.)
         self.status = None
         if features.WATCHERS not in (conn._server_features or ()):
             return
@@ -106,6 +113,11 @@ class State:
         self.recovering = True
         conn._transport = None
         conn.connected = False
+        if conn._finalizer is not None:
+            # Its arguments hold the transport (and its buffer) until it runs.
+            conn._finalizer.detach()
+            conn._finalizer = None
+        transport.drain()
         registry._spawn(_drain, transport)
 
     def _on_status(self, key, value):
@@ -115,19 +127,27 @@ class State:
         changed, self._changed = self._changed, Event()
         changed.set()
 
-    def resend(self, conn, code, exc):
+    def resend(self, conn, code, exc, deadline=None):
         """After request ``code`` was refused with ``exc``: True when it is a
-        DML request refused before any change while the server recovers, and
-        the server became writable within ``request_timeout`` (the caller
-        sends it again); False to give the caller ``exc``."""
-        if not self.recovering or code not in DML or getattr(exc, "code", None) not in NOT_APPLIED:
+        DML request refused before any change while the server recovers from
+        an announced restart, and the server became writable by ``deadline``
+        (``time.monotonic()``; None: ``patience`` from now), in the process
+        that made the call (the caller sends it again); False to give the
+        caller ``exc``.
+
+        :raises gtarantool.ConnectionClosed: (``applied`` False) the process
+            forked while the caller waited, and this is the child."""
+        if not self.recovering or code not in DML or isinstance(exc, NetworkError) \
+                or getattr(exc, "code", None) not in NOT_APPLIED:
             return False
         if features.WATCHERS not in (conn._server_features or ()) or conn._transport is None:
             return False
         if self._status is None or not self._status.registered:
             self._status = watchers.registry(conn).watch(STATUS_KEY, self._on_status,
                                                          internal=True)
-        deadline = time.monotonic() + patience(conn)
+        token = process_token()
+        if deadline is None:
+            deadline = time.monotonic() + patience(conn)
         while True:
             status = self.status
             if status is not None:
@@ -142,6 +162,7 @@ class State:
                 self.recovering = False   # (one long wait per reconnect at most)
                 return False
             self._changed.wait(remaining)
+            check_process(token)
 
 
 def _drain(transport):

@@ -23,6 +23,7 @@ from tarantool.error import InterfaceError, NetworkError
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
+from gtarantool.errors import not_sent
 from gtarantool.pipeline import Pipeline
 from gtarantool.protocol.constants import (
     IPROTO_BEGIN,
@@ -95,8 +96,9 @@ class Stream(ConnectionRequestMethods):
             return self._conn._ensure_connected()
         self._conn._check_owner()
         if tx.error is not None:
-            raise NetworkError("the connection was lost during the transaction of stream %d "
-                               "(the server rolled it back): %s" % (self.stream_id, tx.error))
+            raise not_sent(NetworkError(
+                "the connection was lost during the transaction of stream %d (the server "
+                "rolled it back): %s" % (self.stream_id, tx.error)))
         return tx
 
     def _request(self, code, body, on_push=None, on_push_ctx=None,

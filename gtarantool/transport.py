@@ -17,7 +17,10 @@ the callers of such a batch queue is sent by the hub once they all wait again
 (``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
-on the first while the rest still queue theirs.
+on the first while the rest still queue theirs, and a batch of at most
+``HALVE_UP_TO`` callers that finds none of its requests at the server sends
+its first half as soon as that is queued, so that the server works on it while
+the client runs the second.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -46,14 +49,14 @@ import sys
 from typing import TYPE_CHECKING
 
 import msgpack
-from gevent import Greenlet, getcurrent
+from gevent import Greenlet, Timeout, getcurrent
 from gevent.event import Event
 from gevent.exceptions import InvalidSwitchError
 from gevent.hub import Waiter, get_hub
 from tarantool.error import NetworkError
 
 from gtarantool import compiled
-from gtarantool.errors import ConnectionClosed, ProtocolError
+from gtarantool.errors import ConnectionClosed, ProtocolError, not_sent
 from gtarantool.protocol.codec import BodyDecoder, decode_or_error
 from gtarantool.protocol.constants import (
     IPROTO_CHUNK,
@@ -73,11 +76,44 @@ _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else Non
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
 FLUSH_EVERY = 128
+# A batch of at most this many woken callers that finds none of its requests
+# at the server sends its first half as soon as it is queued, so that the
+# server works on it while the client runs the second (see docs/design.rst).
+HALVE_UP_TO = 64
+# After this many such batches in a row whose halves came back together, a
+# batch is halved only once per this many (see Transport.halve).
+HALVE_RETRY = 64
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
     the request was sent (``Transport.request`` raises it before), or, for a
-    request the parent sent before the fork, its reply goes to the parent."""
+    request the parent sent before the fork, its reply goes to the parent (the
+    copy of its caller in this process did nothing here: ``applied`` False)."""
+
+    applied = False
+
+
+class Draining(ConnectionClosed):
+    """The server announced its shutdown while the caller waited in line for
+    ``max_in_flight``: nothing was sent on this socket, the connection sends
+    the request on the next one."""
+
+    applied = False
+
+
+class CopiedCall(ConnectionClosed):
+    """This greenlet is a copy, in a forked child, of a caller of the parent's,
+    whose call goes on there: nothing of it is sent here (and no one re-sends it)."""
+
+    applied = False
+
+
+def check_process(token):
+    """Raise ``CopiedCall`` when this is not the process ``token`` (a
+    ``process_token()``) was taken in."""
+    if token != process_token():
+        raise CopiedCall("this call was made by the parent of this forked process, and goes "
+                         "on there: nothing of it is sent here")
 
 
 def process_token():
@@ -144,14 +180,16 @@ class TransportState:
     while it waited; ``switched_early(sync, greenlet)``, a caller switched to
     before its reply came; ``after_send(header, body, sent)``, a caller's own
     send that the socket did not take whole (``sent`` bytes, or the OSError);
-    ``flush_early()``, every ``FLUSH_EVERY`` queued requests;
+    ``flush_early()``, every ``FLUSH_EVERY`` queued requests; ``halve()``,
+    once the first half of a small batch of woken callers is queued
+    (``HALVE_UP_TO``);
     ``after_lone_receive(received, taken)``, a lone receive that was not one
     whole reply; ``hand_on(more)``, after the read watcher's receive; and
     ``flush()``, to send what the caller the read watcher woke has queued.
     """
 
     HOOKS = ("request_general", "forget", "switched_early", "after_send", "flush_early",
-             "after_lone_receive", "hand_on", "flush")
+             "after_lone_receive", "hand_on", "flush", "halve")
 
     __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
                  "_fd", "_rlen", "_waking", "_flush_due", "max_response_size", "_requester")
@@ -187,9 +225,17 @@ class TransportState:
             if not buf and not self._flush_due:
                 self._wakeup.set()
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
-            if len(buf) % (2 * FLUSH_EVERY) == 0:
+            queued = len(buf) // 2
+            # The first half of a small batch of woken callers, none of whose
+            # requests is at the server (all queued here), may go now.
+            halve = (queued == len(pending) and 0 < len(ready) <= queued
+                     and queued + len(ready) <= HALVE_UP_TO)
+            if halve or queued % FLUSH_EVERY == 0:
                 try:
-                    self.flush_early()
+                    if halve:
+                        self.halve()
+                    else:
+                        self.flush_early()
                 except BaseException:   # queued: its reply, if it comes, is discarded
                     self.forget(sync, current)
                     raise
@@ -205,7 +251,9 @@ class TransportState:
         except BaseException:
             self.forget(sync, current)
             raise
-        if ready and ready[0][0] is current:
+        # (The process checked again: a copy in a forked child may wake with
+        # a reply the parent read before the fork; it is the parent's.)
+        if ready and ready[0][0] is current and self._process == self._token():
             value = ready.popleft()[1]
             if type(value) is _RawReply:   # (the C reader's: see _speedups.c)
                 return self._cutter.finish(value)
@@ -237,8 +285,10 @@ class Transport(_State):
     """
 
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
+                 "_round_reads", "_pingpong",
                  "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
-                 "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "__weakref__")
+                 "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "draining",
+                 "__weakref__")
 
     # The Python request, for what the C one hands back (see TransportState).
     request_general = TransportState.request
@@ -254,6 +304,7 @@ class Transport(_State):
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.error = None                 # set once: why the transport died
+        self.draining = False             # an announced shutdown: no new request (drain())
         self._hub = get_hub()
         self._pending = {}                # sync -> waiting greenlet, ReplySink or _Pushes
         self._ready = collections.deque()  # (greenlet, reply) to wake, in order
@@ -262,6 +313,8 @@ class Transport(_State):
         # once they all wait again (flush): they need not wake the writer.
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
+        self._round_reads = 0             # stats.recv_calls at the last halve()
+        self._pingpong = 0                # halve() calls in a row, at most two reads apart
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
         self._sending = False             # the writer is sending the front of _wbuf
@@ -287,7 +340,7 @@ class Transport(_State):
         if speedups is not None:
             self._requester = speedups.Requester(self, Transport.request_general,
                                                   self._wakeup.set, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY, self._cutter)
+                                                  FLUSH_EVERY, self._cutter, HALVE_UP_TO)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -336,8 +389,12 @@ class Transport(_State):
         self._wakeup.set()
 
     def switched_early(self, sync, waiting):
-        """Something switched to ``waiting`` before its reply came: give up on it."""
+        """Something switched to ``waiting`` before its reply came, or ``waiting``
+        is a copy in a forked child of a caller of the parent's: give up on it."""
         self.forget(sync, waiting)
+        if self._process != self._token():
+            raise CopiedCall("this call was made by the parent of this forked process, and goes "
+                             "on there: its reply is the parent's")
         raise InvalidSwitchError("%r was switched to while it waited for the reply to "
                                  "request %d, which has not come" % (waiting, sync))
 
@@ -400,27 +457,48 @@ class Transport(_State):
         self.stats.requests += count - 1   # (the writer counts the pair as one)
 
     def _wait_for_room(self):
-        """Wait in line while ``max_in_flight`` requests await replies (raise if dead)."""
+        """Wait in line while ``max_in_flight`` requests await replies.  Raises,
+        the request unsent (``applied`` False), when the transport died, is
+        being drained (``Draining``: the caller goes to the next socket), or
+        the process forked while the caller waited (a copy of the parent's
+        caller, which goes on there: an error, never a cue to send it here)."""
         join = self._queue.append
-        while self.error is None and len(self._pending) >= self.max_in_flight:
+        while self.error is None and not self.draining \
+                and len(self._pending) >= self.max_in_flight:
             waiter = Waiter(self._hub)
             join(waiter)
             # Let in, and another caller took the slot first: wait at the front.
             join = self._queue.appendleft
             try:
                 waiter.get()
-            except BaseException:  # timed out or killed while in line
+            except BaseException as exc:  # timed out or killed while in line
                 try:
                     self._queue.remove(waiter)
                 except ValueError:
                     self._pass_on()  # it was let in already: the slot goes to the next
+                if isinstance(exc, Timeout):
+                    exc.unsent = True   # (read by Connection: a timeout before the write)
                 raise
+            if self._process != self._token():
+                raise CopiedCall("this call was made by the parent of this forked process, "
+                                 "and goes on there: nothing of it is sent here")
         if type(self.error) is InheritedSocket:
-            # In line since before a fork (a copy of the parent's caller, which
-            # goes on there): an error, never a cue to send it again here.
-            raise ConnectionClosed(str(self.error))
+            raise CopiedCall(str(self.error))
         if self.error is not None:
-            raise self.error
+            raise not_sent(self.error)
+        if self.draining:
+            raise Draining("the server announced its shutdown: this socket takes no new "
+                           "request")
+
+    def drain(self):
+        """Take no new request (an announced shutdown): the callers in line for
+        ``max_in_flight`` leave it with ``Draining``; those in flight get their
+        replies."""
+        self.draining = True
+        if self._queue:
+            wake = [(waiter, None) for waiter in self._queue]
+            self._queue.clear()
+            self._hub.loop.run_callback(_wake_all, wake)
 
     def _let_in(self, wake):
         """Hand the slots that came free to the callers waiting in line."""
@@ -483,8 +561,25 @@ class Transport(_State):
         self._waking = self._flush_due = False
         self.flush()
 
+    def halve(self):
+        """The first half of a batch of at most ``HALVE_UP_TO`` woken callers,
+        none of whose requests was at the server, is queued: send it now
+        (``flush_early``), so that the server works on it while the rest run.
+        When such batches come one or two reads after another, the halves came
+        back together (the client had no core to run beside the server), and
+        halving cost a write for nothing: of such batches in a row only the
+        first, second, fourth ... and every ``HALVE_RETRY``-th is halved."""
+        reads = self.stats.recv_calls
+        if reads == self._round_reads:   # the same batch, not halved: its next callers
+            return
+        pingpong = self._pingpong + 1 if reads - self._round_reads <= 2 else 0
+        self._round_reads, self._pingpong = reads, pingpong
+        if pingpong & (pingpong - 1) == 0 or pingpong % HALVE_RETRY == 0:
+            self.flush_early()
+
     def flush_early(self):
-        """Every ``FLUSH_EVERY`` requests queued: send them now (see the module),
+        """Every ``FLUSH_EVERY`` requests queued, and once the first half of a
+        small batch with nothing at the server is: send them now (see the module),
         unless the writer has a backlog (the socket was full): that would be
         copied again for every ``FLUSH_EVERY`` requests."""
         if not self._wakeup.is_set():
@@ -788,11 +883,14 @@ class Transport(_State):
             self._need = stop - pos   # nothing to parse before it is whole
             return None
         sync, code, schema, body = parse_header(data, start, stop)
-        if code == IPROTO_EVENT and self.on_event is not None:
+        if code == IPROTO_EVENT:
             # A watcher's notification: it carries the sync of the last
-            # IPROTO_WATCH on its key, which never waits in _pending.
+            # IPROTO_WATCH on its key, which never waits in _pending.  With no
+            # one to hand it to (a socket being drained, its watchers moved to
+            # the next one) it is dropped: the next socket's own event comes.
             self.stats.responses += 1
-            self.on_event(sync, body)
+            if self.on_event is not None:
+                self.on_event(sync, body)
             return stop
         waiter = self._pending.pop(sync, None)
         if code == IPROTO_CHUNK and waiter is not None:

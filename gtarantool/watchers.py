@@ -157,8 +157,8 @@ class Watchers:
     def attach(self, transport):
         """Route ``transport``'s events here and watch every key on it (called
         on every connect: the server forgets a session's watchers)."""
-        if self._closed or not self._keys or self._transport is transport:
-            return
+        if self._closed or not self._keys or transport is None or self._transport is transport:
+            return   # (None: the socket went while connect() loaded the schema)
         self._detach()
         self._transport = transport
         transport.on_event = self._on_event

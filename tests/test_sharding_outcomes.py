@@ -3,9 +3,12 @@ replica sets of three storages: a call is re-sent only after a proven refusal,
 every error says whether the call may have run (``applied``), a disabled
 storage is waited out, reads go to another replica first, the bucket count is
 the cluster's, one search per unknown bucket, map_callrw over some buckets."""
+import json
+import os
 import time
 
 import gevent
+import gevent.os
 import pytest
 from tarantool.error import ConfigurationError
 
@@ -269,6 +272,60 @@ def test_route_is_bounded_and_prints_no_traceback_when_no_master(cluster, capfd)
         assert ["UNREACHABLE_MASTER", "Master of replicaset %s is unreachable" % shard.name] \
             in state["alerts"] and state["status"] == 2
         assert "Traceback" not in capfd.readouterr().err
+    finally:
+        cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
+        router.close()
+
+
+@needs_vshard
+def test_a_write_waiting_for_a_master_is_sent_once_across_a_fork(cluster):
+    """A callrw waits (between attempts) for its replica set's master when the
+    process forks; the child runs its hub; the master comes back.  Only the
+    parent's call sends the write: the child's copy ends with CopiedCall
+    (applied False) before it sends anything."""
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0, nth=2)
+    key = next(keys)
+    router = open_router(cluster, refresh_delay=0.05)
+    before = cluster.eval(shard.servers[0], "return calls")[0]
+    try:
+        cluster.eval(shard.master, "box.cfg{read_only = true}")
+        with gevent.Timeout(5):
+            while any(i["role"] == "master"
+                      for i in router.replicasets[shard.uuid].pool.info().values()):
+                gevent.sleep(0.02)
+        write = gevent.spawn(router.callrw, bucket_id, "kv_put", (bucket_id, key, "once"),
+                             timeout=15)
+        gevent.sleep(0.3)
+        assert not write.ready()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            gevent.get_hub().exception_stream = None
+            try:
+                write.join(timeout=4)   # the child's hub runs: its copy of the call too
+                exc = write.exception
+                os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
+                                       if exc is not None else ["ok"]).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            gevent.sleep(0.5)
+            cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
+            write.get(timeout=10)
+        finally:
+            in_thread = gevent.get_hub().threadpool.apply
+            in_thread(os.waitpid, (pid, 0))
+        gevent.os.make_nonblocking(r)
+        with gevent.Timeout(5):
+            child = json.loads(gevent.os.nb_read(r, 4096).decode())
+        os.close(r)
+        assert child == ["CopiedCall", False], child
+        got = row(cluster, key)
+        assert got is not None and got[2] == "once"
+        # (kv_put counts every run, a second one failing on the key included.)
+        assert cluster.eval(shard.servers[0], "return calls")[0] - before == 1
     finally:
         cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
         router.close()

@@ -46,6 +46,7 @@ class Config:
     scan: int = 100
     page: int = 20
     lazy_errors: bool = False       # gtarantool.connect(lazy_errors=True)
+    client_work: float = 0.0        # microseconds of client CPU per request (an app's own)
     host: Optional[str] = None
     port: Optional[int] = None
     hosts: Optional[str] = None     # "h1:p1,h2:p2": the replica set of --pool, or instances
@@ -83,6 +84,7 @@ class Config:
             (self.tx_size >= 1 and self.scan >= 1 and self.page >= 1,
              "tx size, scan and page must be >= 1"),
             (self.keys >= 0, "records must be >= 0"),
+            (self.client_work >= 0, "client work must be >= 0"),
             (self.wal in WAL_MODES, "wal must be one of %s" % ", ".join(WAL_MODES)),
             (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
             (self.ops >= 1, "ops must be >= 1"),
@@ -243,6 +245,9 @@ def add_arguments(parser, driver=True):
                      help="records per select of a scan (default %(default)s)")
     run.add_argument("--seed", type=int, default=d.seed,
                      help="random seed; worker i uses SEED+i (default %(default)s)")
+    run.add_argument("--client-work", type=float, default=d.client_work, metavar="US",
+                     help="with --rate: CPU microseconds the client spends after each "
+                          "answer, as an application does with what it reads (default 0)")
     run.add_argument("--lazy-errors", action="store_true",
                      help="gtarantool: open the connection with lazy_errors=True (a server "
                           "error's message decoded only when read; the mix's duplicate keys)")

@@ -19,31 +19,32 @@ from bench.core import keys as distributions
 
 # What each operation of a run phase sends; "requests" per operation for box.stat.
 RUN_OPERATIONS = ("insert", "select", "update", "delete", "call", "eval", "execute", "tx",
-                  "scan")
+                  "scan", "scan-pages", "rmw")
 CALL_FUNCTION = "bench_get"   # what the call operation calls by default (prepare.lua)
 # Tarantool features by operation: (server version, driver support).
 NEEDS = {"tx": ((2, 10), ("gtarantool", "asynctnt")),
-         "scan": ((2, 11), ("gtarantool",))}
+         "scan-pages": ((2, 11), ("gtarantool",))}
 
 # YCSB core workloads as mixes of this bench's operations, with their key distribution.
-# F's read-modify-write maps to Tarantool's update, which reads, modifies and writes the
-# record on the server in one request; E's scans are paginated selects.
+# F's read-modify-write is YCSB's: a select, then an update of that record from the
+# client (one operation, two requests); E's scan is one select of 1..--scan records.
 PRESETS = {
     "ycsb-a": ({"select": 50, "update": 50}, "zipfian"),       # update heavy
     "ycsb-b": ({"select": 95, "update": 5}, "zipfian"),        # read mostly
     "ycsb-c": ({"select": 100}, "zipfian"),                    # read only
     "ycsb-d": ({"select": 95, "insert": 5}, "latest"),         # read latest
     "ycsb-e": ({"scan": 95, "insert": 5}, "zipfian"),          # short ranges
-    "ycsb-f": ({"select": 50, "update": 50}, "zipfian"),       # read-modify-write
+    "ycsb-f": ({"select": 50, "rmw": 50}, "zipfian"),          # read-modify-write
 }
 PRESET_TEXT = {
     "ycsb-a": "update heavy: 50% select, 50% update, zipfian",
     "ycsb-b": "read mostly: 95% select, 5% update, zipfian",
     "ycsb-c": "read only: 100% select, zipfian",
     "ycsb-d": "read latest: 95% select, 5% insert, latest",
-    "ycsb-e": "short ranges: 95% scan (paginated select), 5% insert, zipfian",
-    "ycsb-f": "read-modify-write: 50% select, 50% update (the server's own "
-              "read-modify-write), zipfian",
+    "ycsb-e": "short ranges: 95% scan (one select of 1..--scan records), 5% insert, "
+              "zipfian",
+    "ycsb-f": "read-modify-write: 50% select, 50% rmw (a select, then an update of the "
+              "record), zipfian",
 }
 
 
@@ -140,11 +141,13 @@ class Window:
 
 
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
-              guard=0, **params):
+              guard=0, expected_ops=None, **params):
     """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
     without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
     with no live record left) is drawn again.
 
+    :param expected_ops: the operations a run of ``count`` None is expected to make
+        (an open loop's rate times its duration): the zipfian's fixed key space
     :raises ValueError: an unknown operation or distribution
     """
     unknown = set(mix) - set(RUN_OPERATIONS)
@@ -152,9 +155,18 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         raise ValueError("unknown operations %s; known: %s"
                          % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
     rng = random.Random(seed)
+    total = sum(mix.values())
+    expected_ops = count if count is not None else expected_ops
+    if distribution == "zipfian" and expected_ops is not None and "space" not in params:
+        # YCSB's key space: the records plus the inserts the run is expected to make
+        # (a run of unknown length: the window as it is).
+        params["space"] = share(records, index, procs) + round(
+            expected_ops * mix.get("insert", 0) / total) + 1
+    if distribution == "latest" and "window" not in params:
+        # Its generator built now, before the start barrier, not on the first draw.
+        params["window"] = share(records, index, procs)
     window = Window(records, index, procs,
                     distributions.chooser(distribution, rng, **params), tx_size, guard)
-    total = sum(mix.values())
     table = []
     for op in RUN_OPERATIONS:
         table += [op] * round(1000 * mix.get(op, 0) / total)

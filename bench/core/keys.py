@@ -83,7 +83,8 @@ def zipfian_item(rank, n):
     return fnv64(rank) % n
 
 
-def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS):
+def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS, space=None,
+            window=None):
     """``pick(lo, hi)`` for distribution ``name``, drawing from ``rng.random``.
 
     :param name: one of :data:`DISTRIBUTIONS`
@@ -91,6 +92,12 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
     :param theta: the zipfian constant (zipfian, latest)
     :param hot_set: hotspot: the share of the window that is hot
     :param hot_ops: hotspot: the share of requests that go to it
+    :param space: zipfian: a fixed key space (the records plus the inserts expected, as
+        YCSB's): an item hashes onto it and a draw outside the window is drawn again, so
+        the popular records stay where they are as the window grows; None: onto the
+        window as it is now
+    :param window: latest: the window's size at the start, for which its generator is
+        built now rather than on the first draw (inside a measured phase)
     :returns: a function ``pick(lo, hi)`` -> a position in ``[lo, hi)``
     :raises ValueError: an unknown name or parameters out of range
     """
@@ -103,12 +110,19 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
         draw = _hashed_items(zipf, rng)
 
         def pick(lo, hi):
+            if space is not None and hi > lo:
+                for _ in range(REDRAWS):
+                    if not hashes:
+                        hashes.extend(draw())
+                    position = hashes.pop() % space
+                    if lo <= position < hi:
+                        return position
             if not hashes:
                 hashes.extend(draw())
             return lo + hashes.pop() % (hi - lo)
         return pick
     if name == "latest":
-        return _latest(random, theta)
+        return _latest(random, theta, window)
     if name == "hotspot":
         if not (0 < hot_set < 1 and 0 <= hot_ops <= 1):
             raise ValueError("hotspot needs 0 < hot set < 1 and 0 <= hot ops <= 1")
@@ -141,6 +155,7 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS)
 
 
 BATCH = 4096
+REDRAWS = 1000   # draws outside the window before the fixed space gives way to the window
 
 
 def _hashed_items(zipf, rng):
@@ -165,10 +180,11 @@ def _hashed_items(zipf, rng):
     return draw
 
 
-def _latest(random, theta):
-    """Zipfian counted back from the newest record; the generator is rebuilt (zeta summed
-    again, incrementally) only when the window grows past what it covers."""
-    state = {"zipf": None}
+def _latest(random, theta, window=None):
+    """Zipfian counted back from the newest record; the generator is built for twice
+    ``window`` now (when given) and rebuilt only when the window grows past what it
+    covers."""
+    state = {"zipf": Zipfian(2 * window, theta) if window and window >= 2 else None}
 
     def pick(lo, hi):
         n = hi - lo

@@ -26,6 +26,7 @@ from bench.core.recorder import LOWEST_US, Recorder, decode_histogram, new_histo
 from bench.core.workloads import check
 
 EARLY = 0.001   # seconds: the timers' granularity (libev, libuv)
+KEEP_UP = 0.95  # a run kept up when it achieved this share of its scheduled rate
 
 
 class Schedule:
@@ -52,8 +53,9 @@ class Schedule:
         self.arrivals = arrivals
         self.offset = index / rate if arrivals == "uniform" else 0.0
         self.count, self.duration = count, duration
-        self._rng = random.Random(seed)
-        self.start = self.end = None
+        # Arrivals draw from a stream of their own: the keys use the worker's seed.
+        self._rng = random.Random("arrivals-%s" % seed)
+        self.start = self.end = self.period_end = None
 
     def begin(self, now):
         """Start the clock at ``now``; returns an iterator of the intended times, in order,
@@ -82,6 +84,9 @@ class Schedule:
             times = list(times)
             self.end = times[-1] if times else now
             times = iter(times)
+        # The stretch the schedule's requests are spread over: the duration, or for a
+        # count the time to its last request plus one gap (n requests take n gaps).
+        self.period_end = stop if self.duration is not None else self.end + 1 / self.rate
         return times
 
 
@@ -123,16 +128,16 @@ class OpenPhase:
         """What the worker reports about the schedule."""
         return {"scheduled": self.taken, "late_at_end": self.late_at_end,
                 "schedule_start": self.schedule.start, "schedule_end": self.schedule.end,
-                "worker_rate": self.schedule.rate}
+                "period_end": self.schedule.period_end, "worker_rate": self.schedule.rate}
 
 
 def _bucket(us):
-    """Microseconds to two significant digits: per-second percentiles for the progress
-    lines, cheap to send; the final figures come from full HDR histograms."""
+    """Microseconds rounded to two significant digits: per-second percentiles for the
+    progress lines, cheap to send; the final figures come from full HDR histograms."""
     if us < 100:
         return max(us, LOWEST_US)
     step = 10 ** (int(math.log10(us)) - 1)
-    return us - us % step
+    return (us + step // 2) // step * step
 
 
 class OpenRecorder(Recorder):
@@ -141,9 +146,11 @@ class OpenRecorder(Recorder):
     sixth item: the second's latency and service time (``{microseconds: n}``, two
     significant digits) and the largest lag of a send behind its intended time."""
 
+    SERIES = ("latency", "service_time")
+
     def __init__(self, phase, send):
         super().__init__(phase, send)
-        self.service = collections.defaultdict(dict)   # op -> {microseconds: n}
+        self.service_time = collections.defaultdict(dict)   # op -> {microseconds: n}
         self._second_latency = collections.Counter()
         self._second_service = collections.Counter()
         self._second_lag = 0.0
@@ -158,7 +165,7 @@ class OpenRecorder(Recorder):
         lag = t0 - intended
         us = int((t1 - (intended if lag > 0 else t0)) * 1e6)
         service_us = int((t1 - t0) * 1e6)
-        latency, service = self.latency[op], self.service[op]
+        latency, service = self.latency[op], self.service_time[op]
         latency[us] = latency.get(us, 0) + 1
         service[service_us] = service.get(service_us, 0) + 1
         self._second_latency[_bucket(us)] += 1
@@ -188,7 +195,7 @@ class OpenRecorder(Recorder):
     def service_histograms(self):
         """op -> encoded HDR histogram of its service times in microseconds."""
         out = {}
-        for op, counts in self.service.items():
+        for op, counts in self.merged("service_time").items():
             hist = new_histogram()
             for us, n in counts.items():
                 hist.record_value(max(us, LOWEST_US), n)
@@ -322,20 +329,28 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
     for hist in hists.values():
         everything.add(hist)
     figures = [p["open_loop"] for p in parts]
-    # The rate the requests left at: a worker that kept up sent its last one when the
-    # schedule ended; one that fell behind, later.  (Not ops over the phase's seconds,
-    # which add the last answer's latency to a short run.)
-    sending = max(max(f["schedule_end"], p.get("last_send", 0.0)) - f["schedule_start"]
-                  + 1.0 / f["worker_rate"] for f, p in zip(figures, parts))
-    achieved = ops / sending if sending > 0 else None
+    # The rate the requests left at, worker by worker: one that kept up sent its last
+    # request within its schedule's period; one that fell behind, later.  (Not ops over
+    # the phase's seconds, which add the last answer's latency to a short run.)  The
+    # scheduled rate is what the schedules asked for over the same periods, so a worker
+    # that kept up achieved exactly its scheduled rate, whatever the count's rounding.
+    achieved = scheduled_rate = 0.0
+    for f, p in zip(figures, parts):
+        period = f["period_end"] - f["schedule_start"]
+        if period <= 0:
+            continue
+        sending = max(f["period_end"], p.get("last_send", 0.0)) - f["schedule_start"]
+        achieved += sum(p["counts"].values()) / sending
+        scheduled_rate += f["scheduled"] / period
     backlog = sum(f["late_at_end"] for f in figures)
     lag = max(p.get("max_lag", 0.0) for p in parts)
     open_loop = {
-        "target_rate": rate, "arrivals": arrivals, "achieved_rate": achieved,
+        "target_rate": rate, "arrivals": arrivals, "achieved_rate": achieved or None,
+        "scheduled_rate": scheduled_rate or None,
         "scheduled": sum(f["scheduled"] for f in figures), "backlog_at_end": backlog,
         "max_send_lag_ms": lag * 1000,
-        # Kept up: (nearly) every request left on time and the rate was reached.
-        "kept_up": backlog <= max(1, 0.001 * ops) and achieved is not None
-        and achieved >= 0.95 * rate,
+        # Kept up: (nearly) every request left on time and the schedule's rate was reached.
+        "kept_up": backlog <= max(1, 0.001 * ops) and scheduled_rate > 0
+        and achieved >= KEEP_UP * scheduled_rate,
     }
     return open_loop, latency_ms(everything), {op: latency_ms(h) for op, h in hists.items()}

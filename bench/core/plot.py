@@ -20,13 +20,14 @@ def draw(runs, path):
     import matplotlib
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     fig, axes = plt.subplots(len(runs), 3, figsize=(16, 3.8 * len(runs)), squeeze=False)
     for row, (title, results) in zip(axes, runs.items()):
         _throughput(row[0], title, results)
         _latency(row[1], results)
         row[1].yaxis.set_major_formatter(FormatStrFormatter("%g"))   # not 2x10^1
+        row[1].yaxis.set_minor_formatter(NullFormatter())             # not 6x10^0
         _distribution(row[2], results)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -52,22 +53,41 @@ def _lines(ax, segments, label, **style):
             label = None
 
 
+def _measured(entries):
+    """The entries of the run phases when a load phase came first: its rate (as fast as
+    it goes) would set the scale and flatten the run's."""
+    kept = [e for e in entries if e["phase"] != "load"]
+    return kept or entries
+
+
 def _throughput(ax, title, results):
     width = results["interval_seconds"]
-    intervals = [i for i in results["intervals"] if i["seconds"] >= MIN_COVERED * width]
+    intervals = _measured([i for i in results["intervals"]
+                           if i["seconds"] >= MIN_COVERED * width])
+    if len({op for i in intervals for op in i["operations"]}) > 1:
+        _lines(ax, [[(i["t"] + i["seconds"] / 2, i["ops"] / i["seconds"]) for i in run]
+                    for run in _by_phase(intervals)],
+               "total", color="k", marker=".", markersize=3, linewidth=1.2)
+    rate = (results.get("config") or {}).get("rate")
+    if rate:
+        ax.axhline(rate, color="red", linestyle=":", linewidth=1,
+                   label="target {:,.0f}/s".format(rate))
     for op in MIX_OPERATIONS:
         _lines(ax, [[(i["t"] + i["seconds"] / 2, i["operations"][op] / i["seconds"])
                      for i in run if op in i["operations"]] for run in _by_phase(intervals)],
                op, marker=".", markersize=3, linewidth=1)
     _lines(ax, [[(s["t"], sum(s["rps"].values())) for s in run]
-                for run in _by_phase(results["server_rps"])],
-           "server (box.stat)", color="k", linestyle="--", linewidth=0.8)
-    ax.set_title("%s: requests/s per %g s" % (title, width))
+                for run in _by_phase(_measured(results["server_rps"]))],
+           "server (box.stat)", color="grey", linestyle="--", linewidth=0.8)
+    left_out = " (load phase left out)" if any(
+        i["phase"] == "load" for i in results["intervals"]) and intervals and \
+        intervals[0]["phase"] != "load" else ""
+    ax.set_title("%s: requests/s per %g s%s" % (title, width, left_out))
     ax.set_xlabel("seconds")
     ax.set_ylabel("ops/s")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="lower right", fontsize="small", framealpha=0.6)
 
 
 def _series(results):
@@ -90,7 +110,7 @@ def _latency(ax, results):
     ax.set_ylabel("ms")
     ax.set_yscale("log")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="best", fontsize="small", framealpha=0.6)
 
 
 def _distribution(ax, results):

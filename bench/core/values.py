@@ -10,6 +10,9 @@ every answer can be checked), drawn from the distribution:
 """
 import bisect
 import itertools
+import math
+
+MAX_SLOTS = 100_003   # distinct payloads of a weighted list at most
 
 
 class Sizes:
@@ -47,15 +50,34 @@ class Sizes:
         cumulative = list(itertools.accumulate(w for _, w in self.values))
         return sizes[bisect.bisect_right(cumulative, rng.random() * cumulative[-1])]
 
+    def slots(self, least):
+        """How many distinct payloads keep the weights exactly: at least ``least``, and
+        enough that the smallest weight gets a whole payload (a prime, so neighbouring
+        keys never share one); at most ``MAX_SLOTS``."""
+        if self.kind != "weighted":
+            return least
+        total = sum(w for _, w in self.values)
+        smallest = min((w for _, w in self.values if w > 0), default=total)
+        n = min(MAX_SLOTS, max(least, math.ceil(total / smallest - 1e-9)))
+        while any(n % d == 0 for d in range(2, int(n ** 0.5) + 1)):
+            n += 1
+        return n
+
     def table(self, slots, rng):
         """The sizes of ``slots`` payloads; a weighted list is spread over them in
-        proportion (not by chance), so a small table keeps the weights."""
+        proportion (not by chance, the largest remainders rounded up), so the shares
+        are the weights to within one payload in ``slots``."""
         if self.kind != "weighted":
             return [self.draw(rng) for _ in range(slots)]
         total = sum(w for _, w in self.values)
+        exact = [slots * w / total for _, w in self.values]
+        counts = [int(e) for e in exact]
+        by_remainder = sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])
+        for i in by_remainder[:slots - sum(counts)]:
+            counts[i] += 1
         out = []
-        for size, weight in self.values:
-            out += [size] * max(1, round(slots * weight / total))
+        for (size, _), n in zip(self.values, counts):
+            out += [size] * n
         rng.shuffle(out)
         return out
 

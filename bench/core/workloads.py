@@ -35,9 +35,10 @@ class Payloads:
 
     def __init__(self, size, seed=0):
         rng = random.Random(seed)
-        sizes = parse_sizes(size).table(self.SPREAD, rng)
+        parsed = parse_sizes(size)
+        sizes = parsed.table(parsed.slots(self.SPREAD), rng)
         largest = max(sizes)
-        base = bytes(rng.getrandbits(8) for _ in range(largest + self.SPREAD))
+        base = bytes(rng.getrandbits(8) for _ in range(largest + len(sizes)))
         self.table = [base[start:start + n] for start, n in enumerate(sizes)]
         self.SPREAD = len(self.table)
 
@@ -135,9 +136,13 @@ def records_plan(config, index):
 
     def run(inserted):
         count = None if config.duration is not None else share(config.ops, index, procs)
+        expected = None
+        if count is None and config.rate is not None:
+            expected = int(config.rate * config.duration / procs) + 1
         items, window = dataset.run_items(
             {op: n for op, n in config.mix.items() if n}, config.keys, index, procs,
-            config.distribution, config.seed + index, count, config.tx_size, guard)
+            config.distribution, config.seed + index, count, config.tx_size, guard,
+            expected_ops=expected)
         return Phase("run", items, count, window)
     return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), len(load)),
             run]

@@ -1,5 +1,7 @@
 """The operations beyond insert/select/update/delete, per client: ``call``, ``eval``, SQL
-``execute``, a transaction of k updates (``tx``) and a paginated ``scan``.
+``execute``, a transaction of k updates (``tx``), YCSB's ``scan`` (one select of a length
+drawn uniformly from 1..``--scan``), a paginated scan (``scan-pages``) and YCSB's
+read-modify-write (``rmw``: a select, then an update of the record it read).
 
 ``extra_calls(kind, conn, config, window, requests)`` returns ``{op: call(key) -> rows}``
 for the operations the mix asks for; each returns rows whose first is the record at
@@ -10,11 +12,14 @@ more than one request count them in ``requests`` (a ``collections.Counter`` of
 ``kind`` is "tarantool" (tarantool-python and gtarantool: ``.data`` on a response),
 "gtarantool" (also streams and pagination) or "asynctnt" (coroutines).
 """
+import random
+
 from bench.core.dataset import CALL_FUNCTION
 
 EVAL_LUA = "local space, key = ... return box.space[space]:get(key)"
 SELECT_SQL = 'SELECT * FROM "%s" WHERE "id" = ?'
 UPDATE_OPS = [("+", 1, 1)]
+ITERATOR_GE = 5     # the protocol's number: every client takes it (not all take "GE")
 
 
 def tx_keys(window, key):
@@ -32,8 +37,11 @@ def extra_calls(kind, conn, config, window, requests, ops):
     sql = SELECT_SQL % space
     scan, page = getattr(config, "scan", 100), getattr(config, "page", 20)
     calls = {}
+    # The scans' lengths: a stream of their own, so the keys drawn do not depend on them.
+    lengths = random.Random("scan-%s-%s" % (getattr(config, "seed", 0), window.index))
     if kind == "asynctnt":
-        return _asynctnt_calls(conn, space, function, sql, window, requests, ops)
+        return _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan,
+                               lengths)
     if "call" in ops:
         calls["call"] = lambda key: conn.call(function, key).data
     if "eval" in ops:
@@ -62,6 +70,20 @@ def extra_calls(kind, conn, config, window, requests, ops):
             return rows
         calls["tx"] = tx
     if "scan" in ops:
+        def one_scan(key):
+            requests["SELECT"] += 1
+            return conn.select(space, key, iterator=ITERATOR_GE,
+                               limit=lengths.randint(1, scan)).data
+        calls["scan"] = one_scan
+    if "rmw" in ops:
+        def rmw(key):
+            requests["SELECT"] += 1
+            rows = conn.select(space, key).data
+            requests["UPDATE"] += 1
+            conn.update(space, key, UPDATE_OPS)
+            return rows
+        calls["rmw"] = rmw
+    if "scan-pages" in ops:
         def scan_(key):
             requests["SELECT"] += 1
             limit = min(page, scan)
@@ -76,12 +98,26 @@ def extra_calls(kind, conn, config, window, requests, ops):
                 got += len(resp.data)
                 position = resp.position
             return rows
-        calls["scan"] = scan_
+        calls["scan-pages"] = scan_
     return calls
 
 
-def _asynctnt_calls(conn, space, function, sql, window, requests, ops):
+def _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan, lengths):
     calls = {}
+    if "scan" in ops:
+        async def one_scan(key):
+            requests["SELECT"] += 1
+            return await conn.select(space, [key], iterator="GE",
+                                     limit=lengths.randint(1, scan))
+        calls["scan"] = one_scan
+    if "rmw" in ops:
+        async def rmw(key):
+            requests["SELECT"] += 1
+            rows = await conn.select(space, [key])
+            requests["UPDATE"] += 1
+            await conn.update(space, [key], UPDATE_OPS)
+            return rows
+        calls["rmw"] = rmw
     if "call" in ops:
         calls["call"] = lambda key: conn.call(function, [key])
     if "eval" in ops:

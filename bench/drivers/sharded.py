@@ -10,9 +10,11 @@ bucket (``bucket_id_mpcrc32`` of the key, as the application would compute it).
   connection each.
 """
 import threading
+import time
 
 import tarantool
 
+from bench.core.openloop import OpenPhase, serve_open
 from bench.drivers.clients import GeventDriver, ThreadsDriver, serve
 
 FUNCTIONS = {"insert": "bench_insert", "select": "bench_select", "update": "bench_update",
@@ -126,9 +128,14 @@ class RouterThreadsDriver(ThreadsDriver):
         def take():
             with lock:  # a generator must not be resumed by two threads at once
                 return phase.take()
-        threads = [threading.Thread(name="worker-%d" % i, target=serve, args=(
-            take, recorder, router_calls(conn, self.payloads, self.bucket_id),
-            self.payloads, self.server_error)) for i, conn in enumerate(self.conns)]
+        def body(conn):
+            calls = router_calls(conn, self.payloads, self.bucket_id)
+            if isinstance(phase, OpenPhase):   # --rate: each request at its intended time
+                return (serve_open, (take, recorder, calls, self.payloads, self.error_kind,
+                                     time.sleep))
+            return serve, (take, recorder, calls, self.payloads, self.server_error)
+        threads = [threading.Thread(name="worker-%d" % i, target=target, args=args)
+                   for i, (target, args) in enumerate(body(conn) for conn in self.conns)]
         if started is not None:
             started()
         for thread in threads:

@@ -480,6 +480,19 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
                        for op in MIX_OPERATIONS if counts[op]},
         "client_cpu_seconds": cpu,
         "client_system_seconds": system,
+        # Each worker process's CPU seconds per second of its phase: one process of an
+        # event loop cannot go past one core, which a sum over processes hides.
+        "client_cpu_by_process": [p["cpu_seconds"] / (p["end"] - p["start"])
+                                  if p["end"] > p["start"] else 0.0 for p in parts],
+        # ... and the time each one was ready to run but waited for a CPU: a process
+        # busy or waiting all the time is what limits the step, not the server.
+        "client_cpu_wait_by_process": [
+            p["cpu_wait_seconds"] / (p["end"] - p["start"])
+            if p.get("cpu_wait_seconds") is not None and p["end"] > p["start"] else None
+            for p in parts],
+        # The client's garbage collections during the phase, by generation.
+        "client_gc_collections": [sum(p.get("gc_collections", (0, 0, 0))[g] for p in parts)
+                                  for g in range(3)],
         "ops_per_client_cpu_second": _rate(ops, cpu),
         "connection": connection,
         "server": {

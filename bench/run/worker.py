@@ -5,6 +5,8 @@ Messages to the parent, over this worker's own pipe:
 ``("phase", result)`` when a phase is over; ``("done",)`` after closing; or
 ``("error", traceback)``.
 """
+import gc
+import os
 import resource
 import signal
 import threading
@@ -43,6 +45,11 @@ def main(index, config, host, port, pipe, barrier):
             pipe.send(("phase", result))
             if phase.name == "insert":
                 inserted = sum(result["counts"].values())   # keys handed out, all recorded
+            if phase.name in ("load", "insert"):
+                # What the load made lives as long as the run: out of the collector's
+                # reach, so its full collections do not walk it during the measured phases.
+                gc.collect()
+                gc.freeze()
         with profile.section():
             driver.close()
         profile.save()
@@ -60,20 +67,35 @@ def measure(driver, phase, config, send, profile):
     is_open = isinstance(phase, OpenPhase)
     recorder = (driver.open_recorder_class if is_open else driver.recorder_class)(
         phase.name, send)
+    if is_open and config.client_work:
+        recorder.record_open = _working(recorder.record_open, config.client_work / 1e6)
     requests_before = dict(driver.requests)
     counters_before = driver.counters()
     system_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    gc_before = [g["collections"] for g in gc.get_stats()]
+    waited_before = runqueue_wait()
     cpu_before = time.process_time()
     start = time.monotonic()
+
     # A load phase inserts its records whatever the duration of the run phase.
-    phase.start(None if phase.name == "load" else config.duration)
+    duration = None if phase.name == "load" else config.duration
+    if not is_open:
+        phase.start(duration)   # (it sets the ``take`` the driver's workers hold)
+
+    def started():
+        # An open loop's schedule starts once every greenlet, thread or task exists:
+        # spawning them is not counted against the first requests.
+        if is_open:
+            phase.start(duration)
     # The measured section: profiling (--profile) resumes right before this call and pauses
     # right after it, so profiles hold the requests (and the connection's open and close).
     with profile.section():
-        driver.run(phase, recorder)
+        driver.run(phase, recorder, started)
     end = time.monotonic()
     cpu = time.process_time() - cpu_before
     system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - system_before
+    gc_collections = [g["collections"] - b for g, b in zip(gc.get_stats(), gc_before)]
+    waited_after = runqueue_wait()
     recorder.flush(end)
     counters_after = driver.counters()
     connection = None
@@ -99,9 +121,39 @@ def measure(driver, phase, config, send, profile):
         "end": end,
         "cpu_seconds": cpu,
         "cpu_system_seconds": system,   # the kernel's part of cpu_seconds
+        "gc_collections": gc_collections,   # by generation, during the phase
+        # Seconds this process was ready to run but waited for a CPU (a busy host).
+        "cpu_wait_seconds": None if waited_before is None or waited_after is None
+        else waited_after - waited_before,
         "counts": dict(recorder.counts),
         "errors": [[op, kind, n] for (op, kind), n in recorder.errors.items()],
         "histograms": recorder.histograms(),   # {series: {op: encoded}}
         "intervals": recorder.intervals(),
         "connection": connection,
     }
+
+
+def _working(record, seconds):
+    """``record`` followed by ``seconds`` of this process's CPU: the application's work
+    on each answer (``--client-work``), which no request's latency counts."""
+    process_time = time.process_time
+
+    def record_and_work(*args):
+        record(*args)
+        until = process_time() + seconds
+        while process_time() < until:
+            pass
+    return record_and_work
+
+
+def runqueue_wait():
+    """Seconds the threads of this process have waited on a run queue, ready to run
+    (/proc/self/task/*/schedstat); None where the kernel does not say."""
+    total = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open("/proc/self/task/%s/schedstat" % task) as f:
+                total += int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9

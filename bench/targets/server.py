@@ -23,6 +23,43 @@ assert(loadfile(%r))(%r)
 """
 
 
+# The server's own CPU seconds (user + system, every thread): misc.getrusage where the
+# server has it, else getrusage(2) through LuaJIT's ffi.
+SERVER_CPU_LUA = """
+local ok, misc = pcall(require, 'misc')
+if ok and type(misc) == 'table' and misc.getrusage then
+    local r = misc.getrusage()
+    if type(r) == 'table' and r.utime and r.stime then return r.utime + r.stime end
+end
+local ffi = require('ffi')
+-- Tarantool 3.x declares struct rusage and getrusage itself; 2.x does not.
+if not pcall(ffi.typeof, 'struct rusage') then
+    ffi.cdef[[
+        struct bench_timeval { long tv_sec; long tv_usec; };
+        struct rusage { struct bench_timeval ru_utime; struct bench_timeval ru_stime;
+                        long ru_rest[14]; };
+    ]]
+end
+if not pcall(function() return ffi.C.getrusage end) then
+    ffi.cdef('int getrusage(int who, struct rusage *usage);')
+end
+local r = ffi.new('struct rusage')
+if ffi.C.getrusage(0, r) ~= 0 then return nil end
+return tonumber(r.ru_utime.tv_sec) + tonumber(r.ru_utime.tv_usec) / 1e6
+    + tonumber(r.ru_stime.tv_sec) + tonumber(r.ru_stime.tv_usec) / 1e6
+"""
+
+
+def _proc_cpu(pid):
+    """User+system CPU seconds of process ``pid`` from /proc/<pid>/stat, None if unreadable."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def version_tuple(text):
     """``"2.11.9-0-g..."`` -> ``(2, 11, 9)``."""
     numbers = []
@@ -52,6 +89,29 @@ class Target:
         self.version = self._eval("return box.info.version")[0]
         # On 2.11 and 3.x the feedback daemon selects once a minute, counted by box.stat.
         self.feedback = self._eval("return box.cfg.feedback_enabled == true")[0]
+        self.cpu_source, self.cpu_missing = ("process", None) if server is not None \
+            else self._find_cpu_source()
+
+    def _find_cpu_source(self):
+        """How an existing server's CPU time can be read: ``("lua", None)`` through the
+        connection, ``("proc", None)`` from /proc/<pid>/stat on this host, or
+        ``(None, why)``."""
+        try:
+            if self._eval(SERVER_CPU_LUA)[0] is not None:
+                return "lua", None
+        except tarantool.error.Error as exc:
+            lua_error = str(exc)
+        else:
+            lua_error = "neither misc.getrusage nor ffi's getrusage answered"
+        try:
+            self.server_pid = self._eval("return box.info.pid")[0]
+        except tarantool.error.Error:
+            self.server_pid = None
+        if self.server_pid and _proc_cpu(self.server_pid) is not None \
+                and self.host in ("127.0.0.1", "localhost", "::1"):
+            return "proc", None
+        return None, ("the server's CPU time cannot be read: %s, and it does not run on "
+                      "this host" % lua_error)
 
     @property
     def pid(self):
@@ -61,7 +121,8 @@ class Target:
     def describe(self):
         return {"host": self.host, "port": self.port, "embedded": self.server is not None,
                 "wal": self.config.wal if self.server else None, "version": self.version,
-                "feedback": self.feedback}
+                "feedback": self.feedback, "cpu_source": self.cpu_source,
+                "cpu_missing": self.cpu_missing}
 
     def _eval(self, lua, *args):
         try:
@@ -100,12 +161,18 @@ class Target:
         return {name: value["total"] for name, value in self._eval("return box.stat()")[0].items()}
 
     def cpu_seconds(self):
-        """User+system CPU seconds of the embedded server (all its threads), None otherwise."""
-        if self.server is None:
-            return None
-        import psutil
-        times = psutil.Process(self.pid).cpu_times()
-        return times.user + times.system
+        """User+system CPU seconds of the server (all its threads): the embedded one's
+        from its process, an existing one's through the connection or /proc when it
+        runs here; None when neither can be read (``cpu_missing`` says why)."""
+        if self.cpu_source == "process":
+            import psutil
+            times = psutil.Process(self.pid).cpu_times()
+            return times.user + times.system
+        if self.cpu_source == "lua":
+            return self._eval(SERVER_CPU_LUA)[0]
+        if self.cpu_source == "proc":
+            return _proc_cpu(self.server_pid)
+        return None
 
     def settle(self):
         """Called before each phase (a replica set waits for its replicas)."""

@@ -62,3 +62,16 @@ def test_bench_an_existing_cluster_through_each_driver(cluster, driver):
     for rs in ("rs1", "rs2"):
         assert sum(n for key, n in phase["server"]["instances"].items()
                    if key.endswith("@" + rs)) > 0
+
+
+@needs_vshard
+def test_router_threads_keeps_a_rate(cluster):
+    config = options.Config(shards=2, driver="router-threads", host=cluster.router.host,
+                            port=cluster.router.port, user=cluster.user,
+                            password=cluster.password, ops=300, greenlets=4, rate=300,
+                            workload="mix", keys=200, quiet=True)
+    results = runner.run(config)
+    phase = results["phases"][-1]
+    assert phase["ops"] == 300 and phase["errors"] == {}
+    assert phase["open_loop"]["scheduled"] == 300
+    assert phase["service_time_ms"]["p50"] <= phase["latency_ms"]["p50"]

@@ -36,7 +36,8 @@ def test_capacity_finds_a_servers_rate_limit(tmp_path, capsys):
         code = capacity_main([
             "--host", server.host, "--port", str(server.port), "--workload", "mix",
             "--mix", "call=100", "--call", "limited", "--records", "100", "--greenlets", "50",
-            "--slo", "p99=100ms", "--start", "300", "--step", "2", "--precision", "0.05",
+            "--slo", "p99=100ms", "--start", "300", "--step", "2", "--samples", "0",
+            "--precision", "0.05",
             "--json", str(path), "--plot", str(plot)])
     finally:
         server.cleanup()

@@ -159,3 +159,41 @@ def test_window_guard_keeps_reads_off_both_ends():
     assert min(picked) == 10 and max(picked) == 89
     small = dataset.Window(15, 0, 1, keys.chooser("uniform", random.Random(0)), guard=10)
     assert {small.next("select") for _ in range(500)} == set(range(15))
+
+
+def test_zipfian_top_keys_stay_put_while_records_are_inserted():
+    # A fixed space of records plus expected inserts (YCSB's): the window grows from
+    # 1,000 to 1,500 records and the hottest keys among the first 1,000 do not move.
+    space = 1500
+    pick = keys.chooser("zipfian", random.Random(3), space=space)
+    early = collections.Counter(pick(0, 1000) for _ in range(50_000))
+    late = collections.Counter(pick(0, 1500) for _ in range(50_000))
+    top = [k for k, _ in early.most_common(4)]
+    assert [k for k, _ in late.most_common(20) if k < 1000][:4] == top
+    assert all(0 <= k < 1000 for k in early) and max(late) >= 1000
+    # The window's own modulus (no space) moves them: a control for the test above.
+    moving = keys.chooser("zipfian", random.Random(3))
+    grown = collections.Counter(moving(0, 1500) for _ in range(50_000))
+    assert [k for k, _ in grown.most_common(4)] != top
+
+
+def test_the_run_phase_fixes_the_zipfian_space_from_its_inserts():
+    items, window = dataset.run_items({"select": 90, "insert": 10}, 1000, 0, 1, "zipfian",
+                                      seed=1, count=2000)
+    selected = collections.Counter(k for op, k in items if op == "select")
+    hottest = selected.most_common(1)[0][0]
+    assert hottest == keys.fnv64(0) % (1000 + 200 + 1)
+
+
+def test_latest_builds_its_generator_before_the_first_draw():
+    import time
+    items, _ = dataset.run_items({"select": 100}, 200_000, 0, 1, "latest", seed=1, count=10)
+    started = time.perf_counter()
+    next(items)
+    first = time.perf_counter() - started
+    lazy = keys.chooser("latest", random.Random(1))
+    started = time.perf_counter()
+    lazy(0, 200_000)
+    building = time.perf_counter() - started
+    # The first draw of the run's generator costs a draw, not zeta over 400,000 items.
+    assert first < building / 5, (first, building)

@@ -115,11 +115,12 @@ def test_transactions(tmp_path, driver):
 
 @needs_2_11
 def test_paginated_scan(server, tmp_path):
-    results = run(server, tmp_path, "--workload", "ycsb-e", "--records", "500", "--ops", "200",
+    results = run(server, tmp_path, "--workload", "mix", "--mix", "scan-pages=95,insert=5",
+                  "--distribution", "zipfian", "--records", "500", "--ops", "200",
                   "--scan", "50", "--page", "20")
     phase = results["phases"][1]
     assert phase["errors"] == {} and phase["server"]["match"]
-    scans = phase["operations"]["scan"]["ops"]
+    scans = phase["operations"]["scan-pages"]["ops"]
     # Three pages for 50 records, fewer near the end of the key range.
     selects = phase["server"]["requests"]["select"]
     assert 2 * scans < selects <= 3 * scans
@@ -128,5 +129,32 @@ def test_paginated_scan(server, tmp_path):
 def test_operations_the_client_or_server_cannot_send(server):
     with pytest.raises(ValueError, match="needs the gtarantool or asynctnt driver"):
         Config(workload="mix", mix={"tx": 1}, driver="sync")
-    with pytest.raises(ValueError, match="scan needs the gtarantool driver"):
-        Config(workload="mix", mix={"scan": 1}, driver="asynctnt")
+    with pytest.raises(ValueError, match="scan-pages needs the gtarantool driver"):
+        Config(workload="mix", mix={"scan-pages": 1}, driver="asynctnt")
+
+
+# YCSB's shapes (workloads/workloadf, workloade; CoreWorkload): F is 50% read and 50%
+# read-modify-write, so ~1.0 server select and ~0.5 update per operation; E's scan is
+# one select of uniform 1..maxscanlength records, so ~0.95 select per operation and
+# a mean of ~(1 + max) / 2 records a scan.
+@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt"])
+def test_ycsb_f_reads_then_updates_the_record(server, tmp_path, driver):
+    results = run(server, tmp_path, "--driver", driver, "--workload", "ycsb-f",
+                  "--records", "1000", "--ops", "2000")
+    phase = results["phases"][1]
+    assert phase["errors"] == {} and phase["server"]["match"]
+    ops, counted = phase["ops"], phase["server"]["requests"]
+    assert ops == 2000 and set(phase["operations"]) == {"select", "rmw"}
+    assert counted["select"] / ops == pytest.approx(1.0, rel=0.1)
+    assert counted["update"] / ops == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt", "sync"])
+def test_ycsb_e_scans_in_one_select(server, tmp_path, driver):
+    results = run(server, tmp_path, "--driver", driver, "--workload", "ycsb-e",
+                  "--records", "2000", "--ops", "1000", "--scan", "40")
+    phase = results["phases"][1]
+    assert phase["errors"] == {} and phase["server"]["match"]
+    ops, counted = phase["ops"], phase["server"]["requests"]
+    assert counted["select"] / ops == pytest.approx(0.95, rel=0.1)
+    assert counted["insert"] / ops == pytest.approx(0.05, rel=0.5)

@@ -35,7 +35,7 @@ from tarantool.utils import ENCODING_DEFAULT
 
 from gtarantool import compiled
 from gtarantool.connection import DEFAULT_CONNECTION_TIMEOUT, Connection
-from gtarantool.errors import ConnectionClosed, RequestTimeout
+from gtarantool.errors import ConnectionClosed, RequestTimeout, not_sent
 from gtarantool.pool.roles import monitor
 from gtarantool.pool.strategies import ANY, MODES, RW, RoundRobinStrategy
 from gtarantool.protocol import NO_LIMIT
@@ -46,6 +46,7 @@ from gtarantool.protocol.constants import (
     ER_SYNC_QUEUE_UNCLAIMED,
     ER_UNCOMMITTED_FOREIGN_SYNC_TXNS,
 )
+from gtarantool.transport import CopiedCall, InheritedSocket, check_process, process_token
 
 _pool = compiled.pool   # None: built without a C compiler, or Python < 3.10
 
@@ -179,6 +180,9 @@ class ConnectionPool(_PoolBase):
     :param lazy_errors: per connection, as in :class:`gtarantool.Connection`.
     :raises tarantool.error.ConfigurationError: ``addrs`` is empty or not a
         list, an address is bad or given twice, or a bad ``wait_timeout``.
+
+    What a call gets on a timeout, a crash, a restart, a failover or a fork,
+    and what is re-sent: docs/guarantees.rst.
 
     ``connection_timeout`` (default 10 s) bounds each monitor check: connecting,
     authenticating and learning the role.  Instances that are down at start are
@@ -398,38 +402,50 @@ class ConnectionPool(_PoolBase):
         except PoolTopologyError:
             return self._wait_for(mode)
 
-    def _wait_for(self, mode):
-        deadline = time.monotonic() + self.wait_timeout
+    def _wait_for(self, mode, deadline=None):
+        """An instance for ``mode``, waited for until ``deadline``
+        (``time.monotonic()``; None: ``wait_timeout`` from now).
+
+        :raises tarantool.error.PoolTopologyError: none by then.
+        :raises gtarantool.ConnectionClosed: the pool is closed, or the process
+            forked while the caller waited and this is the child (a copy of the
+            parent's caller, whose call goes on there).  Nothing was sent."""
+        if deadline is None:
+            deadline = time.monotonic() + self.wait_timeout
+        token = process_token()
         while True:
             if self._closed:
-                raise ConnectionClosed("the pool is closed")
+                raise not_sent(ConnectionClosed("the pool is closed"))
             changed = self._topology_changed
             try:
                 return self.pool[self.strategy.getnext(mode)]
-            except PoolTopologyError:
+            except PoolTopologyError as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    exc.applied = False
                     raise
                 changed.wait(remaining)
+                check_process(token)
 
-    def _failed(self, instance, exc, mode, may_resend, method=None):
+    def _failed(self, instance, exc, mode, may_resend, method=None, deadline=None):
         """A request on ``instance`` raised ``exc`` (being handled): learn from it,
-        then re-raise it, or return another instance to re-send a read, or a
-        write refused unapplied, to.  ``method``: the request's, when it is no
-        data method's Route (which passes None)."""
+        then re-raise it, or return another instance to re-send a read to, or
+        ``(instance, deadline)`` for a write refused unapplied (re-routes end
+        at ``deadline``: ``wait_timeout`` after the first).  ``method``: the
+        request's, when it is no data method's Route (which passes None)."""
         instance.errors += 1
         if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
             code = getattr(exc, "code", None) if isinstance(exc, DatabaseError) else None
-            if code in (ER_READONLY, ER_LOADING):
+            if code in NOT_APPLIED:
                 if instance.state.read_only is False:
                     # No more writes here until the monitor says otherwise.
                     self._set_state(instance, HEALTHY, True, instance.box_status)
                 instance.wakeup.set()
             if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
-                return self._reroute_write(instance, exc, mode)
+                return self._reroute_write(instance, exc, mode, deadline)
             raise exc
-        if isinstance(exc, RequestTimeout):
-            raise exc
+        if isinstance(exc, (RequestTimeout, CopiedCall, InheritedSocket)):
+            raise exc   # (the last two: a copy of the parent's caller, in a forked child)
         if instance.conn.is_closed() and self.pool.get(instance.name) is instance:
             instance.last_error = exc
             self._set_state(instance, UNHEALTHY, None, None)
@@ -444,37 +460,48 @@ class ConnectionPool(_PoolBase):
             raise exc
         return other
 
-    def _reroute_write(self, instance, exc, mode):
-        """The instance for a write ``instance`` refused with ``exc`` before
-        applying it: the one holding the role now, waited for at most
-        ``wait_timeout``; else ``exc`` is raised."""
+    def _reroute_write(self, instance, exc, mode, deadline):
+        """``(instance, deadline)`` for a write ``instance`` refused with ``exc``
+        before applying it: the one holding the role now, waited for until
+        ``deadline`` (None: ``wait_timeout`` from now, the first re-route);
+        else ``exc`` is raised."""
+        if deadline is None:
+            deadline = time.monotonic() + self.wait_timeout
         try:
-            other = self._wait_for(mode)
+            other = self._wait_for(mode, deadline)
         except PoolTopologyError:
             raise exc from None
         if other is instance:
             raise exc
         instance.rerouted += 1
         self.rerouted_writes += 1
-        return other
+        return other, deadline
 
     @staticmethod
     def _drained(instance):
         if not instance.in_flight:
             instance.drained.set()
 
-    def _send(self, instance, mode, method, args, kwargs, may_resend):
-        instance.in_flight += 1
-        instance.requests += 1
-        try:
-            return getattr(instance.conn, method)(*args, **kwargs)
-        except Exception as exc:
-            other = self._failed(instance, exc, mode, may_resend, method)
-        finally:
-            instance.in_flight -= 1
-            if instance.drained is not None:
-                self._drained(instance)
-        return self._send(other, mode, method, args, kwargs, False)
+    def _send(self, target, mode, method, args, kwargs, may_resend):
+        """Send on ``target`` (an instance, or ``(instance, deadline)`` from
+        ``_failed``), and again where ``_failed`` says, in a loop: re-routes
+        of a write end at their deadline."""
+        deadline = None
+        while True:
+            if type(target) is tuple:
+                target, deadline = target
+            instance = target
+            instance.in_flight += 1
+            instance.requests += 1
+            try:
+                return getattr(instance.conn, method)(*args, **kwargs)
+            except Exception as exc:
+                target = self._failed(instance, exc, mode, may_resend, method, deadline)
+            finally:
+                instance.in_flight -= 1
+                if instance.drained is not None:
+                    self._drained(instance)
+            may_resend = False
 
     def _request(self, mode, method, *args, **kwargs):
         return self._send(self._route(mode), mode, method, args, kwargs, method in READS)

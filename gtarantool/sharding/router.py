@@ -48,6 +48,7 @@ from gtarantool.sharding.errors import (
 )
 from gtarantool.sharding.hashing import mpcrc32, strcrc32
 from gtarantool.sharding.replicaset import Replicaset, parse_uri
+from gtarantool.transport import check_process, process_token
 
 __all__ = ["Router"]
 
@@ -576,6 +577,7 @@ class Router:
             raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
         if timeout is None:
             timeout = self.timeout
+        token = process_token()   # a copy of this call in a forked child sends nothing
         timer = Timeout(timeout)
         timer.start()
         call = None
@@ -596,20 +598,20 @@ class Router:
                         data = rs.send(instance, "vshard.storage.call",
                                        (bucket_id, "read", func, args)).data
                 except Exception as exc:
-                    call = _Call(self, bucket_id, kind, func, args, rs, instance)
+                    call = _Call(self, token, bucket_id, kind, func, args, rs, instance)
                     return call.run(error=exc)
                 if data and data[0] and (len(data) < 3 or data[1] is not None
                                          or data[2] is None):
                     return data[1] if len(data) > 1 else None
-                call = _Call(self, bucket_id, kind, func, args, rs, instance)
+                call = _Call(self, token, bucket_id, kind, func, args, rs, instance)
                 return call.run(data=data)
-            call = _Call(self, bucket_id, kind, func, args)
+            call = _Call(self, token, bucket_id, kind, func, args)
             return call.run()
         except Timeout as exc:
             if exc is not timer:
                 raise
             if call is None:   # the first send was in flight
-                call = _Call(self, bucket_id, kind, func, args, rs)
+                call = _Call(self, token, bucket_id, kind, func, args, rs)
                 call.in_flight = True
             raise call.timed_out(timeout) from None
         finally:
@@ -639,6 +641,7 @@ class Router:
         if timeout is None:
             timeout = self.timeout
         rid = next(self._ref_ids)
+        token = process_token()
         deadline = time.monotonic() + timeout
         sent: List[Replicaset] = []   # every replica set a ref went to, answered or not
         mapped = False   # storage_map sent: it releases the ref itself
@@ -653,7 +656,9 @@ class Router:
                                         % (self.bucket_count - total),
                                         {"not_discovered_cnt": self.bucket_count - total})
             else:
-                replicasets = self._ref_buckets(rid, list(bucket_ids), deadline, timeout, sent)
+                replicasets = self._ref_buckets(rid, list(bucket_ids), deadline, timeout, sent,
+                                                 token)
+            check_process(token)   # (the refs were the parent's: no map from a child)
             mapped = True
             results = self._each(replicasets, deadline, "map", "storage_map", rid, func,
                                  list(args))
@@ -661,14 +666,14 @@ class Router:
         except Exception as exc:
             if not mapped and getattr(exc, "applied", None) is None:
                 exc.applied = False  # type: ignore[attr-defined]   # no function ran: the refs only
-            if sent:
+            if sent and process_token() == token:   # (a child's copy leaves them to the parent)
                 # Released in the background (owned by the router), so the rebalancer
                 # need not wait for the refs' timeout, nor the caller for the unrefs.
                 self._tasks.spawn(self._each, list(sent), time.monotonic() + max(timeout, 1.0),
                                   "unref", "storage_unref", rid, quiet=True)
             raise
 
-    def _ref_buckets(self, rid, bucket_ids, deadline, timeout, sent):
+    def _ref_buckets(self, rid, bucket_ids, deadline, timeout, sent, token):
         """Ref the replica sets holding ``bucket_ids`` (vshard's partial map), following
         buckets that moved until none did; the replica sets."""
         for bucket_id in bucket_ids:
@@ -676,6 +681,7 @@ class Router:
         refs: Dict[Replicaset, bool] = {}   # ref'd -> holding a needed bucket
         pending = sorted(set(bucket_ids))
         while pending:
+            check_process(token)
             by_rs: Dict[Replicaset, List[int]] = {}
             for bucket_id in pending:
                 rs = self.route(bucket_id, max(0.0, deadline - time.monotonic()))
@@ -858,11 +864,11 @@ class _Call:
     """One call through the router after its first send (or with no route yet):
     its attempts and what they proved."""
 
-    __slots__ = ("router", "bucket_id", "kind", "func", "args", "rs", "instance", "last",
-                 "unsure", "in_flight", "tried")
+    __slots__ = ("router", "token", "bucket_id", "kind", "func", "args", "rs", "instance",
+                 "last", "unsure", "in_flight", "tried")
 
-    def __init__(self, router, bucket_id, kind, func, args, rs=None, instance=None):
-        self.router, self.bucket_id, self.kind = router, bucket_id, kind
+    def __init__(self, router, token, bucket_id, kind, func, args, rs=None, instance=None):
+        self.router, self.token, self.bucket_id, self.kind = router, token, bucket_id, kind
         self.func, self.args = func, args
         self.rs, self.instance = rs, instance
         self.last = self.tried = None
@@ -875,6 +881,9 @@ class _Call:
         router, bucket_id = self.router, self.bucket_id
         pause = 0.0
         while True:
+            # Only the process that made the call goes on with it: a forked
+            # child's copy ends here, whatever it was waiting on (CopiedCall).
+            check_process(self.token)
             if data is None and error is None:
                 if router._broken is not None:
                     raise router._broken

@@ -1,0 +1,85 @@
+"""``python -m bench.capacity`` end to end, where the answer is no number or a lower bound:
+every request failing gives ``capacity: none`` and exit status 1; a client that spends
+CPU on each answer (``--client-work``) ends the search ``client-bound``."""
+import json
+
+from bench.__main__ import main as bench_main
+from bench.core.config import Config
+from bench.suites.capacity import main as capacity_main
+from bench.targets.server import Target
+
+
+def _last_verdict(out):
+    return [line for line in out.splitlines() if line.startswith("capacity: ")][-1]
+
+
+def test_every_request_failing_is_capacity_none(server, tmp_path, capsys):
+    path = tmp_path / "none.json"
+    code = capacity_main([
+        "--host", server.host, "--port", str(server.port), "--user", "test",
+        "--password", "secret", "--mix", "call=100", "--call", "no_such_function_here",
+        "--records", "100", "--greenlets", "10", "--slo", "p99=50ms", "--start", "200",
+        "--factor", "4", "--step", "0.5", "--samples", "0", "--json", str(path)])
+    assert code == 1
+    line = _last_verdict(capsys.readouterr().out)
+    assert line.startswith("capacity: none") and "errors 100%" in line, line
+    result = json.loads(path.read_text())
+    assert result["capacity"] is None
+    step = result["steps"][0]
+    assert step["errors"] == step["ops"] > 0 and not step["ok"]
+    assert sum(step["errors_by_kind"].values()) == step["errors"]
+
+
+def test_a_busy_client_makes_the_search_client_bound(server, tmp_path, capsys):
+    # 2 ms of CPU per answer: one process holds at most 500/s, a local server far more.
+    path = tmp_path / "bound.json"
+    code = capacity_main([
+        "--host", server.host, "--port", str(server.port), "--user", "test",
+        "--password", "secret", "--mix", "select=100", "--records", "100",
+        "--greenlets", "10", "--client-work", "2000", "--slo", "p99=1s", "--start", "150",
+        "--factor", "3", "--precision", "0.3", "--step", "1", "--samples", "0",
+        "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = _last_verdict(out)
+    assert line.startswith("capacity: >= ") and "(client-bound: 1 worker process at " in line
+    assert line.endswith("add -p)"), line
+    result = json.loads(path.read_text())
+    assert result["client_bound"] is True
+    broken = [s for s in result["steps"] if s["client_bound"]]
+    # (the CPU it used plus its wait for one, on a busy host)
+    assert broken and all(
+        max(c + (w or 0) for c, w in zip(s["worker_cpu"], s["worker_wait"])) >= 0.85
+        for s in broken)
+    assert result["capacity"] < 500
+    # The server runs here: its CPU is read for --host too.
+    assert all(s["server_cpu"] is not None for s in result["steps"])
+
+
+def test_an_existing_servers_cpu_is_read_through_the_connection(server):
+    config = Config(host=server.host, port=server.port, user="test", password="secret")
+    target = Target(server.host, server.port, config)
+    try:
+        assert target.cpu_source == "lua" and target.cpu_missing is None
+        before = target.cpu_seconds()
+        target._eval("local t = 0 for i = 1, 3e7 do t = t + i end return t")
+        after = target.cpu_seconds()
+    finally:
+        target.close()
+    assert 0 < before < after
+
+
+def test_an_open_loop_records_service_time_by_interval_and_counts_gc(server, tmp_path):
+    path, log = tmp_path / "run.json", tmp_path / "run.hlog"
+    assert bench_main(["--host", server.host, "--port", str(server.port), "--user", "test",
+                       "--password", "secret", "--workload", "mix", "--mix", "select=100",
+                       "--records", "100", "--rate", "400", "--duration", "1", "-q",
+                       "--json", str(path), "--hlog", str(log)]) == 0
+    results = json.loads(path.read_text())
+    run = [i for i in results["intervals"] if i["phase"] == "run"]
+    assert run and all("service_time_ms" in i for i in run)
+    assert all(i["service_time_ms"]["p50"] <= i["latency_ms"]["p99.9"] for i in run)
+    assert "service_time.select" in log.read_text()
+    phase = results["phases"][-1]
+    assert len(phase["client_gc_collections"]) == 3
+    assert len(phase["client_cpu_by_process"]) == 1

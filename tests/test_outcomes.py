@@ -1,0 +1,341 @@
+"""What a caller can trust: every error says whether its request was applied
+(``exc.applied``), ``request_timeout`` bounds the whole call, a write is applied
+at most once across a fork, and the defects each scenario left at its edges.
+Real servers throughout; the C paths and their Python twins (``routes``,
+``reader``) both run the pool and transport cases.
+"""
+import gc
+import json
+import os
+import signal
+import socket
+import time
+
+import gevent
+import gevent.os
+import pytest
+from tarantool.error import DatabaseError, NetworkError
+
+import gtarantool
+from gtarantool import ConnectionClosed, RequestTimeout
+from gtarantool.errors import applied
+from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import TarantoolServer, binary_version
+from gtarantool.transport import Draining, Stats, Transport
+from tests.conftest import PASSWORD, USER, _lua
+
+from .timing import slack
+
+WATCHERS = binary_version() >= (2, 10)   # box.shutdown, box.status
+needs_watchers = pytest.mark.skipif(not WATCHERS, reason="needs Tarantool 2.10+")
+
+
+def connect(srv, **kw):
+    return gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD, **kw)
+
+
+def in_thread(fn, *args):
+    return gevent.get_hub().threadpool.spawn(fn, *args).get()
+
+
+def terminate(srv):
+    srv.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while srv.process.poll() is None:
+        assert time.monotonic() < deadline
+        gevent.sleep(0.01)
+
+
+@pytest.fixture
+def srv():
+    server = TarantoolServer(_lua())
+    server.start()
+    yield server
+    server.cleanup()
+
+
+# -- the classes -------------------------------------------------------------------
+
+
+def test_every_error_says_whether_its_request_was_applied(server):
+    conn = connect(server, request_timeout=0.5)
+    try:
+        conn.replace("kv", ("outcome-dup", 1))
+        with pytest.raises(DatabaseError) as err:   # a duplicate key: refused whole
+            conn.insert("kv", ("outcome-dup", 2))
+        assert err.value.code == 3 and applied(err.value) is False
+        with pytest.raises(DatabaseError) as err:   # a function's own error
+            conn.call("raise_error", "boom")
+        assert err.value.applied is None and applied(err.value) is None
+        with pytest.raises(RequestTimeout) as err:   # sent, no reply in time
+            conn.call("sleep_and_return", 2, 1)
+        assert applied(err.value) is None
+    finally:
+        conn.close()
+    dead = gtarantool.Connection("127.0.0.1", 1, connect_now=False, reconnect_max_attempts=0)
+    with pytest.raises(NetworkError) as err:   # nothing could be written
+        dead.replace("kv", ("x", 1))
+    assert applied(err.value) is False
+    assert applied(ValueError()) is None
+
+
+# -- request_timeout bounds the whole call -----------------------------------------
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("options", [
+    pytest.param({"request_timeout": 2}, id="request_timeout"),
+    # (The patience for a server that announced its shutdown: before 2.10 a
+    # stop is a crash, bounded by connection_timeout per reconnect attempt.)
+    pytest.param({"request_timeout": None, "connection_timeout": 2}, id="connection_timeout",
+                 marks=needs_watchers)])
+def test_no_call_outlives_its_bound_when_the_server_stops(srv, options):
+    """50 greenlets writing; the server is SIGTERMed and stays down: every call
+    ends within 2 s (``request_timeout``; without one, the patience for a
+    restarting server, ``connection_timeout``, from each caller's arrival, so
+    queued callers do not wait one after another) plus slack."""
+    conn = connect(srv, **options)
+    durations, errors = [], []
+    stop = []
+
+    def writer(i):
+        n = 0
+        while not stop:
+            started = time.monotonic()
+            try:
+                conn.replace("kv", ("timed-%d" % i, n))
+            except NetworkError as exc:
+                errors.append(exc)
+            finally:
+                durations.append(time.monotonic() - started)
+            n += 1
+
+    workers = [gevent.spawn(writer, i) for i in range(50)]
+    gevent.sleep(0.3)
+    terminate(srv)
+    gevent.sleep(3)
+    stop.append(True)
+    gevent.joinall(workers, timeout=10)
+    assert all(w.ready() for w in workers)
+    conn.close()
+    assert errors
+    assert max(durations) <= 2 + slack(0.5), max(durations)
+
+
+# -- graceful restarts -------------------------------------------------------------
+
+
+def _transports():
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, Transport))
+
+
+@needs_watchers
+def test_graceful_restarts_keep_no_drained_transport(srv):
+    conn = connect(srv, request_timeout=10)
+    try:
+        for n in range(5):
+            conn.replace("kv", ("restarts", n))
+            terminate(srv)
+            in_thread(srv.start)
+            conn.replace("kv", ("restarts", n))
+        gevent.sleep(0.1)   # the last drain closes its socket
+        assert _transports() <= 2
+    finally:
+        conn.close()
+
+
+@needs_watchers
+@pytest.mark.timing
+def test_a_permanent_follower_refuses_at_once_after_a_reconnect(srv):
+    """An election voter (read-only, not configured so) that was never
+    restarting: a write fails at once, not after a wait for it to become writable."""
+    conn = connect(srv, request_timeout=5)
+    try:
+        conn.eval("box.cfg{election_mode = 'voter'}")
+        conn.close()   # the next request reconnects
+        started = time.monotonic()
+        with pytest.raises(DatabaseError) as err:
+            conn.replace("kv", ("follower", 1))
+        assert err.value.code == 7 and applied(err.value) is False
+        assert time.monotonic() - started < slack(1)
+    finally:
+        conn.close()
+
+
+def test_callers_in_line_on_a_draining_socket_send_nothing_on_it(reader):
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    transport = Transport(a, Stats(), 1, 1 << 20)
+    try:
+        first = gevent.spawn(transport.request, 1, 64, 0, b"\x80")
+        second = gevent.spawn(transport.request, 2, 64, 0, b"\x80")
+        gevent.sleep(0.05)
+        assert transport.in_flight == 1 and not second.ready()
+        sent = b.recv(1000)
+        transport.drain()
+        with pytest.raises(Draining) as err:
+            second.get(timeout=2)
+        assert applied(err.value) is False
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(1000)   # nothing more than the first request
+        assert sent
+        first.kill()
+    finally:
+        transport.close()
+        b.close()
+
+
+# -- the pool --------------------------------------------------------------------
+
+REFUSE = """
+box.space.kv:before_replace(function(old, new)
+    if new ~= nil and new[1] == 'refused' then box.error({code = %d, reason = 'refused'}) end
+end)
+"""
+
+
+class Picker(gtarantool.RoundRobinStrategy):
+    """The default rotation, as a strategy of the caller's: picks go through it,
+    so a re-route takes the instance after the one that refused."""
+
+
+@pytest.mark.parametrize("code, strategy", [(214, gtarantool.RoundRobinStrategy),
+                                            (227, Picker), (228, Picker)],
+                         ids=["214-default", "227-custom", "228-custom"])
+def test_two_writable_instances_refusing_end_within_wait_timeout(routes, code, strategy):
+    servers = [TarantoolServer(_lua()) for _ in range(2)]
+    for srv in servers:
+        srv.start()
+    try:
+        for srv in servers:
+            with connect(srv) as conn:
+                conn.eval(REFUSE % code)
+        pool = gtarantool.ConnectionPool(["%s:%s" % (s.host, s.port) for s in servers],
+                                         user=USER, password=PASSWORD, wait_timeout=1,
+                                         refresh_delay=0.2, strategy_class=strategy)
+        try:
+            started = time.monotonic()
+            with pytest.raises(DatabaseError) as err:
+                pool.replace("kv", ("refused", 1))
+            assert err.value.code == code and applied(err.value) is False
+            assert time.monotonic() - started < 1 + slack(1)
+            assert pool.replace("kv", ("accepted", 1)).data == [["accepted", 1]]
+        finally:
+            pool.close()
+    finally:
+        for srv in servers:
+            srv.cleanup()
+
+
+# -- fork --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def replicaset():
+    rs = ReplicaSet(_lua(), replicas=1, user=USER, password=PASSWORD)
+    rs.start()
+    yield rs
+    rs.cleanup()
+
+
+def test_a_write_waiting_for_a_master_is_applied_once_across_a_fork(replicaset, routes):
+    """A pool write waits for a master; the process forks; the child runs its
+    hub (a preforked worker); a replica is promoted.  Only the parent's call
+    sends the write: the counter reads 1."""
+    rs = replicaset
+    pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD, wait_timeout=15,
+                                     refresh_delay=0.2, request_timeout=10)
+    try:
+        rs.eval(rs.master, "box.cfg{read_only = true}")
+        deadline = time.monotonic() + 10
+        while any(i["role"] == "master" for i in pool.info().values()):
+            assert time.monotonic() < deadline, pool.info()
+            gevent.sleep(0.05)
+        write = gevent.spawn(pool.upsert, "kv", ("fork-counter", 1), [("+", 1, 1)])
+        gevent.sleep(0.2)
+        assert not write.ready()
+        pid = os.fork()
+        if pid == 0:
+            gevent.get_hub().exception_stream = None
+            try:
+                gevent.sleep(5)   # the child's hub runs: its copies of everything too
+            finally:
+                os._exit(0)
+        try:
+            gevent.sleep(0.5)
+            new_master = rs.replicas[0]
+            rs.promote(new_master)
+            write.get(timeout=10)
+        finally:
+            in_thread(os.waitpid, pid, 0)
+        with connect(new_master) as conn:
+            assert conn.select("kv", "fork-counter").data == [["fork-counter", 1]]
+    finally:
+        pool.close()
+
+
+def _in_child(body):
+    """Fork; run ``body()`` in the child (its hub running) and return what it
+    returns (a JSON value), as the parent reads it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            gevent.get_hub().exception_stream = None
+            with gevent.Timeout(20):
+                os.write(w, json.dumps(body()).encode())
+            status = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(w, json.dumps({"crash": repr(exc)}).encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+    gevent.os.make_nonblocking(r)
+    data = b""
+    try:
+        with gevent.Timeout(30):
+            while True:
+                chunk = gevent.os.nb_read(r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(r)
+        in_thread(os.waitpid, pid, 0)
+    return json.loads(data.decode())
+
+
+def _outcome(glet):
+    exc = glet.exception
+    if exc is None:
+        return None
+    return ["ConnectionClosed" if isinstance(exc, ConnectionClosed) else type(exc).__name__,
+            applied(exc)]
+
+
+def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):
+    """A caller reconnecting (the lock held, between attempts) when the process
+    forks: its copy in the child gets ConnectionClosed, not applied, and makes
+    no attempt there (and releases the lock it took); the child's own call gets
+    its own outcome; the parent's call goes on."""
+    path = str(tmp_path / "nobody.sock")   # nothing listens: every attempt is refused
+    conn = gtarantool.Connection(None, path, connect_now=False, reconnect_max_attempts=3,
+                                 reconnect_delay=0.3)
+    parent = gevent.spawn(conn.ping)
+    gevent.sleep(0.1)
+    assert not parent.ready()
+
+    def child():
+        own = gevent.spawn(conn.ping)
+        gevent.joinall([own, parent])
+        return {"copy": _outcome(parent), "own": _outcome(own)}
+
+    got = _in_child(child)
+    assert got == {"copy": ["ConnectionClosed", False], "own": ["NetworkError", False]}, got
+    parent.join(timeout=5)
+    assert isinstance(parent.exception, NetworkError)
+    assert not isinstance(parent.exception, ConnectionClosed)
