@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import gc
 import itertools
+import time
 from contextlib import contextmanager
 from typing import Any, List, Tuple
 
@@ -29,7 +30,7 @@ from gevent import Timeout
 from gevent.hub import Waiter
 
 from gtarantool.api import ConnectionRequestMethods
-from gtarantool.errors import RequestTimeout
+from gtarantool.errors import RequestTimeout, not_sent
 from gtarantool.protocol.responses import responses
 from gtarantool.transport import ReplySink
 
@@ -148,20 +149,21 @@ class Pipeline(ConnectionRequestMethods):
         sink = self._sink
         index = len(sink.syncs)
         timeout = self._conn.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         timer = Timeout._start_new_or_dummy(timeout)
         try:
-            self._conn._ensure_connected().send_frames(frames, first_sync, count, sink)
+            self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, sink)
         except BaseException as exc:
             error = exc
             if exc is timer:   # no room within request_timeout: not sent
                 error = RequestTimeout("pipeline: no room to send within request_timeout=%ss"
                                        % timeout)
-            if len(sink.syncs) == index:   # not queued: each holds the error
-                setattr(error, "applied", False)
+            # Not queued: each holds the error, unsent (a kill leaves them out).
+            if len(sink.syncs) == index and isinstance(error, Exception):
+                error = not_sent(error)
                 syncs = range(first_sync, first_sync + count)
                 sink.syncs += syncs
-                if isinstance(error, Exception):
-                    sink.replies.update(dict.fromkeys(syncs, error))
+                sink.replies.update(dict.fromkeys(syncs, error))
             if error is exc:
                 raise
             raise error from None
