@@ -108,6 +108,15 @@ class Worker:
     def chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
         """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
         for the records ``raws``, the first of which is row ``first`` (0-based)."""
+        from gtarantool.pipeline import _gc_paused
+
+        # A chunk's rows and their replies are tens of thousands of live
+        # objects: the cyclic collector would scan them again and again for
+        # nothing (they are freed by their counts when the chunk is done).
+        with _gc_paused():
+            return self._chunk(first, raws)
+
+    def _chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
         from gtarantool.copy import CopyError, copy_from
 
         cpu = time.process_time()
