@@ -1,4 +1,5 @@
-/* Request bodies in one piece: protocol.Encoder.join in C.
+/* Request bodies in one piece: protocol.Encoder.join in C; and many whole
+ * requests in one piece: protocol.bulk.encode_batch in C (see below).
  *
  * BodyEncoder(pack, use_bin_type).join(raw0, obj0, raw1, obj1, ...) returns
  * raw0 + pack(obj0) + raw1 + pack(obj1) + ... as one bytes object: the raw
@@ -358,6 +359,329 @@ done:
     return result;
 }
 
+/* -- encode_batch: many whole requests in one bytes object ------------------
+ *
+ * encode_batch(code, prefix, rows, first_sync, suffix=None, assign=()) is
+ * protocol.bulk.encode_batch (its specification) in C: for each row, with the
+ * syncs first_sync, first_sync + 1, ..., the frame
+ *   0xce len32 | {0: code, 1: 0xcf sync64, 5: 0xce 0} | prefix pack(row)
+ * and, with a suffix, suffix pack([("=", f, row[f]) for f in assign if
+ * f < len(row)]) (an upsert's operations).  Rows sized() accepts are written
+ * straight into the result; when one is declined, every row is packed with
+ * pack() instead (as join does), so every frame and every error is the
+ * packer's. */
+
+#define REQUEST_HEADER_SIZE 24
+
+static unsigned char *
+put_request_header(unsigned char *p, Py_ssize_t body, unsigned char code, uint64_t sync)
+{
+    *p++ = 0xce;
+    p = put_be(p, (uint64_t)(REQUEST_HEADER_SIZE - 5 + body), 4);
+    *p++ = 0x83;
+    *p++ = 0x00;
+    *p++ = code;
+    *p++ = 0x01;
+    *p++ = 0xcf;
+    p = put_be(p, sync, 8);
+    *p++ = 0x05;
+    *p++ = 0xce;
+    return put_be(p, 0, 4);
+}
+
+typedef struct {
+    unsigned char code;
+    PyObject *prefix, *suffix;      /* suffix: NULL without operations */
+    Py_ssize_t *assign, nassign;
+} Batch;
+
+/* The operations' number of entries for `row`, a list or tuple. */
+static Py_ssize_t
+ops_count(const Batch *b, Py_ssize_t width)
+{
+    Py_ssize_t i, m = 0;
+    for (i = 0; i < b->nassign; i++)
+        m += b->assign[i] < width;
+    return m;
+}
+
+/* The encoded size of the operations of `row`, or DECLINED. */
+static Py_ssize_t
+ops_sized(const BodyEncoder *self, const Batch *b, PyObject *row)
+{
+    PyObject **items;
+    Py_ssize_t width, i, total;
+
+    if (!PyList_CheckExact(row) && !PyTuple_CheckExact(row))
+        return DECLINED;
+    items = PySequence_Fast_ITEMS(row);
+    width = PySequence_Fast_GET_SIZE(row);
+    total = header_size(ops_count(b, width), 16, 0);
+    for (i = 0; i < b->nassign; i++) {
+        Py_ssize_t f = b->assign[i], v;
+        if (f >= width)
+            continue;
+        v = sized(self, items[f], 1);
+        if (v < 0)
+            return v;
+        total += 3 + int_size(f) + v;   /* 0x93, "=" (0xa1 0x3d), f, the value */
+    }
+    return total;
+}
+
+static unsigned char *
+put_ops(const BodyEncoder *self, const Batch *b, unsigned char *p, PyObject *row)
+{
+    PyObject **items = PySequence_Fast_ITEMS(row);
+    Py_ssize_t width = PySequence_Fast_GET_SIZE(row), i;
+
+    p = put_header(p, ops_count(b, width), 0x90, 16, 0, 0xdb);
+    for (i = 0; i < b->nassign; i++) {
+        Py_ssize_t f = b->assign[i];
+        if (f >= width)
+            continue;
+        *p++ = 0x93;
+        *p++ = 0xa1;
+        *p++ = '=';
+        p = put_int(p, f);
+        p = put(self, p, items[f]);
+    }
+    return p;
+}
+
+/* pack([("=", f, row[f]) for f in assign if f < len(row)]), as bytes. */
+static PyObject *
+pack_ops(const BodyEncoder *self, const Batch *b, PyObject *row)
+{
+    PyObject *ops, *result = NULL;
+    Py_ssize_t width = PyObject_Size(row), i;
+
+    if (width < 0)
+        return NULL;
+    ops = PyList_New(0);
+    if (ops == NULL)
+        return NULL;
+    for (i = 0; i < b->nassign; i++) {
+        PyObject *key, *value, *op;
+        int failed;
+        if (b->assign[i] >= width)
+            continue;
+        key = PyLong_FromSsize_t(b->assign[i]);
+        if (key == NULL)
+            goto done;
+        value = PyObject_GetItem(row, key);
+        if (value == NULL) {
+            Py_DECREF(key);
+            goto done;
+        }
+        op = Py_BuildValue("(sNN)", "=", key, value);
+        if (op == NULL)
+            goto done;
+        failed = PyList_Append(ops, op);
+        Py_DECREF(op);
+        if (failed < 0)
+            goto done;
+    }
+    result = PyObject_CallOneArg(self->pack, ops);
+done:
+    Py_DECREF(ops);
+    return result;
+}
+
+static PyObject *
+packed_bytes(PyObject *obj)
+{
+    if (obj != NULL && !PyBytes_CheckExact(obj)) {
+        PyErr_SetString(PyExc_TypeError, "pack() returned something not bytes");
+        Py_DECREF(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+/* Every row (and its operations) packed by pack(): packed[2i], packed[2i + 1]. */
+static int
+pack_rows(const BodyEncoder *self, const Batch *b, PyObject *const *rows, Py_ssize_t n,
+          PyObject **packed, Py_ssize_t *sizes)
+{
+    Py_ssize_t i;
+
+    for (i = 0; i < n; i++) {
+        Py_ssize_t size;
+        packed[2 * i] = packed_bytes(PyObject_CallOneArg(self->pack, rows[i]));
+        if (packed[2 * i] == NULL)
+            return -1;
+        size = PyBytes_GET_SIZE(b->prefix) + PyBytes_GET_SIZE(packed[2 * i]);
+        if (b->suffix != NULL) {
+            packed[2 * i + 1] = packed_bytes(pack_ops(self, b, rows[i]));
+            if (packed[2 * i + 1] == NULL)
+                return -1;
+            size += PyBytes_GET_SIZE(b->suffix) + PyBytes_GET_SIZE(packed[2 * i + 1]);
+        }
+        sizes[i] = size;
+    }
+    return 0;
+}
+
+static unsigned char *
+put_raw(unsigned char *p, PyObject *bytes)
+{
+    memcpy(p, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
+    return p + PyBytes_GET_SIZE(bytes);
+}
+
+static PyObject *
+BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"code", "prefix", "rows", "first_sync", "suffix", "assign", NULL};
+    int code;
+    PyObject *prefix, *rows_arg, *first_obj, *suffix = Py_None, *assign = NULL;
+    PyObject *rows = NULL, *assign_fast = NULL, *result = NULL;
+    PyObject **packed = NULL;
+    Py_ssize_t *sizes = NULL, n = 0, i, total = 0;
+    unsigned long long first_sync;
+    unsigned char *p;
+    Batch b = {0};
+    int declined = 0;
+
+    if (self->pack == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "BodyEncoder object was not initialised (its __init__ was not called)");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO|OO:encode_batch", kwlist, &code,
+                                     &prefix, &rows_arg, &first_obj, &suffix,
+                                     &assign))
+        return NULL;
+    if (code < 0 || code > 127) {
+        PyErr_SetString(PyExc_ValueError, "encode_batch(): code must be in 0..127");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(prefix) || (suffix != Py_None && !PyBytes_CheckExact(suffix))) {
+        PyErr_SetString(PyExc_TypeError, "encode_batch(): prefix and suffix must be bytes");
+        return NULL;
+    }
+    if (!PyLong_CheckExact(first_obj)) {
+        PyErr_SetString(PyExc_TypeError, "encode_batch(): first_sync must be an int");
+        return NULL;
+    }
+    first_sync = PyLong_AsUnsignedLongLong(first_obj);
+    if (PyErr_Occurred()) {
+        PyErr_SetString(PyExc_OverflowError, "encode_batch(): first_sync beyond 64 bits");
+        return NULL;
+    }
+    b.code = (unsigned char)code;
+    b.prefix = prefix;
+    b.suffix = suffix == Py_None ? NULL : suffix;
+    if (assign != NULL) {
+        assign_fast = PySequence_Fast(assign, "encode_batch(): assign must be a sequence");
+        if (assign_fast == NULL)
+            return NULL;
+        b.nassign = PySequence_Fast_GET_SIZE(assign_fast);
+        b.assign = PyMem_New(Py_ssize_t, b.nassign ? b.nassign : 1);
+        if (b.assign == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (i = 0; i < b.nassign; i++) {
+            PyObject *f = PySequence_Fast_GET_ITEM(assign_fast, i);
+            if (!PyLong_CheckExact(f)) {
+                PyErr_SetString(PyExc_ValueError,
+                                "encode_batch(): assign must hold field numbers (int >= 0)");
+                goto done;
+            }
+            b.assign[i] = PyLong_AsSsize_t(f);
+            if (b.assign[i] < 0) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError,
+                                "encode_batch(): assign must hold field numbers (int >= 0)");
+                goto done;
+            }
+        }
+    }
+    /* A tuple of the rows: pack() (Python) cannot change which rows there are. */
+    rows = PySequence_Tuple(rows_arg);
+    if (rows == NULL)
+        goto done;
+    n = PyTuple_GET_SIZE(rows);
+    if (n > 0 && (unsigned long long)(n - 1) > UINT64_MAX - first_sync) {
+        PyErr_SetString(PyExc_OverflowError, "encode_batch(): the syncs go beyond 64 bits");
+        goto done;
+    }
+    sizes = PyMem_New(Py_ssize_t, n ? n : 1);
+    if (sizes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n && !declined; i++) {
+        PyObject *row = PyTuple_GET_ITEM(rows, i);
+        Py_ssize_t size = sized(self, row, 0), ops = 0;
+        if (size >= 0 && b.suffix != NULL)
+            ops = ops_sized(self, &b, row);
+        if (size < 0 || ops < 0) {
+            declined = 1;
+            break;
+        }
+        sizes[i] = PyBytes_GET_SIZE(prefix) + size;
+        if (b.suffix != NULL)
+            sizes[i] += PyBytes_GET_SIZE(b.suffix) + ops;
+    }
+    if (declined) {
+        packed = PyMem_New(PyObject *, 2 * n);
+        if (packed == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(packed, 0, 2 * n * sizeof(PyObject *));
+        if (pack_rows(self, &b, &PyTuple_GET_ITEM(rows, 0), n, packed, sizes) < 0)
+            goto done;
+    }
+    for (i = 0; i < n; i++) {
+        if (sizes[i] > MAX_LENGTH - (REQUEST_HEADER_SIZE - 5)) {
+            PyErr_SetString(PyExc_ValueError, "encode_batch(): a request beyond 4 GiB");
+            goto done;
+        }
+        if (total > PY_SSIZE_T_MAX - REQUEST_HEADER_SIZE - sizes[i]) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        total += REQUEST_HEADER_SIZE + sizes[i];
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL)
+        goto done;
+    p = (unsigned char *)PyBytes_AS_STRING(result);
+    for (i = 0; i < n; i++) {
+        PyObject *row = PyTuple_GET_ITEM(rows, i);
+        p = put_request_header(p, sizes[i], b.code, (uint64_t)(first_sync + i));
+        p = put_raw(p, prefix);
+        if (packed != NULL) {
+            p = put_raw(p, packed[2 * i]);
+            if (b.suffix != NULL) {
+                p = put_raw(p, b.suffix);
+                p = put_raw(p, packed[2 * i + 1]);
+            }
+            continue;
+        }
+        p = put(self, p, row);
+        if (b.suffix != NULL) {
+            p = put_raw(p, b.suffix);
+            p = put_ops(self, &b, p, row);
+        }
+    }
+done:
+    if (packed != NULL) {
+        for (i = 0; i < 2 * n; i++)
+            Py_XDECREF(packed[i]);
+        PyMem_Free(packed);
+    }
+    PyMem_Free(sizes);
+    PyMem_Free(b.assign);
+    Py_XDECREF(assign_fast);
+    Py_XDECREF(rows);
+    return result;
+}
+
 static int
 BodyEncoder_init(BodyEncoder *self, PyObject *args, PyObject *kwds)
 {
@@ -405,6 +729,10 @@ BodyEncoder_dealloc(BodyEncoder *self)
 static PyMethodDef BodyEncoder_methods[] = {
     {"join", (PyCFunction)(void (*)(void))BodyEncoder_join, METH_FASTCALL,
      "join(raw, obj, raw, obj, ...) -> raw + pack(obj) + raw + pack(obj) + ... (bytes)"},
+    {"encode_batch", (PyCFunction)(void (*)(void))BodyEncoder_encode_batch,
+     METH_VARARGS | METH_KEYWORDS,
+     "encode_batch(code, prefix, rows, first_sync, suffix=None, assign=()) -> bytes: "
+     "a whole request per row (protocol.bulk.encode_batch)"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -18,8 +18,10 @@ change does not make them fail with error 109.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
+import time
 from contextlib import contextmanager
 from typing import Any, List, Tuple
 
@@ -28,7 +30,7 @@ from gevent import Timeout
 from gevent.hub import Waiter
 
 from gtarantool.api import ConnectionRequestMethods
-from gtarantool.errors import RequestTimeout
+from gtarantool.errors import RequestTimeout, not_sent
 from gtarantool.protocol.responses import responses
 from gtarantool.transport import ReplySink
 
@@ -112,6 +114,85 @@ class Pipeline(ConnectionRequestMethods):
             self._conn._ensure_connected().send_many(requests, syncs, sink)
         else:
             stream._transport().send_many(requests, syncs, sink, stream.stream_id)
+
+    def take_syncs(self, count: int) -> int:
+        """Reserve ``count`` consecutive syncs for requests encoded by the
+        caller (``Encoder.encode_batch``) and sent with :meth:`send_frames`.
+
+        :returns: the first sync.
+        """
+        syncs = self._conn._syncs
+        first: int = next(syncs)
+        if count > 1:
+            collections.deque(itertools.islice(syncs, count - 1), maxlen=0)
+        return first
+
+    def send_frames(self, frames: bytes, first_sync: int, count: int) -> int:
+        """Queue ``count`` whole requests encoded already, with the syncs
+        ``first_sync`` .. ``first_sync + count - 1`` (from :meth:`take_syncs`),
+        after what is queued: the bulk path, with no per-request work here.
+        Their results are :meth:`failures`' (or :meth:`results`') like any
+        other request's.
+
+        :returns: the place of the first of them in the results.
+        :raises tarantool.error.NetworkError: the connection could not be
+            (re)established, or it is another process's (a fork), or
+            (``RequestTimeout``) there was no room in ``max_in_flight`` within
+            ``request_timeout``: none of them was sent, each holds this
+            exception (``applied`` False) as its result.
+        :raises ValueError: the pipeline is a stream's.
+        """
+        if self._stream is not None:
+            raise ValueError("send_frames: a stream's pipeline frames its own requests")
+        if self._queued:
+            self._flush()
+        sink = self._sink
+        index = len(sink.syncs)
+        timeout = self._conn.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        timer = Timeout._start_new_or_dummy(timeout)
+        try:
+            self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, sink)
+        except BaseException as exc:
+            error = exc
+            if exc is timer:   # no room within request_timeout: not sent
+                error = RequestTimeout("pipeline: no room to send within request_timeout=%ss"
+                                       % timeout)
+            # Not queued: each holds the error, unsent (a kill leaves them out).
+            if len(sink.syncs) == index and isinstance(error, Exception):
+                error = not_sent(error)
+                syncs = range(first_sync, first_sync + count)
+                sink.syncs += syncs
+                sink.replies.update(dict.fromkeys(syncs, error))
+            if error is exc:
+                raise
+            raise error from None
+        finally:
+            timer.close()
+        return index
+
+    def failures(self) -> List[Tuple[int, BaseException]]:
+        """Waits as :meth:`results`, and returns only the failed requests, as
+        ``(place, exception)`` in request order: a request that succeeded
+        (an OK reply, its body not decoded) costs a check, no Response (the
+        bulk path's reply check).
+
+        :returns: a list, empty when every request succeeded.
+        """
+        try:
+            self.wait()
+        except RequestTimeout:
+            pass  # each unanswered request holds its RequestTimeout
+        replies = self._sink.replies
+        bad = [sync for sync, reply in replies.items()
+               if type(reply) is not tuple or reply[0]]
+        if not bad:
+            return []
+        places = {sync: k for k, sync in enumerate(self._sink.syncs)}
+        bad.sort(key=places.__getitem__)
+        errors = responses(self._conn, self._conn._decoder, bad, replies)
+        return [(places[sync], error) for sync, error in zip(bad, errors)
+                if isinstance(error, BaseException)]
 
     def wait(self) -> None:
         """Send what is queued and block until every request has its reply (or error).

@@ -431,6 +431,31 @@ class Transport(_State):
                 buf += (request_header(code, sync, 0, len(body), stream_id), body)
             start = stop
 
+    def send_frames(self, frames, first_sync, count, sink):
+        """Queue ``frames``, ``count`` whole requests encoded already (by
+        ``Encoder.encode_batch``) with the syncs ``first_sync`` ..
+        ``first_sync + count - 1``, their replies going to ``sink`` as
+        ``send_many``'s do: the syncs are registered and the bytes queued in
+        one step, after waiting for room in ``max_in_flight`` as a single
+        request does (the batch then takes its ``count`` slots at once).
+        Raises, nothing queued and nothing in ``sink.syncs``, as ``send_many``
+        does: ``InheritedSocket`` in a process forked since the transport
+        opened, the transport's error when it died."""
+        if self._process != self._token():
+            raise self._inherited()
+        pending = self._pending
+        if len(pending) >= self.max_in_flight or self.error is not None:
+            self._wait_for_room()
+        syncs = range(first_sync, first_sync + count)
+        pending.update(dict.fromkeys(syncs, sink))
+        sink.syncs += syncs
+        sink.outstanding += count
+        buf = self._wbuf
+        if not buf:
+            self._wakeup.set()
+        buf += (frames, b"")
+        self.stats.requests += count - 1   # (the writer counts the pair as one)
+
     def _wait_for_room(self):
         """Wait in line while ``max_in_flight`` requests await replies.  Raises,
         the request unsent (``applied`` False), when the transport died, is

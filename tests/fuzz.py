@@ -1,6 +1,6 @@
 """Seeded fuzzers of the C paths against reference parsers (``make fuzz``, ``make sanitize``).
 
-    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder feed read]
+    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder batch feed read]
 
 runs each target for its share of ``--seconds`` (random cases from one
 ``random.Random(seed)`` per target: the same seed gives the same cases in the
@@ -15,6 +15,9 @@ ASan and UBSan, so a memory error ends the run with a report instead.
   boundary.
 - ``encoder``: ``_encoder.BodyEncoder.join`` against joining ``msgpack``'s
   ``Packer.pack`` of the same objects.
+- ``batch``: ``_encoder.BodyEncoder.encode_batch`` (rows of random objects,
+  inserts and upserts, syncs up to the last uint64) against its Python twin,
+  ``protocol.bulk.encode_batch``.
 - ``feed``: ``Transport.feed`` (the C and the Python reader) with such
   streams in random pieces, waited for by callers and pipelines' sinks: what
   each gets, and whether the stream fails the connection, must be the
@@ -410,6 +413,29 @@ def fuzz_encoder(rng, case):
     assert got == expected, (parts, got, expected)
 
 
+def fuzz_batch(rng, case):
+    """``BodyEncoder.encode_batch`` against its Python twin (``protocol.bulk``)."""
+    from gtarantool.protocol.bulk import encode_batch
+
+    use_bin_type = rng.random() < 0.5
+    packer = msgpack.Packer(use_bin_type=use_bin_type,
+                            default=(lambda obj: "hooked") if rng.random() < 0.5 else None)
+    c_batch = _encoder.BodyEncoder(packer.pack, use_bin_type).encode_batch
+    rows = []
+    for _ in range(rng.choice((0, 1, 3, 20))):
+        row = [random_object(rng, 2) for _ in range(rng.randrange(6))]
+        rows.append(tuple(row) if rng.random() < 0.7 else row if rng.random() < 0.9
+                    else random_object(rng))
+    upsert = rng.random() < 0.3
+    assign = [rng.randrange(8) for _ in range(rng.randrange(4))] if upsert else ()
+    args = (rng.choice((2, 3, 9, 127, 128)), rng.randbytes(rng.randrange(8)), rows,
+            rng.choice((0, 1 << 32, 2**64 - len(rows), 2**64 - 1)),
+            rng.randbytes(rng.randrange(3)) if upsert else None, assign)
+    expected = _outcome(encode_batch, packer.pack, *args)
+    got = _outcome(c_batch, *args)
+    assert got == expected, (args, got, expected)
+
+
 # -- Transport.feed ------------------------------------------------------------
 
 class _Waiting:
@@ -560,7 +586,8 @@ def fuzz_read(rng, case):
     fuzz_feed(rng, case, through_socket=True)
 
 
-TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "feed": fuzz_feed, "read": fuzz_read}
+TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "batch": fuzz_batch,
+           "feed": fuzz_feed, "read": fuzz_read}
 
 
 def run(target, seconds, seed):

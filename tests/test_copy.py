@@ -449,3 +449,56 @@ def test_the_guides_dataset_imports_as_the_guide_says(conn, server, tmp_path):
     assert bruno[8] == 'called twice, "no reply"' and bruno[5] == decimal.Decimal("0")
     ana = conn.select("customers", 1).data[0]
     assert ana[7] == ["vip"] and ana[8:] in ([], [None])
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_records_without_quotes_parse_as_the_csv_module_parses_them(fmt, monkeypatch):
+    """parse() splits records with no quote and no carriage return itself: what
+    it gives (rows, or each record's reason) is what csv.reader's path gives."""
+    import io
+    import random
+
+    from gtarantool.copy import formats
+
+    options = formats.dialect(fmt)
+    options.pop("lineterminator")
+    rng = random.Random(7)
+    alphabet = ["a", "1", ",", "\t", '"', "\n", "\r", " ", "é", "\x00"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30)))
+        raws = list(formats.records(io.BytesIO(text.encode()), fmt))
+        if rng.random() < 0.05 and raws:
+            raws[0] = b"\xff" + raws[0]   # not UTF-8
+        got = formats.parse(raws, fmt, options)
+        with monkeypatch.context() as m:
+            m.setattr(formats, "_unquoted", lambda raws, options: None)
+            expected = formats.parse(raws, fmt, options)
+        assert [str(r) if isinstance(r, BadRow) else r for r in got] == \
+            [str(r) if isinstance(r, BadRow) else r for r in expected], raws
+
+
+def test_converter_rows_take_a_chunk_at_once_or_leave_it_to_row():
+    c = Converter([Field("id", "unsigned"), Field("name", "string"),
+                   Field("n", "integer", nullable=True)])
+    assert c.rows([["1", "a", "3"], ["2", "b", ""]]) == [(1, "a", 3), (2, "b", None)]
+    for bad in ([["1", "a"]], [["x", "a", "1"]], [["1", "a", "1", "4"]], [BadRow("no")]):
+        assert c.rows(bad) is None   # row() says why, record by record
+
+
+def test_record_blocks_cut_as_records_does_whatever_the_blocks():
+    import random
+
+    from gtarantool.copy.formats import record_blocks, records
+
+    rng = random.Random(11)
+    for _ in range(500):
+        lines = [rng.choice([b"1,a\n", b'2,"x\n', b'y",3\n', b"\n", b'"q"\n', b'a""b\n'])
+                 for _ in range(rng.randrange(40))]
+        fmt = rng.choice(["csv", "tsv", "jsonl"])
+        blocks, at = [], 0
+        while at < len(lines):
+            step = rng.randrange(1, 9)
+            blocks.append(lines[at:at + step])
+            at += step
+        got = [r for block in record_blocks(blocks, fmt) for r in block]
+        assert got == list(records(lines, fmt)), lines

@@ -167,3 +167,107 @@ def test_pipeline_on_a_connection_that_never_connected():
     with pytest.raises(NetworkError):   # encoding needs the server: it connects, and fails
         p.call("echo", 1)
     assert p.results() == []
+
+
+# -- the bulk path: requests framed by the caller (send_frames, failures) ------------
+
+def _frames(p, space, rows, code=2):
+    """(frames, first sync) of inserts of ``rows`` into ``space``, encoded for ``p``."""
+    encoder = p._encoder
+    prefix, suffix = encoder.batch_parts(code, p._conn.space(space).space_no)
+    first = p.take_syncs(len(rows))
+    return encoder.encode_batch(code, prefix, rows, first, suffix), first
+
+
+def test_send_frames_checks_each_reply_and_builds_only_failures(conn):
+    base = 21_000_000
+    conn.eval("for i = %d, %d do box.space.tester:delete(i) end" % (base, base + 999))
+    p = conn.pipeline()
+    p.ping()
+    rows = [(base + i, "bulk") for i in range(1000)]
+    rows[500] = (base + 1, "duplicate")           # refused: a taken key
+    frames, first = _frames(p, "tester", rows)
+    assert p.send_frames(frames, first, len(rows)) == 1
+    p.insert("tester", (base, "duplicate too"))   # an ordinary request after them
+    failures = p.failures()
+    assert [place for place, _ in failures] == [501, 1001]
+    assert all(isinstance(exc, DatabaseError) and exc.code == 3 for _, exc in failures)
+    assert conn.select("tester", base + 999)[0] == [base + 999, "bulk"]
+    results = p.results()   # the same replies, as Responses
+    assert len(results) == 1002 and results[2][0] == [base + 1, "bulk"]
+
+
+def test_send_frames_without_room_in_time_is_not_sent(server):
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=1, request_timeout=0.3)
+    base = 21_100_000
+    c.eval("for i = %d, %d do box.space.tester:delete(i) end" % (base, base + 9))
+    slow = c.pipeline()
+    slow.call("sleep_and_return", 1, "x")
+    slow._flush()   # handed over, no one waiting yet: it holds the only slot for 1 s
+    p = c.pipeline()
+    frames, first = _frames(p, "tester", [(base + i, "x") for i in range(10)])
+    with pytest.raises(gtarantool.RequestTimeout) as info:
+        p.send_frames(frames, first, 10)
+    assert info.value.applied is False
+    failures = p.failures()
+    assert [place for place, _ in failures] == list(range(10))
+    assert all(exc is info.value for _, exc in failures)
+    c.request_timeout = 3
+    assert slow.results()[0][0] == "x"
+    assert c.select("tester", base, iterator="GE", limit=1).data[:1] != [[base, "x"]]
+    c.close()
+
+
+def test_send_frames_unanswered_in_time_may_have_run(fresh_server):
+    """Sent, then the server froze: each row's result is a RequestTimeout,
+    which (copy_from's applied None) does not say it was not applied."""
+    import signal
+
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           request_timeout=0.5)
+    p = c.pipeline()
+    p.ping()
+    p.wait()
+    frames, first = _frames(p, "tester", [(21_200_000 + i, "x") for i in range(100)])
+    fresh_server.signal(signal.SIGSTOP)
+    try:
+        p.send_frames(frames, first, 100)
+        failures = p.failures()
+    finally:
+        fresh_server.signal(signal.SIGCONT)
+    assert len(failures) == 100
+    assert all(type(exc) is gtarantool.RequestTimeout for _, exc in failures)
+    assert getattr(failures[0][1], "applied", None) is None
+    c.close()
+
+
+def test_send_frames_in_a_forked_child_sends_nothing_on_the_parents_socket(conn):
+    """A transport opened by the parent refuses a batch in a forked child:
+    nothing registered, nothing written, InheritedSocket raised."""
+    import os
+
+    from gtarantool.transport import InheritedSocket, ReplySink
+
+    base = 21_300_000
+    conn.eval("for i = %d, %d do box.space.tester:delete(i) end" % (base, base + 9))
+    p = conn.pipeline()
+    p.ping()
+    p.wait()
+    frames, first = _frames(p, "tester", [(base + i, "child") for i in range(10)])
+    transport = conn._transport
+    pid = os.fork()
+    if pid == 0:   # the child: report by exit status only
+        code = 1
+        try:
+            sink = ReplySink()
+            try:
+                transport.send_frames(frames, first, 10, sink)
+            except InheritedSocket:
+                code = 0 if not sink.syncs and sink.outstanding == 0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert conn.select("tester", base).data == []   # the parent's socket carried none
+    assert conn.ping() is not None

@@ -31,12 +31,20 @@ from tarantool.error import DatabaseError, NetworkError, NotSupportedError
 from gtarantool.copy.formats import Field
 from gtarantool.copy.report import CopyError, CopyReport, Rejected
 from gtarantool.errors import RequestTimeout
-from gtarantool.protocol.constants import ER_LOADING, ER_READONLY
+from gtarantool.protocol.constants import (
+    ER_LOADING,
+    ER_READONLY,
+    REQUEST_TYPE_INSERT,
+    REQUEST_TYPE_REPLACE,
+    REQUEST_TYPE_UPSERT,
+)
 
 __all__ = ["CopyError", "CopyReport", "Rejected", "SpaceInfo", "copy_from", "copy_to",
            "space_info"]
 
 MODES = ("insert", "replace", "upsert")
+CODES = {"insert": REQUEST_TYPE_INSERT, "replace": REQUEST_TYPE_REPLACE,
+         "upsert": REQUEST_TYPE_UPSERT}
 VSPACE, VINDEX = 281, 289           # the system views every user may read
 VSPACE_BY_NAME, VINDEX_BY_NAME = 2, 2
 # A refusal of a whole server, not of the row: the row is sent again.
@@ -206,12 +214,11 @@ def _transient(exc: BaseException, applied: Optional[bool]) -> bool:
 
 
 class _Batch:
-    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "later")
+    __slots__ = ("key", "pipeline", "indices", "rows", "unsent")
 
     def __init__(self, key, pipeline, indices, rows, unsent):
         self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
-        self.unsent = unsent
-        self.later = None     # (indices, rows) of the batch not queued: sent again
+        self.unsent = unsent   # the error of a batch not queued (its rows are sent again)
 
 
 class _Copy:
@@ -232,19 +239,11 @@ class _Copy:
         # sent into a dead socket (where they could not be told apart from
         # rows the server may have applied).
         self.suspect = True
-        self.mode = mode
+        self.code = CODES[mode]
         pk = set(info.pk)
-        self.rest = [i for i in range(len(info.fields)) if i not in pk]
-
-    def putter(self, p):
-        """put(space_id, row): queue one row's request on the pipeline ``p``."""
-        if self.mode == "upsert":
-            rest = self.rest
-
-            def put(space_id, row):
-                return p.upsert(space_id, row, [("=", i, row[i]) for i in rest if i < len(row)])
-            return put
-        return getattr(p, self.mode)
+        # an upsert assigns the fields outside the primary key
+        self.rest = tuple(i for i in range(len(info.fields)) if i not in pk) \
+            if mode == "upsert" else ()
 
     def reject(self, index, row, reason, applied, error=None):
         if index >= self.next_index:
@@ -265,6 +264,9 @@ class _Copy:
                 self.settle(self.inflight.popleft())
 
     def send(self, key, indices, rows):
+        """Encode ``rows`` in one piece and queue them on a new pipeline: a
+        row the packer cannot encode is rejected on its own, a batch the
+        connection could not take holds its error in each row's place."""
         if self.suspect:
             # (bounded: a connection waiting for an announced restart waits long)
             with gevent.Timeout(self.retry_timeout, RequestTimeout(
@@ -272,38 +274,42 @@ class _Copy:
                 self.dest.ping(key)
             self.suspect = False
         p = self.dest.pipeline(key)
-        put, unsent, space_id = self.putter(p), [], self.space_id
-        placed_i = placed_r = None    # None: every row up to `later` (or all) queued
-        later = 0
-        for k, row in enumerate(rows):
+        encoder = p._encoder
+        if encoder is None:   # (never connected: a pipeline's first send connects it)
+            p._conn._ensure_connected()
+            encoder = p._encoder
+        code, rest = self.code, self.rest
+        prefix, suffix = encoder.batch_parts(code, self.space_id)
+        first = p.take_syncs(len(rows))
+        try:
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest)
+        except (TypeError, ValueError, OverflowError):
+            indices, rows = self.encodable(encoder, prefix, suffix, indices, rows)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest)
+        unsent = []
+        if rows:
             try:
-                put(space_id, row)
-            except NetworkError as exc:
-                # The batch this row closed was not handed over: the rest
-                # wait for the connection instead of each trying it.
+                p.send_frames(frames, first, len(rows))
+            except NetworkError as exc:   # none sent: each row holds it, to be sent again
                 unsent.append(exc)
                 self.suspect = True
-                later = k + 1
-            except (TypeError, ValueError, OverflowError) as exc:   # not encodable
-                if placed_i is None:
-                    placed_i, placed_r = list(indices[:k]), list(rows[:k])
-                self.reject(indices[k], row, _reason(exc), False, exc)
-                continue
-            if placed_i is not None:
-                placed_i.append(indices[k])
-                placed_r.append(row)
-            if later:
-                break
-        if placed_i is None:
-            placed_i, placed_r = (indices[:later], rows[:later]) if later else (indices, rows)
-        batch = _Batch(key, p, placed_i, placed_r, unsent)
-        if later:
-            batch.later = (list(indices[later:]), list(rows[later:]))
+        batch = _Batch(key, p, indices, rows, unsent)
         self.inflight.append(batch)
-        self.in_flight_rows += len(placed_i)
-        if later:
-            self.in_flight_rows += len(indices) - later
+        self.in_flight_rows += len(indices)
         return batch
+
+    def encodable(self, encoder, prefix, suffix, indices, rows):
+        """(indices, rows) of the rows the packer encodes; the others rejected."""
+        good_i, good_r = [], []
+        for index, row in zip(indices, rows):
+            try:
+                encoder.encode_batch(self.code, prefix, (row,), 0, suffix, self.rest)
+            except (TypeError, ValueError, OverflowError) as exc:
+                self.reject(index, row, _reason(exc), False, exc)
+                continue
+            good_i.append(index)
+            good_r.append(row)
+        return good_i, good_r
 
     def send_or_retry(self, key, indices, rows):
         try:
@@ -321,14 +327,12 @@ class _Copy:
     def check(self, batch):
         """Count and reject by the replies; returns (indices, rows, last error) of
         the rows to send again."""
-        self.in_flight_rows -= len(batch.indices) + len(batch.later[0] if batch.later else ())
-        results = batch.pipeline.results()
+        self.in_flight_rows -= len(batch.indices)
+        failures = batch.pipeline.failures() if batch.rows else ()
         again_i, again_r, last = [], [], None
-        written = 0
-        for index, row, reply in zip(batch.indices, batch.rows, results):
-            if not isinstance(reply, BaseException):
-                written += 1
-                continue
+        written = len(batch.indices) - len(failures)
+        for place, reply in failures:
+            index, row = batch.indices[place], batch.rows[place]
             applied = _applied(reply, batch.unsent)
             if isinstance(reply, NetworkError):
                 self.suspect = True
@@ -339,10 +343,6 @@ class _Copy:
             else:
                 self.reject(index, row, _reason(reply), applied, reply)
         self.report.written += written
-        if batch.later is not None:
-            again_i += batch.later[0]
-            again_r += batch.later[1]
-            last = last or batch.unsent[-1]
         return again_i, again_r, last
 
     def resend(self, key, indices, rows, last):
@@ -383,7 +383,6 @@ class _Copy:
         report = self.report
         report.rejected = [self.rejected[i] for i in sorted(self.rejected)]
         unsettled = [b.indices[0] for b in self.inflight if b.indices]
-        unsettled += [b.later[0][0] for b in self.inflight if b.later]
         # a row that may have been written is not known written: a resume sends it again
         unsettled += [r.position for r in report.rejected if r.applied is None][:1]
         unsettled += [indices[0] for indices, _ in self.pending.values() if indices]

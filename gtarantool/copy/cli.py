@@ -25,7 +25,16 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from gtarantool.copy.formats import FORMATS, BadRow, Converter, Exporter, dialect, parse, records
+from gtarantool.copy.formats import (
+    FORMATS,
+    BadRow,
+    Converter,
+    Exporter,
+    dialect,
+    parse,
+    record_blocks,
+    records,
+)
 
 EXIT_OK, EXIT_FATAL, EXIT_REJECTED = 0, 1, 2
 IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waiting
@@ -99,6 +108,15 @@ class Worker:
     def chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
         """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
         for the records ``raws``, the first of which is row ``first`` (0-based)."""
+        from gtarantool.pipeline import _gc_paused
+
+        # A chunk's rows and their replies are tens of thousands of live
+        # objects: the cyclic collector would scan them again and again for
+        # nothing (they are freed by their counts when the chunk is done).
+        with _gc_paused():
+            return self._chunk(first, raws)
+
+    def _chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
         from gtarantool.copy import CopyError, copy_from
 
         cpu = time.process_time()
@@ -106,7 +124,12 @@ class Worker:
         where: List[int] = []
         rejected: List[Tuple[int, bytes, str, Optional[bool]]] = []
         row = self.converter.row
-        for k, record in enumerate(parse(raws, self.fmt, self.csv)):
+        parsed = parse(raws, self.fmt, self.csv)
+        fast = self.converter.rows(parsed) if self.fmt != "jsonl" else None
+        if fast is not None:   # every record converted: no per-record bookkeeping
+            rows, parsed = fast, []
+            where = range(len(rows))   # type: ignore[assignment]
+        for k, record in enumerate(parsed):
             if type(record) is BadRow:
                 rejected.append((first + k, raws[k], str(record), False))
                 continue
@@ -170,25 +193,38 @@ def _chunks(stream: Any, args: argparse.Namespace, first_row: int
     if args.rate:
         size = max(1, min(size, int(args.rate // 20) or 1))
     started = time.monotonic()
+    skip, most = args.skip_rows, args.max_rows
     fed = 0
     chunk: List[bytes] = []
     index = first_row
     chunk_no = 0
-    for n, raw in enumerate(records(stream, args.format, args.quote)):
-        if n < args.skip_rows:
+    n = 0   # records read
+    for block in record_blocks(stream.blocks(), args.format, args.quote):
+        if n + len(block) <= skip:
+            n += len(block)
             continue
-        if args.max_rows is not None and fed >= args.max_rows:
+        pos = max(0, skip - n)
+        n += pos
+        while pos < len(block):
+            take = min(size - len(chunk), len(block) - pos)
+            if most is not None:
+                take = min(take, most - fed)
+                if take <= 0:
+                    break
+            if not chunk:
+                index = n
+            chunk += block[pos:pos + take]
+            pos += take
+            n += take
+            fed += take
+            if len(chunk) >= size:
+                if args.rate:
+                    _pace(started, fed, args.rate)
+                yield chunk_no, index, chunk
+                chunk_no += 1
+                chunk = []
+        if most is not None and fed >= most:
             break
-        if not chunk:
-            index = n
-        chunk.append(raw)
-        fed += 1
-        if len(chunk) >= size:
-            if args.rate:
-                _pace(started, fed, args.rate)
-            yield chunk_no, index, chunk
-            chunk_no += 1
-            chunk = []
     if chunk:
         if args.rate:
             _pace(started, fed, args.rate)
@@ -296,11 +332,26 @@ def _options(args: argparse.Namespace, columns: Optional[List[str]]) -> Dict[str
             "bucket_field": args.bucket_field, "retry_timeout": args.retry_timeout}
 
 
+def _start_method() -> str:
+    """``fork`` when this process runs nothing a child could inherit half-way
+    (no gevent hub, no other thread: the command line as a program), so that
+    the workers start without importing the library again; ``spawn`` otherwise
+    (``main()`` called inside a gevent program, or where there is no fork)."""
+    import threading
+
+    from gevent._hub_local import get_hub_if_exists
+
+    if ("fork" in multiprocessing.get_all_start_methods() and get_hub_if_exists() is None
+            and threading.active_count() == 1):
+        return "fork"
+    return "spawn"
+
+
 class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
     def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx: Any = multiprocessing.get_context(_start_method())
         self.pipes: List[Any] = []
         self.procs: List[Any] = []
         self.held: Dict[Any, List[int]] = {}
@@ -479,6 +530,15 @@ class _Counted:
         for line in self.stream:
             self.bytes += len(line)
             yield line
+
+    def blocks(self, hint: int = 1 << 20) -> Iterator[List[bytes]]:
+        """The lines in lists of about ``hint`` bytes."""
+        while True:
+            lines = self.stream.readlines(hint)
+            if not lines:
+                return
+            self.bytes += sum(map(len, lines))
+            yield lines
 
     def fraction(self, total: Optional[int]) -> Optional[float]:
         return self.bytes / total if total else None

@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from tarantool.msgpack_ext.types.datetime import Datetime
 
-__all__ = ["FORMATS", "BadRow", "Converter", "Exporter", "Field", "parse", "records"]
+__all__ = ["FORMATS", "BadRow", "Converter", "Exporter", "Field", "parse", "record_blocks",
+           "records"]
 
 FORMATS = ("csv", "tsv", "jsonl")
 
@@ -271,7 +272,31 @@ class Converter:
         code = "def row(r):\n    return (%s,)\n" % ", ".join(parts) if parts else \
             "def row(r):\n    return ()\n"
         exec(code, env)   # noqa: S102 - built from field numbers only
+        # The same for many records at once, each unpacked (a record of
+        # another length raises, as does anything but a list of strings).
+        names = ["v%d" % k for k in range(len(self._plan))]
+        unpack = ", ".join(names) + ("," if len(names) == 1 else "")
+        values = [re.sub(r"r\[(\d+)\]", r"v\1", part) for part in parts]
+        self._text_rows = None
+        if names:
+            exec("def rows(records):\n    return [(%s,) for %s in records]\n"   # noqa: S102
+                 % (", ".join(values), unpack), env)
+            self._text_rows = env["rows"]
         return env["row"]
+
+    def rows(self, records: List[Any]) -> Optional[List[tuple]]:
+        """The tuples of many CSV/TSV records (lists of strings) in one go, or
+        None when one of them is anything else or does not convert: then
+        :meth:`row`, record by record, says which and why."""
+        if self._text_rows is None:
+            return None
+        for record in records:
+            if type(record) is not list:   # a BadRow of the parser
+                return None
+        try:
+            return self._text_rows(records)
+        except Exception:   # noqa: BLE001 - row() says why, record by record
+            return None
 
     def row(self, record: Any) -> tuple:
         """The tuple for one record: a list of strings (CSV/TSV) or of JSON values,
@@ -425,11 +450,64 @@ def records(lines: Iterable[bytes], fmt: str, quote: str = '"') -> Iterator[byte
         yield pending
 
 
+def record_blocks(blocks: Iterable[List[bytes]], fmt: str, quote: str = '"'
+                  ) -> Iterator[List[bytes]]:
+    """:func:`records` for lists of lines, a list of records for each: a list
+    with no quote character (nor a record left open by the one before) is
+    its own records, with no look at each line."""
+    q = quote.encode()
+    pending = None
+    for lines in blocks:
+        if fmt == "jsonl" or (pending is None and q not in b"".join(lines)):
+            yield lines
+            continue
+        out = []
+        for line in lines:
+            if pending is not None:
+                pending += line
+                if line.count(q) % 2:
+                    out.append(pending)
+                    pending = None
+            elif line.count(q) % 2:
+                pending = line
+            else:
+                out.append(line)
+        if out:
+            yield out
+    if pending is not None:
+        yield [pending]
+
+
 def _decode(raw):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return BadRow("not UTF-8: byte 0x%02x at offset %d" % (raw[exc.start], exc.start))
+
+
+def _unquoted(raws: Sequence[bytes], options: Dict[str, Any]) -> Optional[List[Any]]:
+    """The records split at the delimiter when none of them holds the quote
+    character or a carriage return (what ``csv.reader`` then gives, without its
+    state machine walking every character), or None: they go through
+    ``csv.reader``.  Each record is one line, then (``records`` joins lines
+    only for a quote), and a blank one is left for the general path to report."""
+    blob = b"".join(raws)
+    if options["quotechar"].encode() in blob or b"\r" in blob:
+        return None
+    try:
+        lines = blob.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return None
+    n = len(raws)
+    # n lines, and an empty string after the last newline when it ends with one
+    if len(lines) != n + (1 if blob.endswith(b"\n") else 0):
+        return None
+    sep = options["delimiter"]
+    rows = [line.split(sep) for line in lines[:n]]
+    for row in rows:
+        if row == [""]:   # a blank line: an error of its own, said by the general path
+            return None
+    return rows
 
 
 def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]:
@@ -448,6 +526,9 @@ def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]
             except ValueError as exc:
                 out.append(BadRow("not JSON: %s" % exc))
         return out
+    rows = _unquoted(raws, options)
+    if rows is not None:
+        return rows
     try:
         texts = [raw.decode("utf-8") for raw in raws]
         rows = list(csv.reader(texts, **options))

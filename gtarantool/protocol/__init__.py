@@ -2,7 +2,8 @@
 
 ``constants`` (every IPROTO code, key and error code used), ``frames`` (request
 headers, reply-header parsing), ``codec`` (request and reply bodies, error
-decoding) and ``responses`` (response objects).  The public names are
+decoding), ``bulk`` (many whole requests in one piece) and ``responses``
+(response objects).  The public names are
 re-exported here.
 """
 from gtarantool.protocol.codec import (

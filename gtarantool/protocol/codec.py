@@ -4,6 +4,8 @@ fixed part of a body packed once, ``join`` in C when ``_encoder`` is built),
 would) and the decoding of error replies (``error_body``, ``LazyBoxError``).
 Callers rely on bodies byte-identical to tarantool-python's.
 """
+import functools
+
 import msgpack
 from tarantool import request as tarantool_request
 from tarantool import response as tarantool_response
@@ -12,6 +14,7 @@ from tarantool.types import BoxError, decode_box_error
 
 from gtarantool import compiled
 from gtarantool.errors import ProtocolError
+from gtarantool.protocol import bulk
 from gtarantool.protocol.constants import (
     IPROTO_ERROR,
     IPROTO_ERROR_24,
@@ -73,6 +76,10 @@ class Encoder:
     (map header, space, index, iterator...) is packed once and each call packs
     only the key, tuple or operations.  Field order is tarantool-python's.
 
+    ``encode_batch(code, prefix, rows, first_sync, suffix=None, assign=())``
+    frames a whole request per row in one bytes object (``protocol.bulk``;
+    in C under the same condition as ``join``).
+
     ``join(raw, obj, raw, obj, ...)`` is ``raw + pack(obj) + raw + ...``: in
     C (``_encoder.c``) it makes a body in one piece, with one copy of its
     strings, when the packer is a ``msgpack.Packer`` whose only non-default
@@ -86,8 +93,12 @@ class Encoder:
     def __init__(self, packer, use_bin_type=None):
         self.pack = pack = packer.pack
         if compiled.encoder is not None and use_bin_type is not None:
-            self.join = compiled.encoder.BodyEncoder(pack, use_bin_type).join
+            body_encoder = compiled.encoder.BodyEncoder(pack, use_bin_type)
+            self.join = body_encoder.join
+            self.encode_batch = body_encoder.encode_batch
         else:
+            self.encode_batch = functools.partial(bulk.encode_batch, pack)
+
             def join(*parts):
                 if len(parts) == 2:   # most bodies: a prefix and a key or tuple
                     return parts[0] + pack(parts[1])
@@ -117,6 +128,15 @@ class Encoder:
             self._prefixes.clear()
         prefix = self._prefixes[cache_key] = self.prefix(size, *fields)
         return prefix
+
+    def batch_parts(self, code, space_no):
+        """``(prefix, suffix)`` for ``encode_batch`` of inserts or replaces
+        (suffix None) or upserts (on the primary index) into ``space_no``: the
+        bodies tarantool-python's requests have."""
+        if code == REQUEST_TYPE_UPSERT:
+            return (self.prefix(4, IPROTO_SPACE_ID, space_no, IPROTO_INDEX_ID, 0, IPROTO_TUPLE),
+                    _UPSERT_OPS_KEY)
+        return self.prefix(2, IPROTO_SPACE_ID, space_no, IPROTO_TUPLE), None
 
     def space(self, space_no, index_no=0):
         return SpaceEncoder(self, space_no, index_no)
