@@ -13,7 +13,7 @@ import types
 
 import msgpack
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gtarantool.compiled import speedups as _speedups
@@ -160,7 +160,8 @@ def packed(draw, depth=0):
     return _length(draw, len(items), 0x90, 15, (None, 0xdc, 0xdd)) + b"".join(items)
 
 
-@settings(max_examples=600, deadline=None)
+# (too_slow: under ASan drawing the nested encodings is slow; the examples are what count.)
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(packed(), st.booleans(), st.booleans(), st.booleans())
 def test_every_encoding_decodes_as_msgpack_does(body, use_list, raw, error):
     _check(body, use_list, raw, error)
