@@ -33,6 +33,7 @@ class Config:
     greenlets: int = 100
     ops: int = 100_000
     duration: Optional[float] = None
+    warmup: float = 0.0             # seconds of a run phase's load, not measured, before it
     size: int = 1536                # or "LOW-HIGH", "SIZE:WEIGHT,...": bench.core.values
     mix: Dict[str, int] = dataclasses.field(
         default_factory=lambda: {op: 25 for op in OPERATIONS})
@@ -89,6 +90,9 @@ class Config:
             (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
             (self.ops >= 1, "ops must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
+            (self.warmup >= 0, "warm-up must be >= 0"),
+            (not self.warmup or self.workload != "phases",
+             "--warmup is for a mix or a preset (a run phase), not for 'phases'"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
             (not self.lazy_errors or self.driver == "gtarantool",
              "--lazy-errors is gtarantool's option"),
@@ -209,6 +213,10 @@ def add_arguments(parser, driver=True):
     run.add_argument("-d", "--duration", type=float, default=None,
                      help="seconds instead of a count: per phase for 'phases', for the whole "
                           "run for 'mix'")
+    run.add_argument("--warmup", type=float, default=d.warmup, metavar="SECONDS",
+                     help="a mix or preset: SECONDS of the run phase's own load (its rate, "
+                          "its keys) before it, reported as the phase 'warmup' and not in "
+                          "the run's figures (default %(default)g)")
     run.add_argument("-s", "--size", type=parse_size, default=d.size,
                      help="payload bytes per tuple: BYTES, a range LOW-HIGH or a weighted "
                           "list BYTES:WEIGHT,... (default %(default)s)")

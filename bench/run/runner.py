@@ -36,7 +36,9 @@ COMPOSITE_STATS = ("BEGIN", "COMMIT", "ROLLBACK")
 
 
 def phase_names(config):
-    return OPERATIONS if config.workload == "phases" else RECORDS_PHASES
+    if config.workload == "phases":
+        return OPERATIONS
+    return ("load", "warmup", "run") if config.warmup else RECORDS_PHASES
 
 
 class BenchError(RuntimeError):

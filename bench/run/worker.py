@@ -38,7 +38,7 @@ def main(index, config, host, port, pipe, barrier):
                 # fills the space as fast as it can).
                 phase = OpenPhase(phase, Schedule(
                     config.rate, config.procs, index, config.arrivals, config.seed + index,
-                    count=phase.count, duration=config.duration))
+                    count=phase.count, duration=phase_duration(config, phase.name)))
             barrier.wait(BARRIER_TIMEOUT)
             result = measure(driver, phase, config, pipe.send, profile)
             profile.ops += sum(result["counts"].values())
@@ -77,8 +77,7 @@ def measure(driver, phase, config, send, profile):
     cpu_before = time.process_time()
     start = time.monotonic()
 
-    # A load phase inserts its records whatever the duration of the run phase.
-    duration = None if phase.name == "load" else config.duration
+    duration = phase_duration(config, phase.name)
     if not is_open:
         phase.start(duration)   # (it sets the ``take`` the driver's workers hold)
 
@@ -131,6 +130,14 @@ def measure(driver, phase, config, send, profile):
         "intervals": recorder.intervals(),
         "connection": connection,
     }
+
+
+def phase_duration(config, name):
+    """Seconds a phase runs (None: its count): a load phase inserts its records whatever
+    the run's duration, a warm-up lasts ``config.warmup``."""
+    if name == "load":
+        return None
+    return config.warmup if name == "warmup" else config.duration
 
 
 def _working(record, seconds):
