@@ -17,7 +17,8 @@ WORKLOADS = ("phases", "mix") + tuple(dataset.PRESETS)
 DISTRIBUTIONS = ("uniform", "gaussian")     # what Locust's users draw keys with
 KEY_DISTRIBUTIONS = keys.DISTRIBUTIONS
 ARRIVALS = ("uniform", "poisson")
-DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "vshard", "router", "router-threads")
+DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "asyncio-minimal", "vshard", "router",
+           "router-threads")
 SHARDED_DRIVERS = ("vshard", "router", "router-threads")
 WAL_MODES = ("write", "fsync", "none")
 PASSWORD_ENV = "TARANTOOL_PASSWORD"
@@ -111,6 +112,9 @@ class Config:
             used = [op for op, n in self.mix.items() if n]
             dataset.check_supported(used, self.driver, self.pool)
             beyond = sorted(set(used) - set(OPERATIONS))
+            if self.driver == "asyncio-minimal" and beyond:
+                raise ValueError("the asyncio-minimal driver sends %s only, not %s"
+                                 % (", ".join(OPERATIONS), ", ".join(beyond)))
             if self.shards and beyond:
                 raise ValueError("a sharded cluster's drivers send %s only, not %s"
                                  % (", ".join(OPERATIONS), ", ".join(beyond)))
@@ -200,8 +204,9 @@ def add_arguments(parser, driver=True):
                          help="client under test: gtarantool (G greenlets, one connection per "
                               "process), sync (tarantool-python, one call at a time), threads "
                               "(tarantool-python, G threads with a connection each), asynctnt "
-                              "(G asyncio tasks on one connection, uvloop when installed) "
-                              "(default %(default)s)")
+                              "(G asyncio tasks on one connection, uvloop when installed), "
+                              "asyncio-minimal (a small IPROTO client on plain asyncio: one "
+                              "scheduler, at most G requests in flight) (default %(default)s)")
     run.add_argument("-p", "--procs", type=int, default=d.procs,
                      help="worker processes, started together at a barrier (default %(default)s)")
     run.add_argument("-g", "--greenlets", type=int, default=d.greenlets,

@@ -632,19 +632,20 @@ def _search(base, slos, target, args):
         print("server CPU: n/a, %s" % missing, flush=True)
     print(table([]), flush=True)
 
-    def measure(rate):
-        duration = step_duration(args.step, slos, rate, args.samples)
-        before = read_steal()
-        step = step_from_results(rate, runner.run(base.replace(rate=rate, duration=duration),
-                                                  target))
-        step.steal = steal_between(before, read_steal())
-        return step
-
     def progress(step):
         print(table([step]).splitlines()[-1], flush=True)
-    steps, best = search(measure, slos, start=args.start, factor=args.factor,
-                         precision=args.precision, budget=args.budget, on_step=progress,
-                         max_errors=args.max_errors, confirm=args.confirm)
+    # One set of worker processes for every step: no process start or connection per step.
+    with runner.Workers(base, target) as workers:
+        def measure(rate):
+            duration = step_duration(args.step, slos, rate, args.samples)
+            before = read_steal()
+            step = step_from_results(rate, workers.run(base.replace(rate=rate,
+                                                                    duration=duration)))
+            step.steal = steal_between(before, read_steal())
+            return step
+        steps, best = search(measure, slos, start=args.start, factor=args.factor,
+                             precision=args.precision, budget=args.budget, on_step=progress,
+                             max_errors=args.max_errors, confirm=args.confirm)
     return Search(base.driver, slos, steps, best)
 
 

@@ -6,7 +6,9 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from bench.core.config import Config
+from bench.run import runner
 from bench.suites.capacity import step_from_results
+from bench.targets.server import Target
 
 MIX = "insert=25,select=25,update=25,delete=25"
 
@@ -50,3 +52,28 @@ def test_warmup_is_for_a_run_phase():
         Config(workload="phases", warmup=1.0)
     with pytest.raises(ValueError, match="warm-up"):
         Config(workload="mix", warmup=-1.0)
+
+
+def test_workers_serve_one_run_after_another(server):
+    config = Config(workload="mix", mix={"insert": 50, "select": 50}, keys=200, rate=300,
+                    duration=0.5, greenlets=4, procs=2, host=server.host,
+                    port=server.port, user="test", password="secret", quiet=True)
+    target = Target(server.host, server.port, config)
+    try:
+        with runner.Workers(config, target) as workers:
+            pids = [proc.pid for proc in workers.procs]
+            first = workers.run(config)
+            second = workers.run(config.replace(rate=600, warmup=0.2))
+            # The same processes ran both: no start, no connection per run.
+            assert [proc.pid for proc in workers.procs] == pids
+            assert all(proc.is_alive() for proc in workers.procs)
+            with pytest.raises(ValueError, match="differs"):
+                workers.run(config.replace(greenlets=8))
+        assert not any(proc.is_alive() for proc in workers.procs)
+    finally:
+        target.close()
+    assert first["phases"][-1]["ops"] == 150 and second["phases"][-1]["ops"] == 300
+    # Each run starts from an empty space: the second's load inserts its records again.
+    for results in (first, second):
+        assert results["phases"][0]["ops"] == 200
+        assert all(p["server"]["match"] and not p["errors"] for p in results["phases"])
