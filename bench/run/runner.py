@@ -1,10 +1,12 @@
 """Run one benchmark and return every figure as a dict: ``run(config[, target]) -> results``.
 
-The parent starts P worker processes (fork), each with its own pipe, and joins them at a
-barrier before every phase.  Between phases no request is in flight, so ``box.stat()`` read
-right before the barrier opens and right after the last worker reports covers exactly the
-phase's requests.  While a phase runs the parent merges the workers' per-second counts, samples
-the server's counters once a second and prints a line per second.
+The parent starts P worker processes (forkserver), each with a pipe of its own each way,
+and joins them at a barrier before every phase; :class:`Workers` keeps the processes for
+one run after another (``run`` starts and stops them for one).  Between phases no request
+is in flight, so ``box.stat()`` read right before the barrier opens and right after the last
+worker reports covers exactly the phase's requests.  While a phase runs the parent merges
+the workers' per-second counts, samples the server's counters once a second and prints a
+line per second.
 """
 import collections
 import math

@@ -77,3 +77,18 @@ def test_workers_serve_one_run_after_another(server):
     for results in (first, second):
         assert results["phases"][0]["ops"] == 200
         assert all(p["server"]["match"] and not p["errors"] for p in results["phases"])
+
+
+def test_workers_that_cannot_start_are_stopped(server):
+    config = Config(workload="mix", mix={"select": 100}, keys=10, rate=100, duration=0.5,
+                    greenlets=2, procs=2, host=server.host, port=server.port, user="test",
+                    password="not the password", quiet=True)
+    target = Target(server.host, server.port, config.replace(password="secret"))
+    workers = runner.Workers(config, target)
+    try:
+        with pytest.raises(runner.BenchError, match="worker"):
+            with workers:
+                pass
+    finally:
+        target.close()
+    assert workers.procs and not any(proc.is_alive() for proc in workers.procs)
