@@ -91,6 +91,8 @@ class Workers:
         # ran gevent (its DNS thread pool, its hub) must not leak that into them.
         ctx = multiprocessing.get_context("forkserver")
         self.barrier = ctx.Barrier(config.procs + 1)
+        # Each process's live records (oldest, acknowledged): one key space over them all.
+        self.shared = ctx.RawArray("q", 2 * config.procs)
         # Many instances (bench.targets.instances): worker i drives instance i % N.
         address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
         self.addresses = [address(index) for index in range(config.procs)]
@@ -101,7 +103,7 @@ class Workers:
                 proc = ctx.Process(target=worker.main, daemon=True,
                                    name="bench-worker-%d" % index,
                                    args=(index, config, *self.addresses[index],
-                                         writer, self.barrier, orders))
+                                         writer, self.barrier, orders, self.shared))
                 proc.start()
                 writer.close()
                 orders.close()

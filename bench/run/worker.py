@@ -23,7 +23,7 @@ from bench.profiling import workers as profiling
 BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
 
 
-def main(index, config, host, port, pipe, barrier, orders):
+def main(index, config, host, port, pipe, barrier, orders, shared=None):
     # Ctrl-C reaches the whole process group; the parent alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -39,7 +39,7 @@ def main(index, config, host, port, pipe, barrier, orders):
                 return   # the parent is gone
             if order[0] == "stop":
                 break
-            run(index, order[1], driver, pipe, barrier, profile)
+            run(index, order[1], driver, pipe, barrier, profile, shared)
             pipe.send(("ran",))
         with profile.section():
             driver.close()
@@ -54,12 +54,12 @@ def main(index, config, host, port, pipe, barrier, orders):
         orders.close()
 
 
-def run(index, config, driver, pipe, barrier, profile):
+def run(index, config, driver, pipe, barrier, profile, shared=None):
     """One run of ``config``: each of its phases when the start barrier opens."""
     # A run's objects frozen by the one before it may go now.
     gc.unfreeze()
     inserted = 0
-    for build in workloads.plan(config, index):
+    for build in workloads.plan(config, index, shared):
         phase = build(inserted)
         if config.rate is not None and phase.name != "load":
             # Open loop: the phase's requests at their intended times (a load phase
