@@ -17,7 +17,8 @@ WORKLOADS = ("phases", "mix") + tuple(dataset.PRESETS)
 DISTRIBUTIONS = ("uniform", "gaussian")     # what Locust's users draw keys with
 KEY_DISTRIBUTIONS = keys.DISTRIBUTIONS
 ARRIVALS = ("uniform", "poisson")
-DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "vshard", "router", "router-threads")
+DRIVERS = ("gtarantool", "sync", "threads", "asynctnt", "asyncio-minimal", "vshard", "router",
+           "router-threads")
 SHARDED_DRIVERS = ("vshard", "router", "router-threads")
 WAL_MODES = ("write", "fsync", "none")
 PASSWORD_ENV = "TARANTOOL_PASSWORD"
@@ -33,6 +34,7 @@ class Config:
     greenlets: int = 100
     ops: int = 100_000
     duration: Optional[float] = None
+    warmup: float = 0.0             # seconds of a run phase's load, not measured, before it
     size: int = 1536                # or "LOW-HIGH", "SIZE:WEIGHT,...": bench.core.values
     mix: Dict[str, int] = dataclasses.field(
         default_factory=lambda: {op: 25 for op in OPERATIONS})
@@ -90,6 +92,9 @@ class Config:
             (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
             (self.ops >= 1, "ops must be >= 1"),
             (self.duration is None or self.duration > 0, "duration must be > 0"),
+            (self.warmup >= 0, "warm-up must be >= 0"),
+            (not self.warmup or self.workload != "phases",
+             "--warmup is for a mix or a preset (a run phase), not for 'phases'"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),
             (not self.lazy_errors or self.driver == "gtarantool",
              "--lazy-errors is gtarantool's option"),
@@ -108,6 +113,9 @@ class Config:
             used = [op for op, n in self.mix.items() if n]
             dataset.check_supported(used, self.driver, self.pool)
             beyond = sorted(set(used) - set(OPERATIONS))
+            if self.driver == "asyncio-minimal" and beyond:
+                raise ValueError("the asyncio-minimal driver sends %s only, not %s"
+                                 % (", ".join(OPERATIONS), ", ".join(beyond)))
             if self.shards and beyond:
                 raise ValueError("a sharded cluster's drivers send %s only, not %s"
                                  % (", ".join(OPERATIONS), ", ".join(beyond)))
@@ -197,8 +205,9 @@ def add_arguments(parser, driver=True):
                          help="client under test: gtarantool (G greenlets, one connection per "
                               "process), sync (tarantool-python, one call at a time), threads "
                               "(tarantool-python, G threads with a connection each), asynctnt "
-                              "(G asyncio tasks on one connection, uvloop when installed) "
-                              "(default %(default)s)")
+                              "(G asyncio tasks on one connection, uvloop when installed), "
+                              "asyncio-minimal (a small IPROTO client on plain asyncio: one "
+                              "scheduler, at most G requests in flight) (default %(default)s)")
     run.add_argument("-p", "--procs", type=int, default=d.procs,
                      help="worker processes, started together at a barrier (default %(default)s)")
     run.add_argument("-g", "--greenlets", type=int, default=d.greenlets,
@@ -210,6 +219,10 @@ def add_arguments(parser, driver=True):
     run.add_argument("-d", "--duration", type=float, default=None,
                      help="seconds instead of a count: per phase for 'phases', for the whole "
                           "run for 'mix'")
+    run.add_argument("--warmup", type=float, default=d.warmup, metavar="SECONDS",
+                     help="a mix or preset: SECONDS of the run phase's own load (its rate, "
+                          "its keys) before it, reported as the phase 'warmup' and not in "
+                          "the run's figures (default %(default)g)")
     run.add_argument("-s", "--size", type=parse_size, default=d.size,
                      help="payload bytes per tuple: BYTES, a range LOW-HIGH or a weighted "
                           "list BYTES:WEIGHT,... (default %(default)s)")

@@ -18,6 +18,10 @@ import random
 from bench.core import keys as distributions
 
 # What each operation of a run phase sends; "requests" per operation for box.stat.
+# What a shared key space serves from any process's records (YCSB's reads and updates);
+# the rest address the process's own.
+SHARED_OPERATIONS = ("select", "update", "rmw")
+REDRAWS = distributions.REDRAWS
 RUN_OPERATIONS = ("insert", "select", "update", "delete", "call", "eval", "execute", "tx",
                   "scan", "scan-pages", "rmw")
 CALL_FUNCTION = "bench_get"   # what the call operation calls by default (prepare.lua)
@@ -92,7 +96,8 @@ class Window:
         deleted or not there yet
     """
 
-    def __init__(self, records, index, procs, pick, tx_size=1, guard=0):
+    def __init__(self, records, index, procs, pick, tx_size=1, guard=0, shared=None,
+                 space=None):
         self.index, self.procs = index, procs
         self.lo = 0
         self.hi = self.acked = share(records, index, procs)
@@ -100,6 +105,12 @@ class Window:
         self.pick = pick
         self.tx_size = tx_size
         self.guard = guard
+        # One key space over all processes: ``shared`` holds each process's ``lo`` and
+        # ``acked`` (2 * procs integers, each process writing its own two), ``space`` the
+        # records of them all (a draw is a record number, which is its key).
+        self.shared, self.space = shared, space
+        if shared is not None:
+            shared[2 * index], shared[2 * index + 1] = self.lo, self.acked
 
     def key(self, seq):
         return self.index + self.procs * seq
@@ -116,6 +127,8 @@ class Window:
         while self.acked in early:
             early.discard(self.acked)
             self.acked += 1
+        if self.shared is not None:
+            self.shared[2 * self.index + 1] = self.acked
 
     def next(self, op):
         """The key ``op`` addresses (for ``tx``, its first), updating the window;
@@ -129,7 +142,11 @@ class Window:
         if op == "delete":
             seq = self.lo
             self.lo += 1
+            if self.shared is not None:
+                self.shared[2 * self.index] = self.lo
             return self.key(seq)
+        if self.shared is not None and op in SHARED_OPERATIONS:
+            return self._anyones()
         lo, hi = self.lo, self.acked
         if hi - lo > 2 * self.guard:
             lo, hi = lo + self.guard, hi - self.guard
@@ -140,14 +157,31 @@ class Window:
         return self.key(self.pick(lo, hi))
 
 
+    def _anyones(self):
+        """An acknowledged record of any process (None after many draws of records not
+        acknowledged yet)."""
+        shared, procs = self.shared, self.procs
+        for _ in range(REDRAWS):
+            record = self.pick(0, self.space)
+            owner, seq = record % procs, record // procs
+            if shared[2 * owner] + self.guard <= seq < shared[2 * owner + 1]:
+                return record
+        return None
+
+
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
-              guard=0, expected_ops=None, **params):
+              guard=0, expected_ops=None, shared=None, expected_all=None, **params):
     """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
     without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
     with no live record left) is drawn again.
 
     :param expected_ops: the operations a run of ``count`` None is expected to make
         (an open loop's rate times its duration): the zipfian's fixed key space
+    :param shared: one key space over all processes (a zipfian with its space known and
+        no deletes, which another process could not see coming): 2 * procs integers
+        shared by them (``Window``); None: each process its own records
+    :param expected_all: the operations every process together is expected to make (the
+        shared key space's inserts, the same in each; None: ``expected_ops * procs``)
     :raises ValueError: an unknown operation or distribution
     """
     unknown = set(mix) - set(RUN_OPERATIONS)
@@ -157,6 +191,16 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
     rng = random.Random(seed)
     total = sum(mix.values())
     expected_ops = count if count is not None else expected_ops
+    space = None
+    if shared is not None and distribution == "zipfian" and expected_ops is not None \
+            and not mix.get("delete"):
+        # One key space over all processes: the same scrambled zipfian in each, its
+        # hottest records the same records.
+        everyone = expected_all if expected_all is not None else expected_ops * procs
+        space = records + round(everyone * mix.get("insert", 0) / total) + 1
+        params["space"] = space
+    else:
+        shared = None
     if distribution == "zipfian" and expected_ops is not None and "space" not in params:
         # YCSB's key space: the records plus the inserts the run is expected to make
         # (a run of unknown length: the window as it is).
@@ -166,7 +210,8 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         # Its generator built now, before the start barrier, not on the first draw.
         params["window"] = share(records, index, procs)
     window = Window(records, index, procs,
-                    distributions.chooser(distribution, rng, **params), tx_size, guard)
+                    distributions.chooser(distribution, rng, **params), tx_size, guard,
+                    shared, space)
     table = []
     for op in RUN_OPERATIONS:
         table += [op] * round(1000 * mix.get(op, 0) / total)

@@ -93,12 +93,12 @@ def share(total, index, procs):
     return total // procs + (1 if index < total % procs else 0)
 
 
-def plan(config, index):
+def plan(config, index, shared=None):
     """Worker ``index``'s phases, as functions ``build(inserted) -> Phase`` called one after
     another: ``inserted`` is how many keys the insert phase handed out, which is what a
     duration-bound select/update/delete phase works on."""
     if config.workload != "phases":
-        return records_plan(config, index)
+        return records_plan(config, index, shared)
     procs = config.procs
     timed = config.duration is not None
 
@@ -126,23 +126,49 @@ def plan(config, index):
     return [insert, later("select"), later("update"), later("delete")]
 
 
-def records_plan(config, index):
+def records_plan(config, index, shared=None):
     """A mix or preset: the load phase (worker ``index``'s share of ``config.keys``
-    records), then the run phase over them (``bench.core.dataset``)."""
+    records), with ``config.warmup`` a warm-up phase, then the run phase over them
+    (``bench.core.dataset``; ``shared``: the processes' live records, one key space
+    over them all).  The warm-up and the run phase draw from one stream of
+    items over one record window: the run goes on where the warm-up stopped."""
     procs = config.procs
     load = dataset.load_keys(config.keys, index, procs)
     # Requests that may overtake each other need a guard at the window's ends.
     guard = config.concurrency if config.driver == "threads" or config.pool else 0
+    made = []
+
+    count = None if config.duration is not None else share(config.ops, index, procs)
+
+    def stream():
+        if made:
+            return made[0]
+        # The warm-up's items come first: a run of a count is cut off from an endless stream.
+        expected = count
+        everyone = None if count is None else config.ops
+        if config.rate is not None:
+            expected = (count or int(config.rate * config.duration / procs) + 1) \
+                + int(config.rate * config.warmup / procs)
+            everyone = (config.ops if count is not None else
+                        int(config.rate * config.duration)) + int(config.rate * config.warmup)
+        made.append(dataset.run_items(
+            {op: n for op, n in config.mix.items() if n}, config.keys, index, procs,
+            config.distribution, config.seed + index, None if config.warmup else count,
+            config.tx_size, guard, expected_ops=expected,
+            # (not where each process drives an instance of its own, nor a pool's
+            # replicas, which apply an insert after the master answered it)
+            shared=shared if procs > 1 and not config.pool and not config.hosts
+            and config.instances == 1 else None, expected_all=everyone))
+        return made[0]
+
+    def warmup(inserted):
+        items, window = stream()
+        return Phase("warmup", items, None, window)
 
     def run(inserted):
-        count = None if config.duration is not None else share(config.ops, index, procs)
-        expected = None
-        if count is None and config.rate is not None:
-            expected = int(config.rate * config.duration / procs) + 1
-        items, window = dataset.run_items(
-            {op: n for op, n in config.mix.items() if n}, config.keys, index, procs,
-            config.distribution, config.seed + index, count, config.tx_size, guard,
-            expected_ops=expected)
+        items, window = stream()
+        if config.warmup and count is not None:
+            items = itertools.islice(items, count)
         return Phase("run", items, count, window)
-    return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), len(load)),
-            run]
+    return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), len(load))] \
+        + ([warmup] if config.warmup else []) + [run]

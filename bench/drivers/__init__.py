@@ -3,11 +3,12 @@ builds a worker process's driver for a run (``--pool`` takes the pool driver).""
 import importlib.util
 
 from bench.drivers.clients import AsynctntDriver, GeventDriver, SyncDriver, ThreadsDriver
+from bench.drivers.minimal import MinimalDriver
 from bench.drivers.pool import PoolDriver
 from bench.drivers.sharded import RouterDriver, RouterThreadsDriver, VshardDriver
 
 DRIVERS = {"gtarantool": GeventDriver, "sync": SyncDriver, "threads": ThreadsDriver,
-           "asynctnt": AsynctntDriver,
+           "asynctnt": AsynctntDriver, "asyncio-minimal": MinimalDriver,
            # --shards: a sharded cluster (bench.targets.sharded)
            "vshard": VshardDriver, "router": RouterDriver, "router-threads": RouterThreadsDriver}
 

@@ -1,10 +1,12 @@
 """Run one benchmark and return every figure as a dict: ``run(config[, target]) -> results``.
 
-The parent starts P worker processes (fork), each with its own pipe, and joins them at a
-barrier before every phase.  Between phases no request is in flight, so ``box.stat()`` read
-right before the barrier opens and right after the last worker reports covers exactly the
-phase's requests.  While a phase runs the parent merges the workers' per-second counts, samples
-the server's counters once a second and prints a line per second.
+The parent starts P worker processes (forkserver), each with a pipe of its own each way,
+and joins them at a barrier before every phase; :class:`Workers` keeps the processes for
+one run after another (``run`` starts and stops them for one).  Between phases no request
+is in flight, so ``box.stat()`` read right before the barrier opens and right after the last
+worker reports covers exactly the phase's requests.  While a phase runs the parent merges
+the workers' per-second counts, samples the server's counters once a second and prints a
+line per second.
 """
 import collections
 import math
@@ -36,7 +38,9 @@ COMPOSITE_STATS = ("BEGIN", "COMMIT", "ROLLBACK")
 
 
 def phase_names(config):
-    return OPERATIONS if config.workload == "phases" else RECORDS_PHASES
+    if config.workload == "phases":
+        return OPERATIONS
+    return ("load", "warmup", "run") if config.warmup else RECORDS_PHASES
 
 
 class BenchError(RuntimeError):
@@ -57,13 +61,127 @@ def run(config, target=None, out=None):
                     and not target.supports(version):
                 raise SetupError("operation %s needs Tarantool %s or later; the server is %s"
                                  % (op, ".".join(map(str, version)), target.version))
-    target.prepare(config.space)
-    return _Run(config, target, out).execute()
+    with Workers(config, target, out) as workers:
+        return workers.run(config)
+
+
+# What may change from one run of the same worker processes to the next.
+PER_RUN = ("rate", "duration", "warmup", "ops", "quiet", "json", "plot", "hlog")
+
+
+class Workers:
+    """P worker processes, started and connected once, for runs of ``config`` that differ
+    only in :data:`PER_RUN` (a capacity search's steps): each run hands its config to
+    the same processes, so none pays for a process start and a connection again.
+
+    ``with Workers(config, target) as workers: workers.run(config.replace(rate=R))``;
+    leaving the block stops the workers (terminates them after a failure)."""
+
+    def __init__(self, config, target, out=None):
+        self.config, self.target, self.out = config, target, out or sys.stdout
+        self.pipes, self.controls, self.procs = [], [], []
+        self.barrier = None
+        self.prepared = False
+
+    def __enter__(self):
+        config = self.config
+        self.target.prepare(config.space)
+        self.prepared = True
+        # Workers start from a clean interpreter (forkserver): a parent that already
+        # ran gevent (its DNS thread pool, its hub) must not leak that into them.
+        ctx = multiprocessing.get_context("forkserver")
+        self.barrier = ctx.Barrier(config.procs + 1)
+        # Each process's live records (oldest, acknowledged): one key space over them all.
+        self.shared = ctx.RawArray("q", 2 * config.procs)
+        # Many instances (bench.targets.instances): worker i drives instance i % N.
+        address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
+        self.addresses = [address(index) for index in range(config.procs)]
+        try:
+            for index in range(config.procs):
+                reader, writer = ctx.Pipe(duplex=False)
+                orders, control = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=worker.main, daemon=True,
+                                   name="bench-worker-%d" % index,
+                                   args=(index, config, *self.addresses[index],
+                                         writer, self.barrier, orders, self.shared))
+                proc.start()
+                writer.close()
+                orders.close()
+                self.pipes.append(reader)
+                self.controls.append(control)
+                self.procs.append(proc)
+            _collect(self, "ready")
+        except BaseException:
+            self._stop(failed=True)
+            raise
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self._stop(failed=kind is not None)
+        return False
+
+    def _stop(self, failed):
+        try:
+            if not failed:
+                for control in self.controls:
+                    control.send(("stop",))
+                _collect(self, "done")
+                for proc in self.procs:
+                    proc.join(30)
+        finally:
+            if self.barrier is not None:
+                self.barrier.abort()
+            for control in self.controls:
+                control.close()
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+
+    def run(self, config):
+        """One run of ``config`` by these workers; returns its results dict.
+
+        :raises ValueError: ``config`` differs from the workers' beyond :data:`PER_RUN`
+        :raises BenchError: a worker failed or exited
+        """
+        def fixed(c):
+            return {k: v for k, v in vars(c).items() if k not in PER_RUN}
+        if fixed(config) != fixed(self.config):
+            raise ValueError("workers started for one config run another that differs "
+                             "beyond %s" % ", ".join(PER_RUN))
+        if not self.prepared:
+            self.target.prepare(config.space)   # each run starts from an empty space
+        self.prepared = False
+        for control in self.controls:
+            control.send(("run", config))
+        return _Run(config, self).execute()
+
+
+def _collect(workers, kind):
+    """Outside a run: read the pipes until every worker has sent ``kind``."""
+    got = set()
+    while len(got) < len(workers.pipes):
+        waiting = [pipe for i, pipe in enumerate(workers.pipes) if i not in got]
+        for pipe in multiprocessing.connection.wait(waiting, 5.0):
+            index = workers.pipes.index(pipe)
+            try:
+                message = pipe.recv()
+            except EOFError:
+                raise BenchError("worker %d exited (code %s) before sending %r"
+                                 % (index, workers.procs[index].exitcode, kind)) from None
+            if message[0] == "error":
+                raise BenchError(message[1])
+            if message[0] != kind:
+                raise BenchError("worker %d sent %r while %r was due"
+                                 % (index, message[0], kind))
+            got.add(index)
 
 
 class _Run:
-    def __init__(self, config, target, out):
-        self.config, self.target, self.out = config, target, out
+    def __init__(self, config, workers):
+        self.config, self.target, self.out = config, workers.target, workers.out
+        self.pipes, self.procs = workers.pipes, workers.procs
+        self.addresses, self.barrier = workers.addresses, workers.barrier
         self.ticks = collections.defaultdict(
             lambda: (collections.Counter(), collections.Counter()))  # (phase, second) -> ...
         self.open_ticks = collections.defaultdict(openloop.new_second)
@@ -76,39 +194,10 @@ class _Run:
 
     def execute(self):
         config = self.config
-        # Workers start from a clean interpreter (forkserver): a parent that already
-        # ran gevent (its DNS thread pool, its hub) must not leak that into them.
-        ctx = multiprocessing.get_context("forkserver")
-        barrier = ctx.Barrier(config.procs + 1)
-        self.pipes, self.procs = [], []
-        # Many instances (bench.targets.instances): worker i drives instance i % N.
-        address = getattr(self.target, "address", lambda i: (self.target.host, self.target.port))
-        self.addresses = [address(index) for index in range(config.procs)]
-        for index in range(config.procs):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=worker.main, daemon=True, name="bench-worker-%d" % index,
-                               args=(index, config, *self.addresses[index],
-                                     writer, barrier))
-            proc.start()
-            writer.close()
-            self.pipes.append(reader)
-            self.procs.append(proc)
-        try:
-            self._collect("ready")
-            if not config.quiet:
-                print(report.banner(config, self.target.describe()), file=self.out, flush=True)
-            phases = [self._phase(name, barrier) for name in phase_names(config)]
-            self._collect("done")
-            for proc in self.procs:
-                proc.join(30)
-        except BaseException:
-            barrier.abort()
-            raise
-        finally:
-            for proc in self.procs:
-                if proc.is_alive():
-                    proc.terminate()
-                proc.join()
+        if not config.quiet:
+            print(report.banner(config, self.target.describe()), file=self.out, flush=True)
+        phases = [self._phase(name, self.barrier) for name in phase_names(config)]
+        self._collect("ran")
         return self._results(phases)
 
     def _collect(self, kind, phase=None):

@@ -1,9 +1,11 @@
-"""One worker process: connect, then run each phase when the start barrier opens.
+"""One worker process: connect once, then each run the parent orders, each phase when the
+start barrier opens.
 
 Messages to the parent, over this worker's own pipe:
 ``("ready",)`` once connected; ``("tick", phase, second, counts, errors)`` about once a second;
-``("phase", result)`` when a phase is over; ``("done",)`` after closing; or
-``("error", traceback)``.
+``("phase", result)`` when a phase is over; ``("ran",)`` when a run is; ``("done",)`` after
+closing; or ``("error", traceback)``.  The parent's orders come over a pipe of their own:
+``("run", config)`` (one run, of any number of phases), ``("stop",)``.
 """
 import gc
 import os
@@ -21,7 +23,7 @@ from bench.profiling import workers as profiling
 BARRIER_TIMEOUT = 600.0  # seconds; the parent aborts the barrier itself when a run fails
 
 
-def main(index, config, host, port, pipe, barrier):
+def main(index, config, host, port, pipe, barrier, orders, shared=None):
     # Ctrl-C reaches the whole process group; the parent alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     providers = ()
@@ -33,26 +35,15 @@ def main(index, config, host, port, pipe, barrier):
         with profile.section():
             driver.open()
         pipe.send(("ready",))
-        inserted = 0
-        for build in workloads.plan(config, index):
-            phase = build(inserted)
-            if config.rate is not None and phase.name != "load":
-                # Open loop: the phase's requests at their intended times (a load phase
-                # fills the space as fast as it can).
-                phase = OpenPhase(phase, Schedule(
-                    config.rate, config.procs, index, config.arrivals, config.seed + index,
-                    count=phase.count, duration=config.duration))
-            barrier.wait(BARRIER_TIMEOUT)
-            result = measure(driver, phase, config, pipe.send, profile)
-            profile.ops += sum(result["counts"].values())
-            pipe.send(("phase", result))
-            if phase.name == "insert":
-                inserted = sum(result["counts"].values())   # keys handed out, all recorded
-            if phase.name in ("load", "insert"):
-                # What the load made lives as long as the run: out of the collector's
-                # reach, so its full collections do not walk it during the measured phases.
-                gc.collect()
-                gc.freeze()
+        while True:
+            try:
+                order = orders.recv()
+            except EOFError:
+                return   # the parent is gone
+            if order[0] == "stop":
+                break
+            run(index, order[1], driver, pipe, barrier, profile, shared)
+            pipe.send(("ran",))
         with profile.section():
             driver.close()
         profile.save()
@@ -65,6 +56,33 @@ def main(index, config, host, port, pipe, barrier):
         for provider in providers:   # (a worker's exit runs no atexit hook)
             provider.shutdown()
         pipe.close()
+        orders.close()
+
+
+def run(index, config, driver, pipe, barrier, profile, shared=None):
+    """One run of ``config``: each of its phases when the start barrier opens."""
+    # A run's objects frozen by the one before it may go now.
+    gc.unfreeze()
+    inserted = 0
+    for build in workloads.plan(config, index, shared):
+        phase = build(inserted)
+        if config.rate is not None and phase.name != "load":
+            # Open loop: the phase's requests at their intended times (a load phase
+            # fills the space as fast as it can).
+            phase = OpenPhase(phase, Schedule(
+                config.rate, config.procs, index, config.arrivals, config.seed + index,
+                count=phase.count, duration=phase_duration(config, phase.name)))
+        barrier.wait(BARRIER_TIMEOUT)
+        result = measure(driver, phase, config, pipe.send, profile)
+        profile.ops += sum(result["counts"].values())
+        pipe.send(("phase", result))
+        if phase.name == "insert":
+            inserted = sum(result["counts"].values())   # keys handed out, all recorded
+        if phase.name in ("load", "insert"):
+            # What the load made lives as long as the run: out of the collector's
+            # reach, so its full collections do not walk it during the measured phases.
+            gc.collect()
+            gc.freeze()
 
 
 def measure(driver, phase, config, send, profile):
@@ -82,8 +100,7 @@ def measure(driver, phase, config, send, profile):
     cpu_before = time.process_time()
     start = time.monotonic()
 
-    # A load phase inserts its records whatever the duration of the run phase.
-    duration = None if phase.name == "load" else config.duration
+    duration = phase_duration(config, phase.name)
     if not is_open:
         phase.start(duration)   # (it sets the ``take`` the driver's workers hold)
 
@@ -136,6 +153,14 @@ def measure(driver, phase, config, send, profile):
         "intervals": recorder.intervals(),
         "connection": connection,
     }
+
+
+def phase_duration(config, name):
+    """Seconds a phase runs (None: its count): a load phase inserts its records whatever
+    the run's duration, a warm-up lasts ``config.warmup``."""
+    if name == "load":
+        return None
+    return config.warmup if name == "warmup" else config.duration
 
 
 def _working(record, seconds):

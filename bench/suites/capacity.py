@@ -33,6 +33,8 @@ SAMPLES = 100               # a step runs until its judged percentile rests on t
 CONFIRMATIONS = 3           # confirmation runs of one search at most
 PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
 UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+UNMEASURED = ("load", "warmup")   # phases of a step that are not judged
+WARMUP = 1.0                # seconds of each step's own load before it is measured
 
 
 @dataclasses.dataclass
@@ -391,8 +393,9 @@ def steal_between(before, after):
 
 def step_from_results(rate, results):
     """A :class:`Step` from ``bench.runner.run`` results: the run phases (not a load
-    phase), the worst of them when there are several."""
-    phases = [p for p in results["phases"] if p["name"] != "load"] or results["phases"]
+    phase, not a warm-up), the worst of them when there are several."""
+    phases = [p for p in results["phases"] if p["name"] not in UNMEASURED] \
+        or results["phases"]
     worst = max(phases, key=lambda p: p["latency_ms"]["p99"])
     ops = sum(p["ops"] for p in phases)
     seconds = sum(p["seconds"] for p in phases)
@@ -558,7 +561,7 @@ def main(argv=None):
     add_arguments(parser)
     # A mix over loaded records unless told otherwise: the phases workload would run
     # each step four times, once per operation.
-    parser.set_defaults(workload="mix")
+    parser.set_defaults(workload="mix", warmup=WARMUP)
     args = parser.parse_args(argv)
     if not (args.start > 0 and args.factor > 1 and 0 < args.precision < 1 and args.step > 0
             and args.samples >= 0):
@@ -620,8 +623,8 @@ def main(argv=None):
 
 def _search(base, slos, target, args):
     print("capacity: driver %s, %d procs x %d concurrent, workload %s, steps of %g s or "
-          "more, SLO %s, errors <= %g%%; server %s:%s (Tarantool %s)" % (
-              base.driver, base.procs, base.concurrency, base.workload, args.step,
+          "more after %g s of warm-up, SLO %s, errors <= %g%%; server %s:%s (Tarantool %s)" % (
+              base.driver, base.procs, base.concurrency, base.workload, args.step, base.warmup,
               ", ".join(map(str, slos)), args.max_errors, target.host, target.port,
               target.version), flush=True)
     missing = getattr(target, "cpu_missing", None)
@@ -629,19 +632,20 @@ def _search(base, slos, target, args):
         print("server CPU: n/a, %s" % missing, flush=True)
     print(table([]), flush=True)
 
-    def measure(rate):
-        duration = step_duration(args.step, slos, rate, args.samples)
-        before = read_steal()
-        step = step_from_results(rate, runner.run(base.replace(rate=rate, duration=duration),
-                                                  target))
-        step.steal = steal_between(before, read_steal())
-        return step
-
     def progress(step):
         print(table([step]).splitlines()[-1], flush=True)
-    steps, best = search(measure, slos, start=args.start, factor=args.factor,
-                         precision=args.precision, budget=args.budget, on_step=progress,
-                         max_errors=args.max_errors, confirm=args.confirm)
+    # One set of worker processes for every step: no process start or connection per step.
+    with runner.Workers(base, target) as workers:
+        def measure(rate):
+            duration = step_duration(args.step, slos, rate, args.samples)
+            before = read_steal()
+            step = step_from_results(rate, workers.run(base.replace(rate=rate,
+                                                                    duration=duration)))
+            step.steal = steal_between(before, read_steal())
+            return step
+        steps, best = search(measure, slos, start=args.start, factor=args.factor,
+                             precision=args.precision, budget=args.budget, on_step=progress,
+                             max_errors=args.max_errors, confirm=args.confirm)
     return Search(base.driver, slos, steps, best)
 
 

@@ -37,6 +37,7 @@ def test_capacity_finds_a_servers_rate_limit(tmp_path, capsys):
             "--host", server.host, "--port", str(server.port), "--workload", "mix",
             "--mix", "call=100", "--call", "limited", "--records", "100", "--greenlets", "50",
             "--slo", "p99=100ms", "--start", "300", "--step", "2", "--samples", "0",
+            "--warmup", "0.2",
             "--precision", "0.05",
             "--json", str(path), "--plot", str(plot)])
     finally:

@@ -19,7 +19,8 @@ def test_every_request_failing_is_capacity_none(server, tmp_path, capsys):
         "--host", server.host, "--port", str(server.port), "--user", "test",
         "--password", "secret", "--mix", "call=100", "--call", "no_such_function_here",
         "--records", "100", "--greenlets", "10", "--slo", "p99=50ms", "--start", "200",
-        "--factor", "4", "--step", "0.5", "--samples", "0", "--json", str(path)])
+        "--factor", "4", "--step", "0.5", "--samples", "0", "--warmup", "0.2",
+        "--json", str(path)])
     assert code == 1
     line = _last_verdict(capsys.readouterr().out)
     assert line.startswith("capacity: none") and "errors 100%" in line, line
@@ -38,6 +39,7 @@ def test_a_busy_client_makes_the_search_client_bound(server, tmp_path, capsys):
         "--password", "secret", "--mix", "select=100", "--records", "100",
         "--greenlets", "10", "--client-work", "2000", "--slo", "p99=1s", "--start", "150",
         "--factor", "3", "--precision", "0.3", "--step", "1", "--samples", "0",
+        "--warmup", "0.2",
         "--json", str(path)])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -25,7 +25,8 @@ def run(tmp_path, *args):
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("driver", ["gtarantool", "sync", "threads", "asynctnt"])
+@pytest.mark.parametrize("driver", ["gtarantool", "sync", "threads", "asynctnt",
+                                    "asyncio-minimal"])
 def test_fixed_rate_keeps_its_rate_and_sends_everything(tmp_path, driver):
     rate, seconds = 400, 2.5
     results = run(tmp_path, "--driver", driver, "--workload", "mix", "--records", "500",
