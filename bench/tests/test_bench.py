@@ -252,8 +252,10 @@ def test_perf_prints_every_target_and_exits_by_the_verdict(tmp_path, capsys):
     for driver in ("gtarantool", "asynctnt", "sync"):
         for op in ("insert", "select", "update", "delete"):
             assert medians[driver][op]["ops_per_client_cpu_second"] > 0
+            # (The kernel's share and the whole CPU per op are read over windows
+            # that differ by the run's edges: a busy host moves them apart a little.)
             assert 0 <= medians[driver][op]["system_us_per_op"] \
-                <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.01
+                <= 1e6 / medians[driver][op]["ops_per_client_cpu_second"] * 1.1
     assert "client CPU per op, us (in the kernel)" in printed
     assert 0 <= result["steal_percent"] <= 100 and "stolen by the host" in printed
     # and per run, on each run's line
