@@ -512,7 +512,7 @@ def test_from_config_reads_a_tarantool_3_cluster_configuration(tmp_path):
     import subprocess
 
     from gtarantool.testing.cluster import rocks_dir
-    from gtarantool.testing.server import binary_version, free_port
+    from gtarantool.testing.server import binary_version, find_binary, free_port
     if MISSING is not None:
         pytest.skip(MISSING)
     if binary_version() < (3, 0):
@@ -525,7 +525,7 @@ def test_from_config_reads_a_tarantool_3_cluster_configuration(tmp_path):
         REPLICASET % {"rs": rs, "port": port} for rs, port in ports.items())})
     rocks = rocks_dir()
     env = dict(os.environ, LUA_PATH="%s/?.lua;%s/?/init.lua;;" % (rocks, rocks))
-    binary = os.environ.get("TARANTOOL", "tarantool")
+    binary = find_binary()   # (absolute: the instances run in tmp_path)
     names = ["rs1-a", "rs2-a", "router"]
     processes = [subprocess.Popen([binary, "--name", name, "--config", str(path)],
                                   cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL,
