@@ -40,6 +40,7 @@ class Config:
         default_factory=lambda: {op: 25 for op in OPERATIONS})
     keys: int = 10_000              # --records: loaded before the run phase of a mix
     distribution: str = "uniform"
+    insert_order: str = "ordered"   # or "hashed": YCSB's insertorder (bench.core.dataset)
     seed: int = 0
     rate: Optional[float] = None    # open loop: requests/s over all processes
     arrivals: str = "uniform"
@@ -82,6 +83,12 @@ class Config:
             (self.workload in WORKLOADS, "workload must be one of %s" % ", ".join(WORKLOADS)),
             (self.distribution in KEY_DISTRIBUTIONS,
              "distribution must be one of %s" % ", ".join(KEY_DISTRIBUTIONS)),
+            (self.insert_order in dataset.INSERT_ORDERS,
+             "insert order must be one of %s" % ", ".join(dataset.INSERT_ORDERS)),
+            (self.insert_order == "ordered" or (self.workload != "phases"
+                                                and not self.mix.get("tx")),
+             "--insert-order hashed is for a mix or a preset without tx (a transaction "
+             "writes records of consecutive keys)"),
             (self.rate is None or self.rate > 0, "rate must be > 0"),
             (self.arrivals in ARRIVALS, "arrivals must be one of %s" % ", ".join(ARRIVALS)),
             (self.tx_size >= 1 and self.scan >= 1 and self.page >= 1,
@@ -241,6 +248,9 @@ def add_arguments(parser, driver=True):
     run.add_argument("--distribution", choices=KEY_DISTRIBUTIONS, default=None,
                      help="key choice of the run phase: %s (default uniform, or the "
                           "preset's)" % ", ".join(KEY_DISTRIBUTIONS))
+    run.add_argument("--insert-order", choices=dataset.INSERT_ORDERS, default=d.insert_order,
+                     help="keys in record order, or each record's key its number's FNV "
+                          "hash, as YCSB's insertorder=hashed (default %(default)s)")
     run.add_argument("--rate", type=float, default=None,
                      help="open loop: this many requests per second over all processes, "
                           "each at its intended time; latency counts from then "

@@ -10,6 +10,11 @@ aims at it), every other operation picks a record in the window with the key dis
 one, counted as it is.  With P processes each one's distribution covers its own share,
 so a zipfian run has P hottest keys, one per process.
 
+A record's number is its key (records are inserted in key order), or with ``hashed``
+(YCSB's ``insertorder=hashed``) its key is the record number's 64-bit FNV hash, so
+consecutive inserts land all over the index and a scan reads records inserted at
+different times.
+
 ``PRESETS`` maps YCSB's core workloads A-F to Tarantool operations (``--workload ycsb-a``).
 """
 import itertools
@@ -72,9 +77,20 @@ def share(total, index, procs):
     return total // procs + (1 if index < total % procs else 0)
 
 
-def load_keys(records, index, procs):
-    """The keys worker ``index`` inserts in the load phase: its share of 0..records-1."""
-    return range(index, records, procs)
+INSERT_ORDERS = ("ordered", "hashed")
+
+
+def record_key(record, hashed=False):
+    """The key of record number ``record``: the number itself, or its FNV hash (YCSB's
+    ``insertorder=hashed``)."""
+    return distributions.fnv64(record) if hashed else record
+
+
+def load_keys(records, index, procs, hashed=False):
+    """The keys worker ``index`` inserts in the load phase: its share of records
+    0..records-1 (their FNV hashes with ``hashed``)."""
+    numbers = range(index, records, procs)
+    return map(distributions.fnv64, numbers) if hashed else numbers
 
 
 class Window:
@@ -94,11 +110,14 @@ class Window:
         (the threads driver's connections; a pool's reads on replicas, which apply an
         insert after the master answered it), so a read does not meet a record being
         deleted or not there yet
+    :param hashed: keys are the records' FNV hashes (:func:`record_key`)
     """
 
     def __init__(self, records, index, procs, pick, tx_size=1, guard=0, shared=None,
-                 space=None):
+                 space=None, hashed=False):
         self.index, self.procs = index, procs
+        self.hashed = hashed
+        self._inserting = {}     # hashed: the key of each insert not answered yet -> seq
         self.lo = 0
         self.hi = self.acked = share(records, index, procs)
         self._early = set()      # acknowledged above ``acked``, out of order
@@ -107,18 +126,21 @@ class Window:
         self.guard = guard
         # One key space over all processes: ``shared`` holds each process's ``lo`` and
         # ``acked`` (2 * procs integers, each process writing its own two), ``space`` the
-        # records of them all (a draw is a record number, which is its key).
+        # records of them all (a draw is a record number).
         self.shared, self.space = shared, space
         if shared is not None:
             shared[2 * index], shared[2 * index + 1] = self.lo, self.acked
 
     def key(self, seq):
-        return self.index + self.procs * seq
+        return record_key(self.index + self.procs * seq, self.hashed)
 
     def ack(self, key):
         """The insert of ``key`` was answered: records up to the first unanswered one
         become readable."""
-        seq = (key - self.index) // self.procs
+        if self.hashed:
+            seq = self._inserting.pop(key)
+        else:
+            seq = (key - self.index) // self.procs
         if seq != self.acked:
             self._early.add(seq)
             return
@@ -136,7 +158,10 @@ class Window:
         if op == "insert":
             seq = self.hi
             self.hi += 1
-            return self.key(seq)
+            key = self.key(seq)
+            if self.hashed:
+                self._inserting[key] = seq
+            return key
         if self.acked <= self.lo:
             return None
         if op == "delete":
@@ -165,12 +190,13 @@ class Window:
             record = self.pick(0, self.space)
             owner, seq = record % procs, record // procs
             if shared[2 * owner] + self.guard <= seq < shared[2 * owner + 1]:
-                return record
+                return record_key(record, self.hashed)
         return None
 
 
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
-              guard=0, expected_ops=None, shared=None, expected_all=None, **params):
+              guard=0, expected_ops=None, shared=None, expected_all=None, hashed=False,
+              **params):
     """The run phase's ``(op, key)`` items for worker ``index``: ``count`` of them, or
     without end.  ``mix``: {op: weight}.  An operation the window cannot serve (a delete
     with no live record left) is drawn again.
@@ -182,12 +208,17 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         shared by them (``Window``); None: each process its own records
     :param expected_all: the operations every process together is expected to make (the
         shared key space's inserts, the same in each; None: ``expected_ops * procs``)
-    :raises ValueError: an unknown operation or distribution
+    :param hashed: YCSB's ``insertorder=hashed``: each record's key is its number's FNV
+        hash (:func:`record_key`)
+    :raises ValueError: an unknown operation or distribution, or a transaction with
+        ``hashed`` (it writes consecutive keys)
     """
     unknown = set(mix) - set(RUN_OPERATIONS)
     if unknown:
         raise ValueError("unknown operations %s; known: %s"
                          % (", ".join(sorted(unknown)), ", ".join(RUN_OPERATIONS)))
+    if hashed and mix.get("tx"):
+        raise ValueError("tx writes records of consecutive keys: not with hashed insert order")
     rng = random.Random(seed)
     total = sum(mix.values())
     expected_ops = count if count is not None else expected_ops
@@ -211,7 +242,7 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         params["window"] = share(records, index, procs)
     window = Window(records, index, procs,
                     distributions.chooser(distribution, rng, **params), tx_size, guard,
-                    shared, space)
+                    shared, space, hashed)
     table = []
     for op in RUN_OPERATIONS:
         table += [op] * round(1000 * mix.get(op, 0) / total)

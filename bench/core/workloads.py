@@ -133,7 +133,8 @@ def records_plan(config, index, shared=None):
     over them all).  The warm-up and the run phase draw from one stream of
     items over one record window: the run goes on where the warm-up stopped."""
     procs = config.procs
-    load = dataset.load_keys(config.keys, index, procs)
+    hashed = config.insert_order == "hashed"
+    load = dataset.load_keys(config.keys, index, procs, hashed)
     # Requests that may overtake each other need a guard at the window's ends.
     guard = config.concurrency if config.driver == "threads" or config.pool else 0
     made = []
@@ -158,7 +159,7 @@ def records_plan(config, index, shared=None):
             # (not where each process drives an instance of its own, nor a pool's
             # replicas, which apply an insert after the master answered it)
             shared=shared if procs > 1 and not config.pool and not config.hosts
-            and config.instances == 1 else None, expected_all=everyone))
+            and config.instances == 1 else None, expected_all=everyone, hashed=hashed))
         return made[0]
 
     def warmup(inserted):
@@ -170,5 +171,6 @@ def records_plan(config, index, shared=None):
         if config.warmup and count is not None:
             items = itertools.islice(items, count)
         return Phase("run", items, count, window)
-    return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), len(load))] \
+    loaded = dataset.share(config.keys, index, procs)
+    return [lambda inserted: Phase("load", zip(itertools.repeat("insert"), load), loaded)] \
         + ([warmup] if config.warmup else []) + [run]

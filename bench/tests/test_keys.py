@@ -5,6 +5,7 @@ import random
 import pytest
 
 from bench.core import dataset, keys
+from bench.core.config import Config
 from bench.core.values import parse_sizes
 
 DRAWS = 200_000
@@ -197,3 +198,26 @@ def test_latest_builds_its_generator_before_the_first_draw():
     building = time.perf_counter() - started
     # The first draw of the run's generator costs a draw, not zeta over 400,000 items.
     assert first < building / 5, (first, building)
+
+
+def test_hashed_insert_order_keys_are_the_records_fnv_hashes():
+    assert list(dataset.load_keys(6, 1, 2, hashed=True)) == [keys.fnv64(n) for n in (1, 3, 5)]
+    window = dataset.Window(4, 0, 1, keys.chooser("uniform", random.Random(0)), hashed=True)
+    assert window.key(2) == dataset.record_key(2, True) == keys.fnv64(2)
+    first, second = window.next("insert"), window.next("insert")
+    assert (first, second) == (keys.fnv64(4), keys.fnv64(5))
+    window.ack(second)          # out of order: nothing new is readable yet
+    assert window.acked == 4
+    window.ack(first)
+    assert window.acked == 6
+    reads = {window.next("select") for _ in range(200)}
+    assert reads == {keys.fnv64(n) for n in range(6)}
+
+
+def test_hashed_insert_order_refuses_a_transaction_and_the_phases_workload():
+    with pytest.raises(ValueError, match="consecutive keys"):
+        dataset.run_items({"tx": 10, "select": 90}, 100, 0, 1, "uniform", 0, hashed=True)
+    for overrides in ({"workload": "mix", "mix": {"tx": 10, "select": 90}},
+                      {"workload": "phases"}):
+        with pytest.raises(ValueError, match="insert-order hashed"):
+            Config(insert_order="hashed", **overrides)

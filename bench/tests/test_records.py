@@ -8,6 +8,7 @@ import tarantool
 from bench.__main__ import main as bench_main
 from bench.core.config import Config
 from bench.core.dataset import PRESETS
+from bench.core.keys import fnv64
 from gtarantool.testing.server import TarantoolServer, binary_version
 
 GRANT = "box.schema.user.grant('guest', 'read,write,execute,create', 'universe')"
@@ -158,3 +159,19 @@ def test_ycsb_e_scans_in_one_select(server, tmp_path, driver):
     ops, counted = phase["ops"], phase["server"]["requests"]
     assert counted["select"] / ops == pytest.approx(0.95, rel=0.1)
     assert counted["insert"] / ops == pytest.approx(0.05, rel=0.5)
+
+
+@pytest.mark.parametrize("preset", ["ycsb-a", "ycsb-e"])
+def test_hashed_insert_order_stores_each_record_under_its_hash(server, tmp_path, preset):
+    results = run(server, tmp_path, "--workload", preset, "--records", "300", "--ops", "600",
+                  "--insert-order", "hashed")
+    phase = results["phases"][1]
+    assert phase["errors"] == {} and phase["server"]["match"]
+    inserted = phase["server"]["requests"].get("insert", 0)
+    conn = tarantool.Connection(server.host, server.port)
+    try:
+        ids = conn.eval("local r = {} for _, t in box.space.bench:pairs() do "
+                        "r[#r + 1] = t[1] end return r").data[0]
+    finally:
+        conn.close()
+    assert sorted(ids) == sorted(fnv64(n) for n in range(300 + inserted))
