@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import sys
+import threading
 import time
 
 import tarantool
@@ -235,12 +236,35 @@ class _Run:
                 self._print_seconds(phase, math.floor(time.monotonic()) - PRINT_DELAY)
         return [got[i] for i in range(len(self.pipes))]
 
+    def _worker_error(self, wait=5.0):
+        """The first error a worker sent (a worker that fails breaks the barrier, then
+        says why), or None."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            ready = multiprocessing.connection.wait(
+                self.pipes, max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            for pipe in ready:
+                try:
+                    message = pipe.recv()
+                except EOFError:
+                    index = self.pipes.index(pipe)
+                    return "worker %d exited (code %s)" % (index, self.procs[index].exitcode)
+                if message[0] == "error":
+                    return message[1]
+        return None
+
     def _phase(self, name, barrier):
         """Open the barrier for one phase and gather it; returns the phase's results."""
         self.target.settle()
         stat_before = self.target.stat()
         cpu_before = self.target.cpu_seconds()
-        barrier.wait(BARRIER_TIMEOUT)
+        try:
+            barrier.wait(BARRIER_TIMEOUT)
+        except threading.BrokenBarrierError:
+            raise BenchError(self._worker_error() or "a worker did not reach the start of "
+                             "phase %s within %.0f s" % (name, BARRIER_TIMEOUT)) from None
         started = time.monotonic()
         if self.t0 is None:
             self.t0, self.t0_epoch = started, time.time()

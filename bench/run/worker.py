@@ -51,6 +51,8 @@ def main(index, config, host, port, pipe, barrier, orders, shared=None):
     except threading.BrokenBarrierError:
         pass  # the parent gave up on the run and says why
     except Exception:
+        # Broken, the barrier frees the parent and the other workers at once.
+        barrier.abort()
         pipe.send(("error", "worker %d:\n%s" % (index, traceback.format_exc())))
     finally:
         for provider in providers:   # (a worker's exit runs no atexit hook)

@@ -3,6 +3,7 @@ and the JSON report holds every figure."""
 import argparse
 import json
 import re
+import time
 
 import pytest
 import tarantool
@@ -347,3 +348,12 @@ def test_a_select_the_server_made_itself_is_explained():
     assert "1 more select than sent" in feedback_hint({"feedback": True}, phase)
     assert feedback_hint({"feedback": False}, phase) is None
     assert feedback_hint({"feedback": True}, dict(phase, requests={"select": 99})) is None
+
+
+def test_a_worker_that_fails_before_a_phase_ends_the_run_at_once():
+    config = Config(driver="gtarantool", workload="mix", keys=100, mix={"select": 100}, **SMALL)
+    config.mix = {"select": 90, "upsert": 10}   # past the parent's checks: refused in the worker
+    started = time.monotonic()
+    with pytest.raises(runner.BenchError, match="unknown operations upsert"):
+        runner.run(config)
+    assert time.monotonic() - started < runner.BARRIER_TIMEOUT / 4
