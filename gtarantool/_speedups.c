@@ -97,10 +97,10 @@ static PyObject *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zer
  * TransportCore below; the module's TRANSPORT_HOOKS lists them, and
  * transport.TransportState.HOOKS must match it). */
 enum { H_REQUEST_GENERAL, H_FORGET, H_SWITCHED_EARLY, H_AFTER_SEND, H_FLUSH_EARLY,
-       H_AFTER_LONE_RECEIVE, H_HAND_ON, H_FLUSH, H_HALVE, N_HOOKS };
+       H_AFTER_LONE_RECEIVE, H_HAND_ON, H_FLUSH, N_HOOKS };
 static const char *hook_names[N_HOOKS] = {
     "request_general", "forget", "switched_early", "after_send", "flush_early",
-    "after_lone_receive", "hand_on", "flush", "halve"};
+    "after_lone_receive", "hand_on", "flush"};
 static PyObject *hooks[N_HOOKS];   /* their interned names */
 
 /* ResponseCore: the fields of a response (protocol.responses.Response and
@@ -1588,7 +1588,7 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
                                                &str_max_in_flight};
 
 /* Requester(transport, slow, wakeup_set, getcurrent, max_in_flight,
- * flush_every, cutter, halve_up_to=0).request(sync, code, schema_version, body) is
+ * flush_every, cutter).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
@@ -1596,9 +1596,7 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
  * frames the header, queues header and body for the writer (a lone request:
  * sends them, as send_now below),
  * registers the current greenlet under its sync (every flush_every requests
- * queued, calls transport.flush_early(); once half of a batch of at most
- * halve_up_to woken callers with nothing at the server is, see halve_due,
- * transport.halve()) and switches away (to
+ * queued, calls transport.flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
  * from `ready` (a RawReply finished by `cutter`, the transport's ReplyCutter
  * or None).  Any other call goes to slow(transport, sync, code,
@@ -1617,7 +1615,6 @@ typedef struct {
     PyObject *hub, *hub_switch, *getcurrent;
     Py_ssize_t max_in_flight;
     Py_ssize_t flush_entries;   /* wbuf entries (two per request) between early flushes */
-    Py_ssize_t halve_up_to;     /* the largest batch of woken callers sent in halves */
     PyObject *cutter;           /* the ReplyCutter that finishes RawReplies, or None */
     Counters counters;          /* transport.stats's */
     int stopped;                /* the transport died: every call goes to slow() */
@@ -1730,23 +1727,6 @@ count(Counters *c, PyObject *stats, int which, Py_ssize_t n, int highest)
     return 0;
 }
 
-/* Whether the request just queued completes the first half of a batch of
- * woken callers that found none of its requests at the server (every request
- * registered is in wbuf, two entries each), of at most halve_up_to callers:
- * as Transport.request decides it.  1, 0, or -1 with an exception set. */
-static int
-halve_due(Requester *self, Py_ssize_t queued)
-{
-    Py_ssize_t waking;
-
-    if (queued != PyDict_GET_SIZE(self->pending) || queued >= self->halve_up_to)
-        return 0;
-    waking = PyObject_Size(self->ready);
-    if (waking < 0)
-        return -1;
-    return 0 < waking && waking <= queued && queued + waking <= self->halve_up_to;
-}
-
 /* Transport._send_now: one non-blocking writev of header and body from the
  * caller's greenlet.  The common end (all sent) is counted here; the others
  * (part sent, none, an error) go to transport.after_send(header, body, sent).
@@ -1819,7 +1799,7 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
     unsigned long schema_value;
     long code_value;
     Py_ssize_t queued;
-    int alone, halve;
+    int alone;
     PyObject *slow_args[5];
 
     if (!initialised((PyObject *)self, self->pending, 1))
@@ -1897,14 +1877,9 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
             PyList_SetSlice(self->wbuf, queued, queued + 1, NULL);
             goto unregister;
         }
-        queued = PyList_GET_SIZE(self->wbuf);
-        halve = halve_due(self, queued / 2);
-        if (halve < 0)
-            goto forget;
-        if (halve || queued % self->flush_entries == 0) {
+        if (PyList_GET_SIZE(self->wbuf) % self->flush_entries == 0) {
             /* queued and registered: a failed send fails the transport, and so this caller */
-            res = PyObject_CallMethodNoArgs(self->transport,
-                                            hooks[halve ? H_HALVE : H_FLUSH_EARLY]);
+            res = PyObject_CallMethodNoArgs(self->transport, hooks[H_FLUSH_EARLY]);
             if (res == NULL)
                 goto forget;
             Py_DECREF(res);
@@ -1990,14 +1965,13 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 {
     PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent,
         *cutter;
-    Py_ssize_t max_in_flight, flush_every, halve_up_to = 0;
+    Py_ssize_t max_in_flight, flush_every;
     static char *names[] = {"transport", "slow", "wakeup_set", "getcurrent", "max_in_flight",
-                            "flush_every", "cutter", "halve_up_to", NULL};
+                            "flush_every", "cutter", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOnnO|n:Requester", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOnnO:Requester", names,
                                      &TransportCoreType, &transport, &slow, &wakeup_set,
-                                     &getcurrent, &max_in_flight, &flush_every, &cutter,
-                                     &halve_up_to)
+                                     &getcurrent, &max_in_flight, &flush_every, &cutter)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     if (cutter != Py_None && !Py_IS_TYPE(cutter, &ReplyCutterType)) {
@@ -2040,7 +2014,6 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->max_in_flight = max_in_flight;
     self->flush_entries = 2 * flush_every;
-    self->halve_up_to = halve_up_to;
     self->generation = fork_generation;
     Py_XSETREF(self->pending, pending);   /* last: request() checks it */
     return 0;

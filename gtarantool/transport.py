@@ -17,10 +17,7 @@ the callers of such a batch queue is sent by the hub once they all wait again
 (``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
-on the first while the rest still queue theirs, and a batch of at most
-``HALVE_UP_TO`` callers that finds none of its requests at the server sends
-its first half as soon as that is queued, so that the server works on it while
-the client runs the second.
+on the first while the rest still queue theirs.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -76,13 +73,6 @@ _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else Non
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
 FLUSH_EVERY = 128
-# A batch of at most this many woken callers that finds none of its requests
-# at the server sends its first half as soon as it is queued, so that the
-# server works on it while the client runs the second (see docs/design.rst).
-HALVE_UP_TO = 64
-# After this many such batches in a row whose halves came back together, a
-# batch is halved only once per this many (see Transport.halve).
-HALVE_RETRY = 64
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
@@ -180,16 +170,14 @@ class TransportState:
     while it waited; ``switched_early(sync, greenlet)``, a caller switched to
     before its reply came; ``after_send(header, body, sent)``, a caller's own
     send that the socket did not take whole (``sent`` bytes, or the OSError);
-    ``flush_early()``, every ``FLUSH_EVERY`` queued requests; ``halve()``,
-    once the first half of a small batch of woken callers is queued
-    (``HALVE_UP_TO``);
+    ``flush_early()``, every ``FLUSH_EVERY`` queued requests;
     ``after_lone_receive(received, taken)``, a lone receive that was not one
     whole reply; ``hand_on(more)``, after the read watcher's receive; and
     ``flush()``, to send what the caller the read watcher woke has queued.
     """
 
     HOOKS = ("request_general", "forget", "switched_early", "after_send", "flush_early",
-             "after_lone_receive", "hand_on", "flush", "halve")
+             "after_lone_receive", "hand_on", "flush")
 
     __slots__ = ("_pending", "_ready", "_wbuf", "_queue", "_hub", "_reader", "_rbuf", "stats",
                  "_fd", "_rlen", "_waking", "_flush_due", "max_response_size", "_requester")
@@ -225,17 +213,9 @@ class TransportState:
             if not buf and not self._flush_due:
                 self._wakeup.set()
             buf += (header, body)   # two entries per request: the writer counts len(buf) // 2
-            queued = len(buf) // 2
-            # The first half of a small batch of woken callers, none of whose
-            # requests is at the server (all queued here), may go now.
-            halve = (queued == len(pending) and 0 < len(ready) <= queued
-                     and queued + len(ready) <= HALVE_UP_TO)
-            if halve or queued % FLUSH_EVERY == 0:
+            if len(buf) % (2 * FLUSH_EVERY) == 0:
                 try:
-                    if halve:
-                        self.halve()
-                    else:
-                        self.flush_early()
+                    self.flush_early()
                 except BaseException:   # queued: its reply, if it comes, is discarded
                     self.forget(sync, current)
                     raise
@@ -285,7 +265,6 @@ class Transport(_State):
     """
 
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
-                 "_round_reads", "_pingpong",
                  "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
                  "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "draining",
                  "__weakref__")
@@ -313,8 +292,6 @@ class Transport(_State):
         # once they all wait again (flush): they need not wake the writer.
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
-        self._round_reads = 0             # stats.recv_calls at the last halve()
-        self._pingpong = 0                # halve() calls in a row, at most two reads apart
         self._wbuf = []                   # frames to send, two pieces per request
         self._wakeup = Event()            # the writer's: something to send
         self._sending = False             # the writer is sending the front of _wbuf
@@ -340,7 +317,7 @@ class Transport(_State):
         if speedups is not None:
             self._requester = speedups.Requester(self, Transport.request_general,
                                                   self._wakeup.set, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY, self._cutter, HALVE_UP_TO)
+                                                  FLUSH_EVERY, self._cutter)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -561,25 +538,8 @@ class Transport(_State):
         self._waking = self._flush_due = False
         self.flush()
 
-    def halve(self):
-        """The first half of a batch of at most ``HALVE_UP_TO`` woken callers,
-        none of whose requests was at the server, is queued: send it now
-        (``flush_early``), so that the server works on it while the rest run.
-        When such batches come one or two reads after another, the halves came
-        back together (the client had no core to run beside the server), and
-        halving cost a write for nothing: of such batches in a row only the
-        first, second, fourth ... and every ``HALVE_RETRY``-th is halved."""
-        reads = self.stats.recv_calls
-        if reads == self._round_reads:   # the same batch, not halved: its next callers
-            return
-        pingpong = self._pingpong + 1 if reads - self._round_reads <= 2 else 0
-        self._round_reads, self._pingpong = reads, pingpong
-        if pingpong & (pingpong - 1) == 0 or pingpong % HALVE_RETRY == 0:
-            self.flush_early()
-
     def flush_early(self):
-        """Every ``FLUSH_EVERY`` requests queued, and once the first half of a
-        small batch with nothing at the server is: send them now (see the module),
+        """Every ``FLUSH_EVERY`` requests queued: send them now (see the module),
         unless the writer has a backlog (the socket was full): that would be
         copied again for every ``FLUSH_EVERY`` requests."""
         if not self._wakeup.is_set():

@@ -20,7 +20,7 @@ from tarantool.msgpack_ext.unpacker import ext_hook as tarantool_ext_hook
 import gtarantool
 from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol import Response
-from gtarantool.transport import FLUSH_EVERY, HALVE_UP_TO
+from gtarantool.transport import FLUSH_EVERY
 
 from .fakepeer import tarantool_frame
 from .timing import slack
@@ -657,63 +657,10 @@ def _peek(b):
         return b""
 
 
-def test_a_small_batch_with_nothing_at_the_server_sends_its_first_half_at_once(monkeypatch):
-    """Ten callers woken together with none of their requests left at the
-    server: the first five requests are written as soon as they are queued,
-    while the other five callers have yet to run, and the rest in one more
-    write once they wait: two writes in all."""
-    transport, a, b = _socketpair_transport()
-    try:
-        seen, sends = _batch_sends(transport, b, 10, monkeypatch)
-        assert seen == [([11, 12, 13, 14, 15], 5)]
-        assert sends == 2
-    finally:
-        transport.close()
-        a.close()
-        b.close()
-
-
-def test_halves_that_keep_coming_back_together_are_tried_ever_more_rarely(monkeypatch):
-    """Ten callers in ping-pong with a peer that answers each round in one piece
-    (the halves never form two groups): only the first, second, fourth, eighth
-    ... such round is halved, so the rounds cost one write each, not two."""
-    from gtarantool.transport import Transport
-    transport, a, b = _socketpair_transport()
-    halved = []
-    flush_early = Transport.flush_early
-
-    def watched(self):
-        halved.append(self.stats.send_calls)
-        flush_early(self)
-    monkeypatch.setattr(Transport, "flush_early", watched)
-    rounds = 40
-
-    def caller(i):
-        for r in range(rounds):
-            transport.request(1 + i + 10 * r, 64, 0, b"\x80")
-    try:
-        callers = [gevent.spawn(caller, i) for i in range(10)]
-        for r in range(rounds):
-            frames = _receive(b, 10)
-            assert sorted(h[IPROTO_SYNC] for h, _ in frames) == list(range(1 + 10 * r,
-                                                                           11 + 10 * r))
-            if r == 1:
-                sends = transport.stats.send_calls
-            _answer(b, frames)
-        gevent.joinall(callers, timeout=slack(5))
-        assert all(c.successful() for c in callers)
-        assert 2 <= len(halved) <= 7   # rounds 1, 2, 4, 8, 16, 32 in a row (and the first)
-        assert transport.stats.send_calls - sends <= rounds - 2 + len(halved)
-    finally:
-        transport.close()
-        a.close()
-        b.close()
-
-
-@pytest.mark.parametrize("count", [HALVE_UP_TO + 1, FLUSH_EVERY - 1])
-def test_a_large_batch_with_nothing_at_the_server_goes_out_in_one_write(monkeypatch, count):
-    """More woken callers than HALVE_UP_TO (and at most FLUSH_EVERY): the
-    server gets their requests in one write, with no early flush."""
+@pytest.mark.parametrize("count", [10, FLUSH_EVERY - 1])
+def test_a_batch_with_nothing_at_the_server_goes_out_in_one_write(monkeypatch, count):
+    """Woken callers (at most FLUSH_EVERY) with none of their requests at the
+    server: it gets their requests in one write, with no early flush."""
     transport, a, b = _socketpair_transport(max_in_flight=2 * count)
     try:
         seen, sends = _batch_sends(transport, b, count, monkeypatch)
