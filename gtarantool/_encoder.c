@@ -1133,6 +1133,7 @@ convert_lines(PyObject *module, PyObject *args)
     PyObject *data, *n_obj, *delimiter, *quote, *null, *width, *plan, *out = NULL;
     Plan p;
     Scratch s = {NULL, NULL, NULL};
+    Py_buffer buffer = {NULL, NULL};
     const char *q, *sep, *at, *end;
     Py_ssize_t qn, sepn, n, k;
     int plain;
@@ -1142,8 +1143,8 @@ convert_lines(PyObject *module, PyObject *args)
         return NULL;
     if (plan_read(&p, null, width, plan) < 0)
         goto done;
-    if (!PyBytes_CheckExact(data) || !PyLong_CheckExact(n_obj)) {
-        PyErr_SetString(PyExc_TypeError, "data must be bytes and n an int");
+    if (!PyObject_CheckBuffer(data) || !PyLong_CheckExact(n_obj)) {
+        PyErr_SetString(PyExc_TypeError, "data must be bytes-like and n an int");
         goto done;
     }
     if (!PyUnicode_CheckExact(delimiter) || PyUnicode_GET_LENGTH(delimiter) != 1
@@ -1156,35 +1157,30 @@ convert_lines(PyObject *module, PyObject *args)
         goto done;
     if (scratch_new(&s, p.ncols) < 0)
         goto done;
+    /* (held to the end: a bytearray cannot be resized meanwhile, by a call) */
+    if (PyObject_GetBuffer(data, &buffer, PyBUF_SIMPLE) < 0)
+        goto done;
     n = PyLong_AsSsize_t(n_obj);
-    if (n < 0) {
+    if (n < 0 || n > buffer.len) {
         if (PyErr_Occurred())
             PyErr_Clear();
-        out = Py_NewRef(Py_None);   /* (no bytes hold a negative number of lines) */
+        /* (every line but an unended last one has its newline: no more lines than bytes) */
+        out = Py_NewRef(Py_None);
         goto done;
     }
-    at = PyBytes_AS_STRING(data);
-    end = at + PyBytes_GET_SIZE(data);
-    /* n lines: as many newlines, one more when the last line has none */
-    {
-        Py_ssize_t lines = 0;
-        const char *c = at;
-        while ((c = memchr(c, '\n', end - c)) != NULL) {
-            lines++;
-            c++;
-        }
-        if (end > at && end[-1] != '\n')
-            lines++;
-        if (lines != n) {
-            out = Py_NewRef(Py_None);
-            goto done;
-        }
-    }
+    at = (const char *)buffer.buf;
+    end = at + buffer.len;
     plain = !holds(at, end - at, q, qn) && memchr(at, '\r', end - at) == NULL;
+    /* (n items, each set below or the list dropped: not n lines) */
     out = PyList_New(n);
     if (out == NULL)
         goto done;
     for (k = 0; k < n; k++) {
+        if (at == end) {   /* fewer lines than n */
+            Py_SETREF(out, Py_NewRef(Py_None));
+            goto done;
+        }
+
         const char *nl = memchr(at, '\n', end - at), *line_end = nl ? nl : end, *f;
         Py_ssize_t i = 0;
         PyObject *row;
@@ -1228,7 +1224,11 @@ convert_lines(PyObject *module, PyObject *args)
         PyList_SET_ITEM(out, k, row);
         at = nl ? nl + 1 : end;
     }
+    if (at != end)         /* more lines than n */
+        Py_SETREF(out, Py_NewRef(Py_None));
 done:
+    if (buffer.obj != NULL)
+        PyBuffer_Release(&buffer);
     scratch_free(&s);
     PyMem_Free(p.cols);
     return out;

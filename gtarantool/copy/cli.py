@@ -108,7 +108,7 @@ class Worker:
         self.csv = dialect(self.fmt, options["delimiter"], options["quote"])
         self.csv.pop("lineterminator")
 
-    def chunk(self, first: int, data: bytes, n: int) -> Tuple[Any, ...]:
+    def chunk(self, first: int, data: Any, n: int) -> Tuple[Any, ...]:
         """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
         for the ``n`` records in ``data``, the first of which is row ``first`` (0-based)."""
         from gtarantool.pipeline import _gc_paused
@@ -119,7 +119,7 @@ class Worker:
         with _gc_paused():
             return self._chunk(first, data, n)
 
-    def _chunk(self, first: int, data: bytes, n: int) -> Tuple[Any, ...]:
+    def _chunk(self, first: int, data: Any, n: int) -> Tuple[Any, ...]:
         from gtarantool.copy import CopyError, copy_from
 
         cpu = time.process_time()
@@ -181,13 +181,23 @@ class Worker:
         self.target.close()
 
 
-def _take(pipe: Any) -> Optional[Tuple[int, int, bytes, int]]:
-    """The next order: a chunk (number, first row, bytes, records), or None: stop."""
+def _take(pipe: Any) -> Optional[Tuple[int, int, Any, int]]:
+    """The next order: a chunk (number, first row, its bytes, records), or None: stop.
+
+    A chunk's bytes follow its message as they are (no frame, no pickle): read
+    into one buffer, with no copy beyond the system's."""
     message = pipe.recv()
     if message is None:
         return None
-    chunk_no, first, n = message
-    return chunk_no, first, pipe.recv_bytes(), n
+    chunk_no, first, n, size = message
+    data = bytearray(size)
+    view, got, fd = memoryview(data), 0, pipe.fileno()
+    while got < size:
+        k = os.readv(fd, [view[got:]])
+        if not k:
+            raise EOFError("the feeder went away in the middle of a chunk")
+        got += k
+    return chunk_no, first, data, n
 
 
 def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
@@ -225,8 +235,8 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
 
 # -- the feeder ----------------------------------------------------------------------------
 
-def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, bytes, int]]:
-    """(chunk number, index of its first row, its records as bytes, their count)
+def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, List[Any], int]]:
+    """(chunk number, index of its first row, its records as pieces of bytes, their count)
     after --skip-rows, up to --max-rows, no faster than --rate.  The file is
     read in blocks of whole records (formats.blocks) and cut at record ends:
     the feeder parses nothing."""
@@ -254,10 +264,10 @@ def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, b
                 take = min(take, most - fed)
                 if take <= 0:
                     break
-            end = block.after(pos, take)
+            end = len(block.data) if take == left else block.after(pos, take)
             if not in_chunk:
                 index = n
-            # (a view: the chunk's join is the one copy)
+            # (views: a chunk goes to its worker piece by piece, never joined)
             pieces.append(memoryview(block.data)[pos:end] if pos or end < len(block.data)
                           else block.data)
             pos = end
@@ -268,7 +278,7 @@ def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, b
             if in_chunk >= size:
                 if args.rate:
                     _pace(started, fed, args.rate)
-                yield chunk_no, index, b"".join(pieces), in_chunk
+                yield chunk_no, index, pieces, in_chunk
                 chunk_no += 1
                 pieces, in_chunk = [], 0
         if most is not None and fed >= most:
@@ -276,7 +286,7 @@ def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, b
     if in_chunk:
         if args.rate:
             _pace(started, fed, args.rate)
-        yield chunk_no, index, b"".join(pieces), in_chunk
+        yield chunk_no, index, pieces, in_chunk
 
 
 def _pace(started: float, fed: int, rate: float) -> None:
@@ -430,11 +440,15 @@ class _Pool:
                 return pipe
         return None
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, bytes, int]) -> None:
-        chunk_no, first, data, n = chunk
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+        chunk_no, first, pieces, n = chunk
         self.held[pipe].append(chunk_no)
-        pipe.send((chunk_no, first, n))
-        pipe.send_bytes(data)   # (as it is: no pickling of the chunk's bytes)
+        pipe.send((chunk_no, first, n, sum(map(len, pieces))))
+        fd = pipe.fileno()
+        for piece in pieces:   # (the pieces as they are: see _take)
+            view = memoryview(piece).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
 
     def busy(self) -> bool:
         return any(self.held.values())
@@ -474,8 +488,10 @@ class _Local:
     def free(self) -> Optional[Any]:
         return None if self.ready else self
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, bytes, int]) -> None:
-        self.ready.append(("chunk", (chunk[0],) + self.worker.chunk(*chunk[1:])))
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+        chunk_no, first, pieces, n = chunk
+        self.ready.append(("chunk", (chunk_no,) + self.worker.chunk(first, b"".join(pieces),
+                                                                   n)))
 
     def busy(self) -> bool:
         return bool(self.ready)
@@ -581,10 +597,10 @@ class _Counted:
             self.bytes += len(line)
             yield line
 
-    def read(self, size: int) -> bytes:
-        data = self.stream.read(size)
-        self.bytes += len(data)
-        return data
+    def readinto(self, buffer: Any) -> int:
+        n = self.stream.readinto(buffer) or 0
+        self.bytes += n
+        return n
 
     def readline(self) -> bytes:
         line = self.stream.readline()

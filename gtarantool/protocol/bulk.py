@@ -183,8 +183,9 @@ def convert_records(records, null, width, plan):
 
 
 def convert_lines(data, n, delimiter, quote, null, width, plan):
-    """:func:`convert_records` of the ``n`` lines of ``data`` (UTF-8 bytes, each
-    line ending with a newline but perhaps the last), each split at ``delimiter``.
+    """:func:`convert_records` of the ``n`` lines of ``data`` (UTF-8 bytes, or a
+    bytearray or another buffer of them, each line ending with a newline but
+    perhaps the last), each split at ``delimiter``.
 
     A line that is empty, holds ``quote`` or a carriage return (the csv module
     parses those) or is not UTF-8 gives None.
@@ -194,8 +195,12 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
     :raises TypeError, ValueError: a malformed argument.
     """
     _check_plan(null, width, plan)
-    if type(data) is not bytes or type(n) is not int:
-        raise TypeError("data must be bytes and n an int")
+    try:
+        data = bytes(memoryview(data))
+    except TypeError:
+        data = None
+    if data is None or type(n) is not int:
+        raise TypeError("data must be bytes-like and n an int")
     if type(delimiter) is not str or len(delimiter) != 1 or type(quote) is not str \
             or len(quote) != 1:
         raise TypeError("delimiter and quote must be one-character str")
