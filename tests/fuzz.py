@@ -465,7 +465,8 @@ def convert_case(rng):
     quote = rng.choice(('"', '"', "'", "«"))
     records, lines = [], []
     for _ in range(rng.choice((0, 1, 3, 10, 40))):
-        fields = [rng.choice(TEXTS + [null]) for _ in range(ncols + rng.choice((0, 0, 0, 0, 1, -1)))]
+        width_k = ncols + rng.choice((0, 0, 0, 0, 1, -1))
+        fields = [rng.choice(TEXTS + [null]) for _ in range(width_k)]
         if rng.random() < 0.05 and fields:
             fields[0] = quote + fields[0] + quote
         records.append(fields if rng.random() < 0.95 else rng.choice((None, "x", [1], ())))

@@ -533,7 +533,7 @@ def test_blocks_cut_records_as_records_does_whatever_the_block_size():
             lines[-1] = lines[-1].rstrip(b"\n")   # a last line with no newline
         fmt = rng.choice(["csv", "tsv", "jsonl"])
         expected = list(records(lines, fmt))
-        got, ends = [], []
+        got = []
         for block in blocks(io.BytesIO(b"".join(lines)), fmt, size=rng.randrange(1, 30)):
             cut = split_records(block.data, fmt)
             assert len(cut) == block.count

@@ -181,16 +181,22 @@ class Worker:
         self.target.close()
 
 
-def _take(pipe: Any) -> Optional[Tuple[int, int, Any, int]]:
+def _take(pipe: Any, spare: Optional[bytearray] = None
+          ) -> Optional[Tuple[int, int, bytearray, int]]:
     """The next order: a chunk (number, first row, its bytes, records), or None: stop.
 
     A chunk's bytes follow its message as they are (no frame, no pickle): read
-    into one buffer, with no copy beyond the system's."""
+    into one buffer (``spare``, a chunk's done with, when it is large enough:
+    memory the process has touched already), with no copy beyond the system's."""
     message = pipe.recv()
     if message is None:
         return None
     chunk_no, first, n, size = message
-    data = bytearray(size)
+    if spare is not None and len(spare) >= size:
+        data = spare
+        del data[size:]
+    else:
+        data = bytearray(size)
     view, got, fd = memoryview(data), 0, pipe.fileno()
     while got < size:
         k = os.readv(fd, [view[got:]])
@@ -212,11 +218,13 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
         return
     pipe.send(("ready", None))
     orders: Any = collections.deque()
+    spare = None
     try:
         while True:
             if not orders:
                 wait_read(pipe.fileno())     # lets the connection's greenlets run meanwhile
-                orders.append(_take(pipe))
+                orders.append(_take(pipe, spare))
+                spare = None
             order = orders.popleft()
             if order is None:
                 break
@@ -224,8 +232,10 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
             result = worker.chunk(first, data, n)
             # The parent may be writing the next chunk: taking it before answering
             # keeps the two from each waiting for the other to read.
+            spare = data
             while pipe.poll():
-                orders.append(_take(pipe))
+                orders.append(_take(pipe, spare))
+                spare = None
             pipe.send(("chunk", (chunk_no,) + result))
             if result[4] is not None:
                 break
