@@ -1111,20 +1111,57 @@ done:
 }
 
 
-/* Whether [s, s + n) holds the `m` bytes at `needle` (m >= 1). */
-static int
-holds(const char *s, Py_ssize_t n, const char *needle, Py_ssize_t m)
+/* Where the `m` bytes at `needle` (m >= 1) first are in [s, end), or NULL. */
+static const char *
+find(const char *s, const char *end, const char *needle, Py_ssize_t m)
 {
-    const char *end = s + n;
     while (end - s >= m) {
         const char *at = memchr(s, needle[0], end - s - m + 1);
         if (at == NULL)
-            return 0;
+            return NULL;
         if (memcmp(at, needle, m) == 0)
-            return 1;
+            return at;
         s = at + 1;
     }
-    return 0;
+    return NULL;
+}
+
+/* The fields of the line [f, end) into fields/sizes (the first `ncols`);
+ * returns how many there are, or -1 when the line is not in the plain form:
+ * with `quotes`, a field is either quoted whole ("...", no quote inside, the
+ * delimiter or the line's end right after) or holds no quote at all. */
+static Py_ssize_t
+split_line(const char *f, const char *end, const char *sep, Py_ssize_t sepn, const char *q,
+           Py_ssize_t qn, int quotes, const char **fields, Py_ssize_t *sizes,
+           Py_ssize_t ncols)
+{
+    Py_ssize_t i = 0;
+
+    for (;;) {
+        const char *start = f, *stop, *next;
+        if (quotes && end - f >= qn && memcmp(f, q, qn) == 0) {
+            stop = find(f + qn, end, q, qn);
+            if (stop == NULL)
+                return -1;
+            start = f + qn;
+            next = stop + qn;
+            if (next != end && (end - next < sepn || memcmp(next, sep, sepn) != 0))
+                return -1;
+        } else {
+            const char *d = find(f, end, sep, sepn);
+            stop = next = d ? d : end;
+            if (quotes && find(start, stop, q, qn) != NULL)
+                return -1;
+        }
+        if (i < ncols) {
+            fields[i] = start;
+            sizes[i] = stop - start;
+        }
+        i++;
+        if (next == end)
+            return i;
+        f = next + sepn;    /* (next is at a delimiter) */
+    }
 }
 
 static PyObject *
@@ -1136,7 +1173,7 @@ convert_lines(PyObject *module, PyObject *args)
     Py_buffer buffer = {NULL, NULL};
     const char *q, *sep, *at, *end;
     Py_ssize_t qn, sepn, n, k;
-    int plain;
+    int plain;              /* no quote and no carriage return in the data */
 
     if (!PyArg_ParseTuple(args, "OOOOOOO:convert_lines", &data, &n_obj, &delimiter, &quote,
                           &null, &width, &plan))
@@ -1170,7 +1207,7 @@ convert_lines(PyObject *module, PyObject *args)
     }
     at = (const char *)buffer.buf;
     end = at + buffer.len;
-    plain = !holds(at, end - at, q, qn) && memchr(at, '\r', end - at) == NULL;
+    plain = find(at, end, q, qn) == NULL && memchr(at, '\r', end - at) == NULL;
     /* (n items, each set below or the list dropped: not n lines) */
     out = PyList_New(n);
     if (out == NULL)
@@ -1181,38 +1218,11 @@ convert_lines(PyObject *module, PyObject *args)
             goto done;
         }
 
-        const char *nl = memchr(at, '\n', end - at), *line_end = nl ? nl : end, *f;
-        Py_ssize_t i = 0;
+        const char *nl = memchr(at, '\n', end - at), *line_end = nl ? nl : end;
+        Py_ssize_t i = -1;
         PyObject *row;
-        f = at;
-        if (line_end == at
-                || (!plain && (holds(at, line_end - at, q, qn)
-                               || memchr(at, '\r', line_end - at) != NULL))) {
-            PyList_SET_ITEM(out, k, Py_NewRef(Py_None));
-            at = nl ? nl + 1 : end;
-            continue;
-        }
-        /* the fields: split at the delimiter's bytes */
-        for (;;) {
-            const char *d = line_end - f >= sepn ? f : NULL;
-            while (d != NULL) {
-                d = memchr(d, sep[0], line_end - d);
-                if (d == NULL || line_end - d < sepn)
-                    d = NULL;
-                else if (memcmp(d, sep, sepn) == 0)
-                    break;
-                else
-                    d++;
-            }
-            if (i < p.ncols) {
-                s.fields[i] = f;
-                s.sizes[i] = (d ? d : line_end) - f;
-            }
-            i++;
-            if (d == NULL)
-                break;
-            f = d + sepn;
-        }
+        if (line_end != at && (plain || memchr(at, '\r', line_end - at) == NULL))
+            i = split_line(at, line_end, sep, sepn, q, qn, !plain, s.fields, s.sizes, p.ncols);
         if (i != p.ncols)
             row = Py_NewRef(Py_None);
         else

@@ -467,8 +467,13 @@ def convert_case(rng):
     for _ in range(rng.choice((0, 1, 3, 10, 40))):
         width_k = ncols + rng.choice((0, 0, 0, 0, 1, -1))
         fields = [rng.choice(TEXTS + [null]) for _ in range(width_k)]
-        if rng.random() < 0.05 and fields:
-            fields[0] = quote + fields[0] + quote
+        for i in range(len(fields)):
+            shape = rng.random()
+            if shape < 0.1:      # quoted whole, perhaps around a delimiter
+                fields[i] = quote + fields[i] + rng.choice(("", delimiter)) + quote
+            elif shape < 0.13:   # a quote inside, doubled, or after the closing one
+                fields[i] = rng.choice((fields[i] + quote, quote + quote * 2 + quote,
+                                        quote + fields[i] + quote + "x"))
         records.append(fields if rng.random() < 0.95 else rng.choice((None, "x", [1], ())))
         line = delimiter.join(fields).encode()
         noise = rng.random()

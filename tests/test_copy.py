@@ -561,7 +561,8 @@ def test_the_plan_gives_what_row_gives(reader):
               Field("x", "any", nullable=True)]
     conv = Converter(fields)
     texts = ["0", "7", "-3", "+5", " 5", "1_0", "18446744073709551616", "1.5", "1e400", "",
-             "true", "Off", "é", "abc", "NULL", "[1]", '"q"', "-0", "5.", "1e3"]
+             "true", "Off", "é", "abc", "NULL", "[1]", '"q"', "-0", "5.", "1e3", '"a,b"',
+             '"x""y"', 'a"b', '"7"', '""']
     options = dialect("csv")
     options.pop("lineterminator")
     plain = {"unsigned": ["0", "7", "18446744073709551615"], "integer": ["-3", "0", "7"],

@@ -321,14 +321,20 @@ def test_convert_lines_takes_the_strict_spelling_only():
     plan = ((0, bulk.KIND_UNSIGNED, False, None), (1, bulk.KIND_STRING, False, None),
             (2, bulk.KIND_NUMBER, True, None), (3, bulk.KIND_BOOLEAN, False, None))
     data = ("1,a,2,true\n18446744073709551615,é,1.5e3,Off\n+1,a,2,t\n1,a,,no\n"
-            "1,a, 2,y\n1,\"a\",2,y\n1,a,2\n\n1,a,1e400,f\n1,a,2,yes").encode()
-    got = compiled.encoder.convert_lines(data, 10, ",", '"', "", 5, plan)
-    assert got == bulk.convert_lines(data, 10, ",", '"', "", 5, plan)
+            "1,a, 2,y\n1,\"a\",2,y\n1,a,2\n\n1,a,1e400,f\n1,a,2,yes\n"
+            "\"1\",\"a,\nb\",\"\",n\n1,\"a\"\"b\",2,y\n1,a\"b,2,y\n1,\"a\"x,2,y\n"
+            "1,\"a,2,y\n1,a,2,y\r").encode()
+    got = compiled.encoder.convert_lines(data, 17, ",", '"', "", 5, plan)
+    assert got == bulk.convert_lines(data, 17, ",", '"', "", 5, plan)
     assert got == [(1, "a", 2, True, None), (2**64 - 1, "é", 1500.0, False, None), None,
-                   (1, "a", None, False, None), None, None, None, None, None,
-                   (1, "a", 2, True, None)]
+                   (1, "a", None, False, None), None, (1, "a", 2, True, None), None, None,
+                   None, (1, "a", 2, True, None), None, None, None, None, None, None, None]
     assert type(got[0][2]) is int and type(got[1][2]) is float
-    assert compiled.encoder.convert_lines(data, 9, ",", '"', "", 5, plan) is None
+    data = data.replace(b"a,\nb", b"a,b")   # (a quoted value on one line)
+    got = compiled.encoder.convert_lines(data, 16, ",", '"', "", 5, plan)
+    assert got[10] == (1, "a,b", None, False, None) == bulk.convert_lines(
+        data, 16, ",", '"', "", 5, plan)[10]
+    assert compiled.encoder.convert_lines(data, 15, ",", '"', "", 5, plan) is None
 
 
 @pytest.mark.parametrize("args", [

@@ -187,8 +187,10 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
     bytearray or another buffer of them, each line ending with a newline but
     perhaps the last), each split at ``delimiter``.
 
-    A line that is empty, holds ``quote`` or a carriage return (the csv module
-    parses those) or is not UTF-8 gives None.
+    A field is either quoted whole (``"a, b"``: no quote inside, the delimiter
+    or the line's end right after) or holds no quote; a line with any other
+    quoting, a carriage return, no text, or bytes that are not UTF-8 gives None
+    (the csv module parses those).
 
     :returns: a list of ``n`` items (a tuple or None), or None when ``data``
         does not hold exactly ``n`` lines.
@@ -204,7 +206,7 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
     if type(delimiter) is not str or len(delimiter) != 1 or type(quote) is not str \
             or len(quote) != 1:
         raise TypeError("delimiter and quote must be one-character str")
-    q = quote.encode("utf-8")
+    quote.encode("utf-8")
     delimiter.encode("utf-8")
     lines = data.split(b"\n")
     if not lines[-1]:
@@ -213,13 +215,40 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
         return None
     out = []
     for line in lines:
-        if not line or q in line or b"\r" in line:
-            out.append(None)
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            out.append(None)
-            continue
-        out.append(_plan_row(text.split(delimiter), null, width, plan))
+        fields = None
+        if line and b"\r" not in line:
+            try:
+                fields = _split(line.decode("utf-8"), delimiter, quote)
+            except UnicodeDecodeError:
+                pass
+        out.append(None if fields is None else _plan_row(fields, null, width, plan))
     return out
+
+
+def _split(text, delimiter, quote):
+    """The fields of a line in the plain form, or None: a field is quoted whole
+    (no quote inside, the delimiter or the line's end right after: the csv
+    module gives what is between the quotes) or holds no quote at all."""
+    fields = []
+    i, n = 0, len(text)
+    while True:
+        if text.startswith(quote, i):
+            stop = text.find(quote, i + 1)
+            if stop < 0:
+                return None
+            fields.append(text[i + 1:stop])
+            i = stop + 1
+            if i == n:
+                return fields
+            if not text.startswith(delimiter, i):
+                return None
+        else:
+            stop = text.find(delimiter, i)
+            field = text[i:] if stop < 0 else text[i:stop]
+            if quote in field:
+                return None
+            fields.append(field)
+            if stop < 0:
+                return fields
+            i = stop
+        i += len(delimiter)
