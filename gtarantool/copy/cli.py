@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import multiprocessing
 import os
@@ -419,10 +420,17 @@ class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
     def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
-        ctx: Any = multiprocessing.get_context(_start_method())
+        method = _start_method()
+        ctx: Any = multiprocessing.get_context(method)
         self.pipes: List[Any] = []
         self.procs: List[Any] = []
         self.held: Dict[Any, List[int]] = {}
+        if method == "fork":
+            # What the workers inherit (the modules, mostly) out of the
+            # collectors' reach: a worker's collections would touch, and so
+            # copy, every page of it, and the program's last one walk it again.
+            # (fork is taken only where this process is the command line.)
+            gc.freeze()
         for _ in range(n):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(theirs, spec, options), daemon=True)
