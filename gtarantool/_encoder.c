@@ -750,11 +750,515 @@ static PyTypeObject BodyEncoderType = {
     .tp_methods = BodyEncoder_methods,
 };
 
+/* -- convert_lines / convert_records: rows from text by a plan ---------------
+ *
+ * protocol.bulk.convert_lines and convert_records (their specification) in C:
+ * the tuple of each record whose values are all in the strict spelling of
+ * their kind, None for any other record (the caller's converter handles it).
+ * A plan is a tuple of (slot, kind, nullable, call) per column. */
+
+enum { KIND_STRING, KIND_UNSIGNED, KIND_INTEGER, KIND_NUMBER, KIND_DOUBLE, KIND_BOOLEAN,
+       KIND_CALL };
+
+typedef struct {
+    Py_ssize_t slot;
+    int kind, nullable;
+    PyObject *call;             /* borrowed from the plan */
+} Column;
+
+typedef struct {
+    Column *cols;
+    Py_ssize_t ncols, width;
+    PyObject *null;             /* borrowed */
+    const char *null_utf8;
+    Py_ssize_t null_len;
+} Plan;
+
+/* The plan's arguments checked and read, in the order the twin checks them. */
+static int
+plan_read(Plan *p, PyObject *null, PyObject *width, PyObject *plan)
+{
+    Py_ssize_t i;
+
+    p->cols = NULL;
+    if (!PyUnicode_CheckExact(null)) {
+        PyErr_SetString(PyExc_TypeError, "null must be a str");
+        return -1;
+    }
+    p->null = null;
+    p->null_utf8 = PyUnicode_AsUTF8AndSize(null, &p->null_len);
+    if (p->null_utf8 == NULL)
+        return -1;
+    if (!PyLong_CheckExact(width) || (p->width = PyLong_AsSsize_t(width)) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "width must be an int >= 0");
+        return -1;
+    }
+    if (!PyTuple_CheckExact(plan)) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a tuple");
+        return -1;
+    }
+    p->ncols = PyTuple_GET_SIZE(plan);
+    p->cols = PyMem_New(Column, p->ncols ? p->ncols : 1);
+    if (p->cols == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < p->ncols; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(plan, i), *slot, *kind;
+        Column *c = &p->cols[i];
+        long k;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a plan entry is (slot, kind, nullable, call)");
+            return -1;
+        }
+        slot = PyTuple_GET_ITEM(entry, 0);
+        kind = PyTuple_GET_ITEM(entry, 1);
+        if (!PyLong_CheckExact(slot) || (c->slot = PyLong_AsSsize_t(slot)) < 0
+                || c->slot >= p->width) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "a plan's slot must be in 0..width-1");
+            return -1;
+        }
+        if (!PyLong_CheckExact(kind) || (k = PyLong_AsLong(kind)) < KIND_STRING
+                || k > KIND_CALL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "a plan's kind must be in 0..6");
+            return -1;
+        }
+        c->kind = (int)k;
+        c->nullable = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2));
+        if (c->nullable < 0)
+            return -1;
+        c->call = PyTuple_GET_ITEM(entry, 3);
+        if (c->kind == KIND_CALL && !PyCallable_Check(c->call)) {
+            PyErr_SetString(PyExc_TypeError, "a plan's call must be callable");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static char not_strict;                 /* its address only: "not the strict spelling" */
+#define NO ((PyObject *)&not_strict)
+
+/* -?[0-9]+ (the sign only when `signed_`) within int64..uint64, or NO. */
+static PyObject *
+digits_value(const char *s, Py_ssize_t n, int signed_)
+{
+    Py_ssize_t i = 0;
+    uint64_t v = 0;
+    int negative = 0;
+
+    if (signed_ && n > 0 && s[0] == '-') {
+        negative = 1;
+        i = 1;
+    }
+    if (i == n)
+        return NO;
+    for (; i < n; i++) {
+        unsigned d = (unsigned char)s[i] - '0';
+        if (d > 9 || v > (UINT64_MAX - d) / 10)
+            return NO;
+        v = v * 10 + d;
+    }
+    if (!negative)
+        return PyLong_FromUnsignedLongLong(v);
+    if (v > (uint64_t)INT64_MAX + 1)
+        return NO;
+    return PyLong_FromLongLong(v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v);
+}
+
+/* float(text) for text of [0-9.eE+-] only, when finite; else NO. */
+static PyObject *
+float_value(const char *s, Py_ssize_t n)
+{
+    char small[64], *buf = small, *end;
+    double d;
+    Py_ssize_t i;
+    PyObject *result = NO;
+
+    if (n == 0)
+        return NO;
+    for (i = 0; i < n; i++)
+        if (strchr("0123456789.eE+-", s[i]) == NULL || s[i] == '\0')
+            return NO;
+    if (n >= (Py_ssize_t)sizeof(small)) {
+        buf = PyMem_Malloc(n + 1);
+        if (buf == NULL)
+            return PyErr_NoMemory();
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    d = PyOS_string_to_double(buf, &end, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError))
+            PyErr_Clear();
+        else
+            result = NULL;
+    } else if (end == buf + n && d - d == 0.0) {
+        result = PyFloat_FromDouble(d);
+    }
+    if (buf != small)
+        PyMem_Free(buf);
+    return result;
+}
+
+static PyObject *
+boolean_value(const char *s, Py_ssize_t n)
+{
+    static const char *const words[] = {"true", "t", "1", "yes", "y", "on",
+                                        "false", "f", "0", "no", "n", "off"};
+    char low[5];
+    Py_ssize_t i;
+
+    if (n == 0 || n > 5)
+        return NO;
+    for (i = 0; i < n; i++)
+        low[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+    for (i = 0; i < 12; i++)
+        if ((Py_ssize_t)strlen(words[i]) == n && memcmp(low, words[i], n) == 0)
+            return Py_NewRef(i < 6 ? Py_True : Py_False);
+    return NO;
+}
+
+/* The value of one column: a new reference, NO (not strict), or NULL (an
+ * error to raise).  `text` is the str when the caller has one (else it is
+ * made from the UTF-8 `s`, `n`, when the kind needs it). */
+static PyObject *
+column_value(const Column *c, const char *s, Py_ssize_t n, PyObject *text)
+{
+    PyObject *made = NULL, *v;
+
+    switch (c->kind) {
+    case KIND_UNSIGNED:
+        return digits_value(s, n, 0);
+    case KIND_INTEGER:
+        return digits_value(s, n, 1);
+    case KIND_NUMBER:
+        if (memchr(s, '.', n) || memchr(s, 'e', n) || memchr(s, 'E', n))
+            return float_value(s, n);
+        return digits_value(s, n, 1);
+    case KIND_DOUBLE:
+        return float_value(s, n);
+    case KIND_BOOLEAN:
+        return boolean_value(s, n);
+    }
+    if (text == NULL) {
+        text = made = PyUnicode_DecodeUTF8(s, n, "strict");
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                return NULL;
+            PyErr_Clear();
+            return NO;
+        }
+    }
+    if (c->kind == KIND_STRING) {
+        if (made != NULL)
+            return made;
+        return Py_NewRef(text);
+    }
+    v = PyObject_CallOneArg(c->call, text);
+    Py_XDECREF(made);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;
+        PyErr_Clear();
+        return NO;
+    }
+    return v;
+}
+
+/* The tuple for one record (Py_None's reference when a value is not strict,
+ * NULL on an error).  fields[i] / sizes[i]: the UTF-8 of column i;
+ * texts[i] the str, or NULL (then made when needed). */
+static PyObject *
+plan_row(const Plan *p, const char *const *fields, const Py_ssize_t *sizes,
+         PyObject *const *texts)
+{
+    PyObject *row = PyTuple_New(p->width);
+    Py_ssize_t i;
+
+    if (row == NULL)
+        return NULL;
+    for (i = 0; i < p->width; i++)
+        PyTuple_SET_ITEM(row, i, Py_NewRef(Py_None));
+    for (i = 0; i < p->ncols; i++) {
+        const Column *c = &p->cols[i];
+        PyObject *v, *old;
+        if (c->nullable && sizes[i] == p->null_len
+                && memcmp(fields[i], p->null_utf8, sizes[i]) == 0)
+            continue;
+        v = column_value(c, fields[i], sizes[i], texts ? texts[i] : NULL);
+        if (v == NULL) {
+            Py_DECREF(row);
+            return NULL;
+        }
+        if (v == NO) {
+            Py_DECREF(row);
+            return Py_NewRef(Py_None);
+        }
+        old = PyTuple_GET_ITEM(row, c->slot);
+        PyTuple_SET_ITEM(row, c->slot, v);
+        Py_DECREF(old);
+    }
+    return row;
+}
+
+typedef struct {
+    const char **fields;
+    Py_ssize_t *sizes;
+    PyObject **texts;
+} Scratch;
+
+static int
+scratch_new(Scratch *s, Py_ssize_t n)
+{
+    s->fields = PyMem_New(const char *, n ? n : 1);
+    s->sizes = PyMem_New(Py_ssize_t, n ? n : 1);
+    s->texts = PyMem_New(PyObject *, n ? n : 1);
+    if (s->fields == NULL || s->sizes == NULL || s->texts == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+scratch_free(Scratch *s)
+{
+    PyMem_Free((void *)s->fields);
+    PyMem_Free(s->sizes);
+    PyMem_Free(s->texts);
+}
+
+static PyObject *
+convert_records(PyObject *module, PyObject *args)
+{
+    PyObject *records, *null, *width, *plan, *out = NULL;
+    Plan p;
+    Scratch s = {NULL, NULL, NULL};
+    Py_ssize_t n, k, i;
+
+    if (!PyArg_ParseTuple(args, "OOOO:convert_records", &records, &null, &width, &plan))
+        return NULL;
+    if (plan_read(&p, null, width, plan) < 0)
+        goto done;
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "records must be a list");
+        goto done;
+    }
+    if (scratch_new(&s, p.ncols) < 0)
+        goto done;
+    n = PyList_GET_SIZE(records);
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (k = 0; k < n; k++)
+        PyList_SET_ITEM(out, k, Py_NewRef(Py_None));
+    /* (a call may change the list: its length is read again each time) */
+    for (k = 0; k < PyList_GET_SIZE(records) && k < n; k++) {
+        PyObject *record = PyList_GET_ITEM(records, k), *row;
+        int strict = 1;
+        if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != p.ncols)
+            continue;
+        Py_INCREF(record);
+        for (i = 0; i < p.ncols; i++) {
+            PyObject *text = PyList_GET_ITEM(record, i);
+            if (!PyUnicode_CheckExact(text)) {
+                strict = 0;
+                break;
+            }
+            s.texts[i] = text;
+            if (p.cols[i].nullable && PyUnicode_Compare(text, p.null) == 0) {
+                s.fields[i] = p.null_utf8;   /* plan_row takes it as null */
+                s.sizes[i] = p.null_len;
+                continue;
+            }
+            if (PyUnicode_IS_ASCII(text)) {
+                s.fields[i] = (const char *)PyUnicode_DATA(text);
+                s.sizes[i] = PyUnicode_GET_LENGTH(text);
+            } else if (p.cols[i].kind == KIND_STRING || p.cols[i].kind == KIND_CALL) {
+                s.fields[i] = "";      /* (the str itself is used) */
+                s.sizes[i] = -1;
+            } else {
+                strict = 0;            /* no strict number or boolean is beyond ASCII */
+                break;
+            }
+        }
+        if (!strict) {
+            Py_DECREF(record);
+            continue;
+        }
+        /* (the list is held: a call cannot free the str its fields point into) */
+        for (i = 0; i < p.ncols; i++)
+            Py_INCREF(s.texts[i]);
+        row = plan_row(&p, s.fields, s.sizes, s.texts);
+        for (i = 0; i < p.ncols; i++)
+            Py_DECREF(s.texts[i]);
+        Py_DECREF(record);
+        if (row == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(PyList_GET_ITEM(out, k));
+        PyList_SET_ITEM(out, k, row);
+    }
+done:
+    scratch_free(&s);
+    PyMem_Free(p.cols);
+    return out;
+}
+
+
+/* Where the `m` bytes at `needle` (m >= 1) first are in [s, end), or NULL. */
+static const char *
+find(const char *s, const char *end, const char *needle, Py_ssize_t m)
+{
+    while (end - s >= m) {
+        const char *at = memchr(s, needle[0], end - s - m + 1);
+        if (at == NULL)
+            return NULL;
+        if (memcmp(at, needle, m) == 0)
+            return at;
+        s = at + 1;
+    }
+    return NULL;
+}
+
+/* The fields of the line [f, end) into fields/sizes (the first `ncols`);
+ * returns how many there are, or -1 when the line is not in the plain form:
+ * with `quotes`, a field is either quoted whole ("...", no quote inside, the
+ * delimiter or the line's end right after) or holds no quote at all. */
+static Py_ssize_t
+split_line(const char *f, const char *end, const char *sep, Py_ssize_t sepn, const char *q,
+           Py_ssize_t qn, int quotes, const char **fields, Py_ssize_t *sizes,
+           Py_ssize_t ncols)
+{
+    Py_ssize_t i = 0;
+
+    for (;;) {
+        const char *start = f, *stop, *next;
+        if (quotes && end - f >= qn && memcmp(f, q, qn) == 0) {
+            stop = find(f + qn, end, q, qn);
+            if (stop == NULL)
+                return -1;
+            start = f + qn;
+            next = stop + qn;
+            if (next != end && (end - next < sepn || memcmp(next, sep, sepn) != 0))
+                return -1;
+        } else {
+            const char *d = find(f, end, sep, sepn);
+            stop = next = d ? d : end;
+            if (quotes && find(start, stop, q, qn) != NULL)
+                return -1;
+        }
+        if (i < ncols) {
+            fields[i] = start;
+            sizes[i] = stop - start;
+        }
+        i++;
+        if (next == end)
+            return i;
+        f = next + sepn;    /* (next is at a delimiter) */
+    }
+}
+
+static PyObject *
+convert_lines(PyObject *module, PyObject *args)
+{
+    PyObject *data, *n_obj, *delimiter, *quote, *null, *width, *plan, *out = NULL;
+    Plan p;
+    Scratch s = {NULL, NULL, NULL};
+    Py_buffer buffer = {NULL, NULL};
+    const char *q, *sep, *at, *end;
+    Py_ssize_t qn, sepn, n, k;
+    int plain;              /* no quote and no carriage return in the data */
+
+    if (!PyArg_ParseTuple(args, "OOOOOOO:convert_lines", &data, &n_obj, &delimiter, &quote,
+                          &null, &width, &plan))
+        return NULL;
+    if (plan_read(&p, null, width, plan) < 0)
+        goto done;
+    if (!PyObject_CheckBuffer(data) || !PyLong_CheckExact(n_obj)) {
+        PyErr_SetString(PyExc_TypeError, "data must be bytes-like and n an int");
+        goto done;
+    }
+    if (!PyUnicode_CheckExact(delimiter) || PyUnicode_GET_LENGTH(delimiter) != 1
+            || !PyUnicode_CheckExact(quote) || PyUnicode_GET_LENGTH(quote) != 1) {
+        PyErr_SetString(PyExc_TypeError, "delimiter and quote must be one-character str");
+        goto done;
+    }
+    if ((q = PyUnicode_AsUTF8AndSize(quote, &qn)) == NULL
+            || (sep = PyUnicode_AsUTF8AndSize(delimiter, &sepn)) == NULL)
+        goto done;
+    if (scratch_new(&s, p.ncols) < 0)
+        goto done;
+    /* (held to the end: a bytearray cannot be resized meanwhile, by a call) */
+    if (PyObject_GetBuffer(data, &buffer, PyBUF_SIMPLE) < 0)
+        goto done;
+    n = PyLong_AsSsize_t(n_obj);
+    if (n < 0 || n > buffer.len) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        /* (every line but an unended last one has its newline: no more lines than bytes) */
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    at = (const char *)buffer.buf;
+    end = at + buffer.len;
+    plain = find(at, end, q, qn) == NULL && memchr(at, '\r', end - at) == NULL;
+    /* (n items, each set below or the list dropped: not n lines) */
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (k = 0; k < n; k++) {
+        if (at == end) {   /* fewer lines than n */
+            Py_SETREF(out, Py_NewRef(Py_None));
+            goto done;
+        }
+
+        const char *nl = memchr(at, '\n', end - at), *line_end = nl ? nl : end;
+        Py_ssize_t i = -1;
+        PyObject *row;
+        if (line_end != at && (plain || memchr(at, '\r', line_end - at) == NULL))
+            i = split_line(at, line_end, sep, sepn, q, qn, !plain, s.fields, s.sizes, p.ncols);
+        if (i != p.ncols)
+            row = Py_NewRef(Py_None);
+        else
+            row = plan_row(&p, s.fields, s.sizes, NULL);
+        if (row == NULL) {
+            Py_SETREF(out, NULL);
+            goto done;
+        }
+        PyList_SET_ITEM(out, k, row);
+        at = nl ? nl + 1 : end;
+    }
+    if (at != end)         /* more lines than n */
+        Py_SETREF(out, Py_NewRef(Py_None));
+done:
+    if (buffer.obj != NULL)
+        PyBuffer_Release(&buffer);
+    scratch_free(&s);
+    PyMem_Free(p.cols);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"convert_lines", convert_lines, METH_VARARGS,
+     "convert_lines(data, n, delimiter, quote, null, width, plan) -> list or None "
+     "(protocol.bulk.convert_lines)"},
+    {"convert_records", convert_records, METH_VARARGS,
+     "convert_records(records, null, width, plan) -> list (protocol.bulk.convert_records)"},
+    {NULL, NULL, 0, NULL}
+};
+
 static struct PyModuleDef encoder_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gtarantool._encoder",
     .m_doc = "protocol.Encoder.join in C (optional: protocol.py does the same without it).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

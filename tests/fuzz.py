@@ -1,6 +1,6 @@
 """Seeded fuzzers of the C paths against reference parsers (``make fuzz``, ``make sanitize``).
 
-    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder batch feed read]
+    python -m tests.fuzz [--seconds 60] [--seed 1] [cutter encoder batch convert feed read]
 
 runs each target for its share of ``--seconds`` (random cases from one
 ``random.Random(seed)`` per target: the same seed gives the same cases in the
@@ -18,6 +18,10 @@ ASan and UBSan, so a memory error ends the run with a report instead.
 - ``batch``: ``_encoder.BodyEncoder.encode_batch`` (rows of random objects,
   inserts and upserts, syncs up to the last uint64) against its Python twin,
   ``protocol.bulk.encode_batch``.
+- ``convert``: ``_encoder.convert_lines`` and ``convert_records`` (CSV-like
+  text and lists of strings by a random plan of field kinds, with quotes,
+  carriage returns, bytes that are not UTF-8, wrong widths and converters
+  that raise) against their Python twins in ``protocol.bulk``.
 - ``feed``: ``Transport.feed`` (the C and the Python reader) with such
   streams in random pieces, waited for by callers and pipelines' sinks: what
   each gets, and whether the stream fails the connection, must be the
@@ -436,6 +440,75 @@ def fuzz_batch(rng, case):
     assert got == expected, (args, got, expected)
 
 
+# -- convert_lines / convert_records: rows from text by a plan ---------------------
+
+TEXTS = ["0", "7", "-3", "+5", " 5", "5 ", "1_0", "0007", "-0", "-", "18446744073709551615",
+         "18446744073709551616", "-9223372036854775808", "-9223372036854775809",
+         "99999999999999999999999", "1.5", "-.5e3", "5.", "1.0", "1e400", "1e-400", "e5", "1e",
+         ".", "+", "nan", "inf", "Infinity", "", "true", "FALSE", "Yes", "oFf", "y", "t\x00",
+         "truee", "é", "\u0663", "abc", "NULL", "\\N", "x" * 80, "1" * 70, "1." + "5" * 70]
+CALLS = [str.upper, int, float, lambda t: 1 / len(t), lambda t: [t]]
+
+
+def convert_case(rng):
+    """Random arguments of ``convert_lines`` (text) and ``convert_records`` (lists)."""
+    ncols = rng.choice((0, 1, 1, 2, 3, 5))
+    width = ncols + rng.choice((0, 0, 1, 3))
+    slots = rng.sample(range(width), ncols)
+    plan = []
+    for slot in slots:
+        kind = rng.randrange(7)
+        plan.append((slot, kind, rng.random() < 0.3,
+                     rng.choice(CALLS) if kind == 6 or rng.random() < 0.1 else None))
+    null = rng.choice(("", "", "NULL", "\\N", "é"))
+    delimiter = rng.choice((",", ",", "\t", ";", "§"))
+    quote = rng.choice(('"', '"', "'", "«"))
+    records, lines = [], []
+    for _ in range(rng.choice((0, 1, 3, 10, 40))):
+        width_k = ncols + rng.choice((0, 0, 0, 0, 1, -1))
+        fields = [rng.choice(TEXTS + [null]) for _ in range(width_k)]
+        for i in range(len(fields)):
+            shape = rng.random()
+            if shape < 0.1:      # quoted whole, perhaps around a delimiter
+                fields[i] = quote + fields[i] + rng.choice(("", delimiter)) + quote
+            elif shape < 0.13:   # a quote inside, doubled, or after the closing one
+                fields[i] = rng.choice((fields[i] + quote, quote + quote * 2 + quote,
+                                        quote + fields[i] + quote + "x"))
+        records.append(fields if rng.random() < 0.95 else rng.choice((None, "x", [1], ())))
+        line = delimiter.join(fields).encode()
+        noise = rng.random()
+        if noise < 0.03:
+            line += b"\r"
+        elif noise < 0.06:
+            line = b"\xff" + line
+        elif noise < 0.08:
+            line = b""
+        elif noise < 0.1:
+            line = rng.randbytes(rng.randrange(6)).replace(b"\n", b"")
+        lines.append(line)
+    data = b"\n".join(lines) + (b"\n" if lines and rng.random() < 0.8 else b"")
+    n = len(lines) + rng.choice((0, 0, 0, 0, 0, 1, -1))
+    return ((data, n, delimiter, quote, null, width, tuple(plan)),
+            (records, null, width, tuple(plan)))
+
+
+def _shown(outcome):
+    """An outcome compared by its repr: 1, 1.0 and True differ."""
+    return repr(outcome)
+
+
+def fuzz_convert(rng, case):
+    """``_encoder.convert_lines`` and ``convert_records`` against their Python
+    twins (``protocol.bulk``)."""
+    from gtarantool.protocol import bulk
+
+    lines_args, records_args = convert_case(rng)
+    assert _shown(_outcome(_encoder.convert_lines, *lines_args)) == \
+        _shown(_outcome(bulk.convert_lines, *lines_args)), lines_args
+    assert _shown(_outcome(_encoder.convert_records, *records_args)) == \
+        _shown(_outcome(bulk.convert_records, *records_args)), records_args
+
+
 # -- Transport.feed ------------------------------------------------------------
 
 class _Waiting:
@@ -587,7 +660,7 @@ def fuzz_read(rng, case):
 
 
 TARGETS = {"cutter": fuzz_cutter, "encoder": fuzz_encoder, "batch": fuzz_batch,
-           "feed": fuzz_feed, "read": fuzz_read}
+           "convert": fuzz_convert, "feed": fuzz_feed, "read": fuzz_read}
 
 
 def run(target, seconds, seed):

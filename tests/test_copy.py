@@ -122,7 +122,8 @@ def _write(path, lines, mode="w"):
             f.write(line)
 
 
-def test_bad_rows_and_duplicates_go_to_the_errors_file_and_exit_2(conn, server, tmp_path):
+def test_bad_rows_and_duplicates_go_to_the_errors_file_and_exit_2(conn, server, tmp_path,
+                                                                  reader):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
     conn.insert("copy_kv", (3, "taken", 0))
     src = tmp_path / "in.csv"
@@ -144,6 +145,25 @@ def test_bad_rows_and_duplicates_go_to_the_errors_file_and_exit_2(conn, server, 
     assert reasons[3].startswith("row 6: not UTF-8: byte 0xe9")
     assert sorted(t[0] for t in conn.select("copy_kv").data) == [0, 2, 3, 6, 7, 8, 9]
     assert conn.select("copy_kv", 3).data[0][1] == "taken"
+
+
+def test_chunks_cut_quoted_lines_and_windows_across_blocks(conn, server, tmp_path, reader,
+                                                          monkeypatch):
+    """Small blocks (the feeder's reads): records spanning lines, --skip-rows and
+    --max-rows land anywhere in a block; each row is imported once, whole."""
+    from gtarantool.copy import cli
+
+    monkeypatch.setattr(cli, "BLOCK", 50)
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    names = {k: ('line %d\nand "more"' % k if k % 7 == 0 else "plain %d" % k)
+             for k in range(300)}
+    src = tmp_path / "in.csv"
+    _write(src, ['%d,"%s",%d\n' % (k, names[k].replace('"', '""'), -k) if k % 7 == 0 or k % 5 == 0
+                 else "%d,%s,%d\n" % (k, names[k], -k) for k in range(300)])
+    status, out = _run("from", src, "--space", "copy_kv", "--skip-rows", 13, "--max-rows", 250,
+                       "--chunk", 7, "--procs", 0, *_conn_args(server))
+    assert status == 0 and "250 rows read, 250 written" in out and "rows 1-263 settled" in out
+    assert conn.select("copy_kv").data == [[k, names[k], -k] for k in range(13, 263)]
 
 
 def test_skip_and_max_rows_take_a_window(conn, server, tmp_path):
@@ -251,6 +271,27 @@ def _cli(*argv):
 def _resume_point(out, err=""):
     assert "--skip-rows" in out, (out, err)
     return int(out.rsplit("--skip-rows ", 1)[1].split()[0])
+
+
+def test_a_worker_answering_much_while_sent_much_does_not_stall(conn, server, tmp_path):
+    """Chunks and answers (rejected rows, as they were) larger than a pipe holds: the
+    worker takes the chunk being written to it before it answers, so neither
+    process waits for the other to read."""
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / "in.csv"
+    pad = "p" * 1500
+    _write(src, ["x%d,%s,%d\n" % (k, pad, k) for k in range(3000)])
+    proc = _cli("from", src, "--space", "copy_kv", "--procs", 1, "--chunk", 1000,
+                "--errors", tmp_path / "e.csv", *_conn_args(server))
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, (out, err)
+    assert "3,000 rows read, 0 written, 3,000 rejected" in out
+    assert (tmp_path / "e.csv").read_bytes() == src.read_bytes()
 
 
 @pytest.mark.parametrize("how", ["graceful", "kill"])
@@ -477,28 +518,68 @@ def test_records_without_quotes_parse_as_the_csv_module_parses_them(fmt, monkeyp
             [str(r) if isinstance(r, BadRow) else r for r in expected], raws
 
 
-def test_converter_rows_take_a_chunk_at_once_or_leave_it_to_row():
-    c = Converter([Field("id", "unsigned"), Field("name", "string"),
-                   Field("n", "integer", nullable=True)])
-    assert c.rows([["1", "a", "3"], ["2", "b", ""]]) == [(1, "a", 3), (2, "b", None)]
-    for bad in ([["1", "a"]], [["x", "a", "1"]], [["1", "a", "1", "4"]], [BadRow("no")]):
-        assert c.rows(bad) is None   # row() says why, record by record
-
-
-def test_record_blocks_cut_as_records_does_whatever_the_blocks():
+def test_blocks_cut_records_as_records_does_whatever_the_block_size():
+    import io
     import random
 
-    from gtarantool.copy.formats import record_blocks, records
+    from gtarantool.copy.formats import blocks, records, split_records
 
     rng = random.Random(11)
     for _ in range(500):
-        lines = [rng.choice([b"1,a\n", b'2,"x\n', b'y",3\n', b"\n", b'"q"\n', b'a""b\n'])
+        lines = [rng.choice([b"1,a\n", b'2,"x\n', b'y",3\n', b"\n", b'"q"\n', b'a""b\n',
+                             b'{"k": 1}\n'])
                  for _ in range(rng.randrange(40))]
+        if lines and lines[-1] != b"\n" and rng.random() < 0.3:
+            lines[-1] = lines[-1].rstrip(b"\n")   # a last line with no newline
         fmt = rng.choice(["csv", "tsv", "jsonl"])
-        blocks, at = [], 0
-        while at < len(lines):
-            step = rng.randrange(1, 9)
-            blocks.append(lines[at:at + step])
-            at += step
-        got = [r for block in record_blocks(blocks, fmt) for r in block]
-        assert got == list(records(lines, fmt)), lines
+        expected = list(records(lines, fmt))
+        got = []
+        for block in blocks(io.BytesIO(b"".join(lines)), fmt, size=rng.randrange(1, 30)):
+            cut = split_records(block.data, fmt)
+            assert len(cut) == block.count
+            at = 0
+            for k in range(1, block.count + 1):   # after(): where the k-th record ends
+                at += len(cut[k - 1])
+                assert block.after(0, k) == at
+                first = rng.randrange(k)
+                assert block.after(block.after(0, first), k - first) == at
+            got += cut
+        assert got == expected, lines
+
+
+def test_the_plan_gives_what_row_gives(reader):
+    """line_rows/record_rows (C, or their Python twins) give a record's tuple
+    only where row() gives that same tuple; None where row() must decide."""
+    import random
+
+    from gtarantool.copy.formats import dialect, parse
+
+    rng = random.Random(3)
+    fields = [Field("id", "unsigned"), Field("i", "integer"), Field("n", "number"),
+              Field("d", "double"), Field("b", "boolean"), Field("s", "string"),
+              Field("o", "integer", nullable=True), Field("dec", "decimal"),
+              Field("x", "any", nullable=True)]
+    conv = Converter(fields)
+    texts = ["0", "7", "-3", "+5", " 5", "1_0", "18446744073709551616", "1.5", "1e400", "",
+             "true", "Off", "é", "abc", "NULL", "[1]", '"q"', "-0", "5.", "1e3", '"a,b"',
+             '"x""y"', 'a"b', '"7"', '""']
+    options = dialect("csv")
+    options.pop("lineterminator")
+    plain = {"unsigned": ["0", "7", "18446744073709551615"], "integer": ["-3", "0", "7"],
+             "number": ["1.5", "7", "-0", "5.", "1e3"], "double": ["1.5", "7", "1e3"],
+             "boolean": ["true", "Off", "y"], "string": ["abc", "é", ""],
+             "decimal": ["1.5", "7"], "any": ["[1]", "abc", ""]}
+    lines = [",".join(rng.choice(plain[f.type] if rng.random() < 0.9 else texts)
+                      for f in fields).encode() + b"\n" for _ in range(3000)]
+    got = conv.line_rows(b"".join(lines), len(lines), ",", '"')
+    records = parse(lines, "csv", options)
+    parsed = conv.record_rows(records)
+    taken = 0
+    for line, record, tup, other in zip(lines, records, got, parsed):
+        if b'"' not in line:   # (a quoted line is the csv module's to parse)
+            assert repr(other) == repr(tup), line
+        for t in (tup, other):
+            if t is not None:
+                taken += 1
+                assert repr(t) == repr(conv.row(record)), line
+    assert 0 < taken < 2 * len(lines)

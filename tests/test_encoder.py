@@ -300,3 +300,63 @@ def test_encode_batch_with_a_hook_that_changes_a_row():
     rows = [(grow,), (object(),), (grow,)]
     got = c_batch(2, b"", rows, 1)
     assert len(got) > 2 * 1000   # the third row holds what the hook added
+
+
+# -- convert_lines / convert_records: rows from text by a plan ---------------------
+
+def test_convert_lines_and_records_are_their_python_twins():
+    """Random text, lists and plans (tests/fuzz.py's ``convert`` cases): C and
+    protocol.bulk give the same rows (types included) and the same errors."""
+    import random
+
+    from tests.fuzz import fuzz_convert
+    rng = random.Random(5)
+    for case in range(3000):
+        fuzz_convert(rng, case)
+
+
+def test_convert_lines_takes_the_strict_spelling_only():
+    from gtarantool.protocol import bulk
+
+    plan = ((0, bulk.KIND_UNSIGNED, False, None), (1, bulk.KIND_STRING, False, None),
+            (2, bulk.KIND_NUMBER, True, None), (3, bulk.KIND_BOOLEAN, False, None))
+    data = ("1,a,2,true\n18446744073709551615,é,1.5e3,Off\n+1,a,2,t\n1,a,,no\n"
+            "1,a, 2,y\n1,\"a\",2,y\n1,a,2\n\n1,a,1e400,f\n1,a,2,yes\n"
+            "\"1\",\"a,\nb\",\"\",n\n1,\"a\"\"b\",2,y\n1,a\"b,2,y\n1,\"a\"x,2,y\n"
+            "1,\"a,2,y\n1,a,2,y\r").encode()
+    got = compiled.encoder.convert_lines(data, 17, ",", '"', "", 5, plan)
+    assert got == bulk.convert_lines(data, 17, ",", '"', "", 5, plan)
+    assert got == [(1, "a", 2, True, None), (2**64 - 1, "é", 1500.0, False, None), None,
+                   (1, "a", None, False, None), None, (1, "a", 2, True, None), None, None,
+                   None, (1, "a", 2, True, None), None, None, None, None, None, None, None]
+    assert type(got[0][2]) is int and type(got[1][2]) is float
+    data = data.replace(b"a,\nb", b"a,b")   # (a quoted value on one line)
+    got = compiled.encoder.convert_lines(data, 16, ",", '"', "", 5, plan)
+    assert got[10] == (1, "a,b", None, False, None) == bulk.convert_lines(
+        data, 16, ",", '"', "", 5, plan)[10]
+    assert compiled.encoder.convert_lines(data, 15, ",", '"', "", 5, plan) is None
+
+
+@pytest.mark.parametrize("args", [
+    ([], 1, 1, ()), ([], "", -1, ()), ([], "", 1, [(0, 0, False, None)]),
+    ([], "", 1, ((1, 0, False, None),)), ([], "", 1, ((0, 7, False, None),)),
+    ([], "", 1, ((0, 6, False, None),)), ([], "", 1, ((0, 0, False),)), ((), "", 0, ()),
+    ([], "\ud800", 0, ()),
+])
+def test_convert_records_refuses_what_its_twin_refuses(args):
+    from gtarantool.protocol import bulk
+    expected = _outcome(bulk.convert_records, *args)
+    assert isinstance(expected, tuple) and issubclass(expected[0], Exception)
+    assert _outcome(compiled.encoder.convert_records, *args) == expected
+
+
+@pytest.mark.parametrize("args", [
+    ("x", 0, ",", '"'), (b"", 0.0, ",", '"'), (b"", 0, ",,", '"'), (b"", 0, ",", ""),
+    (b"", 0, "\ud800", '"'), (b"", 0, ",", "\ud800"),
+])
+def test_convert_lines_refuses_what_its_twin_refuses(args):
+    from gtarantool.protocol import bulk
+    full = args + ("", 1, ((0, 0, False, None),))
+    expected = _outcome(bulk.convert_lines, *full)
+    assert isinstance(expected, tuple) and issubclass(expected[0], Exception)
+    assert _outcome(compiled.encoder.convert_lines, *full) == expected

@@ -10,6 +10,7 @@ Client libraries are imported inside the driver that uses them: gevent only ever
 in a gtarantool worker process, never in the parent.
 """
 import collections
+import itertools
 import threading
 import time
 
@@ -297,9 +298,12 @@ class ThreadsDriver(Driver):
 
 
 class GeventDriver(Driver):
-    """gtarantool: ``greenlets`` greenlets sharing one connection."""
+    """gtarantool: ``greenlets`` greenlets sharing one connection.  A load phase
+    (``--records``) goes through ``gtarantool.copy.copy_from`` (:func:`copy_load`)."""
 
     kind = "gtarantool"
+    copy_load = True     # a load phase through copy_from (not over a router)
+    copy_info = None     # the space as copy_from needs it, read before any phase
 
     def open(self):
         import gtarantool
@@ -309,8 +313,22 @@ class GeventDriver(Driver):
         if self.config.lazy_errors:   # what it raises for a server error until read
             self.server_error = gtarantool.LazyDatabaseError
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
+        self.copy_info = self._copy_info(self.conn)
+
+    def _copy_info(self, target):
+        """The space's ``SpaceInfo`` for a workload with a load phase (read now:
+        its selects are not the load phase's), or None: the load goes request
+        by request."""
+        if not self.copy_load or self.config.workload == "phases":
+            return None
+        from gtarantool.copy import space_info
+        return space_info(target, self.config.space)
 
     def run(self, phase, recorder, started=None):
+        if phase.name == "load" and self.copy_info is not None \
+                and not isinstance(phase, OpenPhase):
+            copy_load(self.client(), self.copy_info, phase, recorder, self.payloads, started)
+            return
         import gevent
         from gevent.event import Event
         go = Event()
@@ -340,6 +358,56 @@ class GeventDriver(Driver):
 
     def close(self):
         self.conn.close()
+
+
+LOAD_SLICE = 50000   # rows per copy_from call of a load phase
+
+
+def copy_load(target, info, phase, recorder, payloads, started=None):
+    """A load phase's inserts through ``gtarantool.copy.copy_from``: pipelined
+    batches, ``LOAD_SLICE`` rows per call.  Each row counts as one insert whose
+    latency is the time of the call that wrote it; a row the server refused
+    counts as that error (a duplicate key ...), as a single insert's would."""
+    from tarantool.error import DatabaseError, NetworkError
+
+    from gtarantool.copy import CopyError, copy_from
+
+    clock = time.monotonic
+    items = iter(phase.take, None)
+    if started is not None:
+        started()
+    while True:
+        rows = [(key, 0, payloads(key)) for _, key in itertools.islice(items, LOAD_SLICE)]
+        if not rows:
+            return
+        t0 = clock()
+        try:
+            report = copy_from(target, info.id, rows, mode="insert", info=info)
+            unsettled, cause = 0, None
+        except CopyError as exc:   # the server stayed away: the rest count as its error
+            report = exc.report
+            unsettled = len(rows) - report.written - len(report.rejected)
+            cause = type(exc.__cause__ or exc).__name__
+        t1 = clock()
+        for r in report.rejected:
+            code = getattr(r.error, "code", None)
+            if isinstance(r.error, DatabaseError) and not isinstance(r.error, NetworkError) \
+                    and isinstance(code, int) and code:
+                kind = DUPLICATE_KEY if code == ER_TUPLE_FOUND else "%s_%d" % (SERVER_ERROR,
+                                                                               code)
+            else:
+                kind = type(r.error).__name__ if r.error is not None else "encode"
+            recorder.record("insert", t0, t1, kind)
+        for _ in range(unsettled):
+            recorder.record("insert", t0, t1, cause)
+        if report.written:
+            # the first through record() (it starts a new interval when one is due),
+            # the rest as serve() counts a correct answer
+            recorder.record("insert", t0, t1, None)
+            us = int((t1 - t0) * 1e6)
+            latency = recorder.latency["insert"]
+            latency[us] = latency.get(us, 0) + report.written - 1
+            recorder.interval["insert"] += report.written - 1
 
 
 class AsynctntDriver(Driver):

@@ -23,6 +23,7 @@ class PoolDriver(GeventDriver):
         self.calls = tarantool_calls(self.pool, self.config.space, self.payloads)
         pool, space, mode = self.pool, self.config.space, gtarantool.Mode[self.select_mode]
         self.calls["select"] = lambda key: pool.select(space, key, mode=mode).data
+        self.copy_info = self._copy_info(self.pool)   # (a load goes to the master)
 
     def client(self):
         return self.pool

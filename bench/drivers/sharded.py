@@ -61,6 +61,8 @@ class _Buckets:
 class VshardDriver(GeventDriver):
     """gtarantool.Router in the client: each call goes straight to its replica set."""
 
+    copy_load = False   # (the load phase's inserts are calls of the storages' functions)
+
     def open(self):
         import gtarantool
         self.router = gtarantool.Router.from_router(self.host, self.port, user=self.config.user,
@@ -107,6 +109,8 @@ class VshardDriver(GeventDriver):
 
 class RouterDriver(GeventDriver):
     """gtarantool through the Lua router: ``vshard.router.callrw``/``callro`` there."""
+
+    copy_load = False
 
     def open(self):
         super().open()

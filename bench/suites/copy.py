@@ -12,6 +12,9 @@ unsigned and a string, 1,536 bytes encoded) and ``--rows`` rows, interleaved
 * ``copy_from``: :func:`gtarantool.copy.copy_from` of the same tuples;
 * ``cli``: ``python -m gtarantool.copy from FILE --procs P`` of the same rows
   as CSV, parsing and conversion included (its CPU: every process of it).
+  The same command on an empty file gives its fixed cost (the interpreter's
+  start-up and imports, the worker's start, the connection, the exit), and a
+  line says what the rows cost beyond it.
 
 The figure is rows per client CPU-second (user + system), the median over
 runs, and its ratio to ``raw``'s.  CPU time is what a busy host moves least;
@@ -22,6 +25,7 @@ import argparse
 import os
 import resource
 import select
+import shutil
 import socket
 import statistics
 import struct
@@ -148,6 +152,8 @@ def bench(args):
     srv.start()
     conn = gtarantool.connect(srv.host, srv.port)
     tmp = tempfile.mkdtemp(prefix="gtarantool-copy-bench-")
+    empty = os.path.join(tmp, "empty.csv")
+    open(empty, "w").close()
     try:
         print("server %s, %d rows per run, %d runs interleaved, Python %s"
               % (".".join(map(str, binary_version())), args.rows, args.runs,
@@ -164,11 +170,16 @@ def bench(args):
                      "copy_from": lambda: run_copy(conn, space, rows),
                      "cli": lambda: run_cli(srv, space, path, args.procs)[:2]}
             figures = {k: [] for k in kinds}
+            cli_cpu, startup = [], []
             for _ in range(args.runs):
                 for kind, run in kinds.items():
                     truncate(conn, space)
                     cpu, wall = run()
                     figures[kind].append((len(rows) / cpu, wall))
+                    if kind == "cli":
+                        cli_cpu.append(cpu)
+                # the command line's fixed cost: the same command on an empty file
+                startup.append(run_cli(srv, space, empty, args.procs)[0])
             base = statistics.median(f[0] for f in figures["raw"])
             print("\n%s rows (%d bytes encoded):" % (shape, len(msgpack.packb(rows[0]))))
             print("  %-10s %14s %8s %10s" % ("", "rows/CPU-s", "x raw", "wall s"))
@@ -177,12 +188,19 @@ def bench(args):
                 print("  %-10s %14s %8.2f %10.2f" % (kind, format(int(per_cpu), ","),
                                                      per_cpu / base,
                                                      statistics.median(f[1] for f in runs)))
+            fixed = statistics.median(startup)
+            rows_cpu = statistics.median(c - fixed for c in cli_cpu)
+            print("  cli on an empty file (start-up, connection, exit): %.3f CPU-s; the "
+                  "rows beyond it: %s rows/CPU-s, %.2f x raw"
+                  % (fixed, format(int(len(rows) / rows_cpu), ",") if rows_cpu > 0 else "-",
+                     len(rows) / rows_cpu / base if rows_cpu > 0 else 0.0))
         steal = _steal()
         if steal is not None:
             print("\nhost CPU stolen during the run: %.1f%%" % steal)
     finally:
         conn.close()
         srv.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _STEAL_START = None

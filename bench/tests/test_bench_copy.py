@@ -11,6 +11,9 @@ def test_bench_copy_prints_every_kind_against_the_raw_socket(capsys):
         assert set(kinds) == {"raw", "pipeline", "copy_from", "cli"}
         assert kinds["raw"][1] == "1.00"
         assert all(int(kind[0].replace(",", "")) > 0 for kind in kinds.values())
+        startup = out.split("%s rows" % shape, 1)[1].splitlines()[6]
+        assert startup.startswith("  cli on an empty file (start-up, connection, exit): ")
+        assert float(startup.split(": ")[1].split()[0]) > 0
 
 
 def test_the_demo_imports_the_generated_file_and_prints_the_summary(capsys):

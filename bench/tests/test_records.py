@@ -46,6 +46,49 @@ def test_load_phase_leaves_exactly_n_records(server, tmp_path):
     assert phase["errors"] == {} and phase["server"]["match"]
 
 
+@pytest.mark.parametrize("driver", ["gtarantool", "sync"])
+def test_the_load_phase_is_pipelined_through_copy_from_with_gtarantool(server, tmp_path, driver):
+    results = run(server, tmp_path, "--workload", "mix", "--mix", "select=100", "--driver",
+                  driver, "--records", "30000", "--procs", "2", "--ops", "500")
+    load, phase = results["phases"]
+    assert load["ops"] == 30000 and load["server"]["requests"]["insert"] == 30000
+    assert load["server"]["match"] and load["errors"] == {} and phase["server"]["match"]
+    assert space_len(server) == 30000
+    sends = load["connection"]["send_calls_per_1000_ops"]
+    if driver == "gtarantool":   # copy_from: a write per batch of rows
+        assert sends < 5
+    else:                        # a request at a time
+        assert sends >= 900
+
+
+def test_copy_load_counts_each_refused_row_as_its_error(server):
+    """A key loaded already: the load's other rows are written, that one counts as a
+    duplicate key, as one insert's error would."""
+    import gtarantool
+    from bench.core.recorder import Recorder
+    from bench.core.workloads import Payloads, Phase
+    from bench.drivers.clients import copy_load
+    from gtarantool.copy import space_info
+
+    conn = gtarantool.connect(server.host, server.port)
+    try:
+        conn.eval("if box.space.bench_copy then box.space.bench_copy:drop() end "
+                  "box.schema.space.create('bench_copy'):create_index('pk')")
+        conn.insert("bench_copy", (7, 0, b"taken"))
+        payloads = Payloads(16)
+        phase = Phase("load", [("insert", k) for k in range(120)], 120)
+        recorder = Recorder("load", lambda message: None)
+        copy_load(conn, space_info(conn, "bench_copy"), phase, recorder, payloads)
+        recorder.flush()
+        assert recorder.counts["insert"] == 120
+        assert dict(recorder.errors) == {("insert", "duplicate_key"): 1}
+        assert conn.eval("return box.space.bench_copy:count()").data[0] == 120
+        assert conn.select("bench_copy", 8).data[0][2] == payloads(8)
+        assert conn.select("bench_copy", 7).data[0][2] == b"taken"
+    finally:
+        conn.close()
+
+
 def test_default_mix_has_no_accidental_errors(server, tmp_path, capsys):
     results = run(server, tmp_path, "--workload", "mix", "--records", "300", "--procs", "2",
                   "--ops", "4000", "--distribution", "zipfian")

@@ -479,7 +479,7 @@ def _copy_batches(run, rows, names, first, batch):
             return
         n = len(chunk)
         indices = range(index, index + n)
-        if not all(type(row) is tuple for row in chunk):
+        if set(map(type, chunk)) != {tuple}:   # (C loops: no Python frame per row)
             pairs = [(i, _normalise(run, i, row, names)) for i, row in zip(indices, chunk)]
             indices = [i for i, row in pairs if row is not None]
             chunk = [row for _, row in pairs if row is not None]

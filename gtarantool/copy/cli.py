@@ -1,7 +1,7 @@
 """``python -m gtarantool.copy from FILE`` / ``to FILE`` (also ``gtarantool-copy``).
 
-``from``: the parent process reads the file and cuts it into chunks of
-records (as text: it parses nothing), honouring ``--skip-rows``,
+``from``: the parent process reads the file in blocks of bytes and cuts
+them into chunks at record ends (it parses nothing), honouring ``--skip-rows``,
 ``--max-rows`` and ``--rate``; ``--procs`` worker processes, each with its own
 connection, parse, convert by the space's format and write with
 :func:`gtarantool.copy.copy_from`, and answer once per chunk.  A worker holds
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import multiprocessing
 import os
@@ -30,14 +31,17 @@ from gtarantool.copy.formats import (
     BadRow,
     Converter,
     Exporter,
+    blocks,
     dialect,
+    lines_of,
     parse,
-    record_blocks,
     records,
+    split_records,
 )
 
 EXIT_OK, EXIT_FATAL, EXIT_REJECTED = 0, 1, 2
 IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waiting
+BLOCK = 1 << 20             # bytes the feeder reads at a time (then to a record's end)
 
 
 # -- the target ------------------------------------------------------------------------
@@ -105,40 +109,58 @@ class Worker:
         self.csv = dialect(self.fmt, options["delimiter"], options["quote"])
         self.csv.pop("lineterminator")
 
-    def chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
+    def chunk(self, first: int, data: Any, n: int) -> Tuple[Any, ...]:
         """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
-        for the records ``raws``, the first of which is row ``first`` (0-based)."""
+        for the ``n`` records in ``data``, the first of which is row ``first`` (0-based)."""
         from gtarantool.pipeline import _gc_paused
 
         # A chunk's rows and their replies are tens of thousands of live
         # objects: the cyclic collector would scan them again and again for
         # nothing (they are freed by their counts when the chunk is done).
         with _gc_paused():
-            return self._chunk(first, raws)
+            return self._chunk(first, data, n)
 
-    def _chunk(self, first: int, raws: List[bytes]) -> Tuple[Any, ...]:
+    def _chunk(self, first: int, data: Any, n: int) -> Tuple[Any, ...]:
         from gtarantool.copy import CopyError, copy_from
 
         cpu = time.process_time()
-        rows: List[tuple] = []
-        where: List[int] = []
         rejected: List[Tuple[int, bytes, str, Optional[bool]]] = []
-        row = self.converter.row
-        parsed = parse(raws, self.fmt, self.csv)
-        fast = self.converter.rows(parsed) if self.fmt != "jsonl" else None
-        if fast is not None:   # every record converted: no per-record bookkeeping
-            rows, parsed = fast, []
-            where = range(len(rows))   # type: ignore[assignment]
-        for k, record in enumerate(parsed):
-            if type(record) is BadRow:
-                rejected.append((first + k, raws[k], str(record), False))
-                continue
-            try:
-                rows.append(row(record))
-            except BadRow as exc:
-                rejected.append((first + k, raws[k], str(exc), False))
-                continue
-            where.append(k)
+        raws: List[bytes] = []      # the records as they were: read when needed
+        rows: Optional[List[Any]] = None
+        todo: Any = ()
+        if self.fmt != "jsonl":
+            # each record one line: split and converted in one step (C where built)
+            rows = self.converter.line_rows(data, n, self.csv["delimiter"],
+                                            self.csv["quotechar"])
+        if rows is None:
+            raws = split_records(data, self.fmt, self.options["quote"])
+            rows = [None] * len(raws)
+            todo = range(len(raws))
+        elif None in rows:
+            raws = lines_of(data)
+            todo = [k for k, tup in enumerate(rows) if tup is None]
+        if todo:
+            # the rest parsed together (quoted values: the csv module), converted
+            # by the plan, and what is left by the general converter, which says
+            # why a record cannot be converted
+            parsed = parse([raws[k] for k in todo], self.fmt, self.csv)
+            tuples = self.converter.record_rows(parsed) if self.fmt != "jsonl" \
+                else [None] * len(parsed)
+            row = self.converter.row
+            for k, record, tup in zip(todo, parsed, tuples):
+                if tup is None:
+                    try:
+                        if type(record) is BadRow:
+                            raise record
+                        tup = row(record)
+                    except BadRow as exc:
+                        rejected.append((first + k, raws[k], str(exc), False))
+                        continue
+                rows[k] = tup
+        where: Any = range(len(rows))
+        if rejected:
+            where = [k for k, tup in enumerate(rows) if tup is not None]
+            rows = [tup for tup in rows if tup is not None]
         fatal = None
         o = self.options
         try:
@@ -147,19 +169,47 @@ class Worker:
                                retry_timeout=o["retry_timeout"], info=self.info)
         except CopyError as exc:
             report, fatal = exc.report, str(exc)
+        if report.rejected and not raws:
+            raws = lines_of(data)
         for r in report.rejected:
             k = where[r.position]
             rejected.append((first + k, raws[k], r.reason, r.applied))
         rejected.sort()
-        settled = where[report.settled] if report.settled < len(where) else len(raws)
-        return (len(raws), report.written, rejected, settled, fatal,
-                time.process_time() - cpu)
+        settled = where[report.settled] if report.settled < len(where) else n
+        return (n, report.written, rejected, settled, fatal, time.process_time() - cpu)
 
     def close(self) -> None:
         self.target.close()
 
 
+def _take(pipe: Any, spare: Optional[bytearray] = None
+          ) -> Optional[Tuple[int, int, bytearray, int]]:
+    """The next order: a chunk (number, first row, its bytes, records), or None: stop.
+
+    A chunk's bytes follow its message as they are (no frame, no pickle): read
+    into one buffer (``spare``, a chunk's done with, when it is large enough:
+    memory the process has touched already), with no copy beyond the system's."""
+    message = pipe.recv()
+    if message is None:
+        return None
+    chunk_no, first, n, size = message
+    if spare is not None and len(spare) >= size:
+        data = spare
+        del data[size:]
+    else:
+        data = bytearray(size)
+    view, got, fd = memoryview(data), 0, pipe.fileno()
+    while got < size:
+        k = os.readv(fd, [view[got:]])
+        if not k:
+            raise EOFError("the feeder went away in the middle of a chunk")
+        got += k
+    return chunk_no, first, data, n
+
+
 def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+    import collections
+
     from gevent.socket import wait_read
 
     try:
@@ -168,14 +218,25 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
         pipe.send(("failed", "%s: %s" % (type(exc).__name__, exc)))
         return
     pipe.send(("ready", None))
+    orders: Any = collections.deque()
+    spare = None
     try:
         while True:
-            wait_read(pipe.fileno())     # lets the connection's greenlets run meanwhile
-            message = pipe.recv()
-            if message is None:
+            if not orders:
+                wait_read(pipe.fileno())     # lets the connection's greenlets run meanwhile
+                orders.append(_take(pipe, spare))
+                spare = None
+            order = orders.popleft()
+            if order is None:
                 break
-            chunk_no, first, raws = message
-            result = worker.chunk(first, raws)
+            chunk_no, first, data, n = order
+            result = worker.chunk(first, data, n)
+            # The parent may be writing the next chunk: taking it before answering
+            # keeps the two from each waiting for the other to read.
+            spare = data
+            while pipe.poll():
+                orders.append(_take(pipe, spare))
+                spare = None
             pipe.send(("chunk", (chunk_no,) + result))
             if result[4] is not None:
                 break
@@ -185,50 +246,58 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
 
 # -- the feeder ----------------------------------------------------------------------------
 
-def _chunks(stream: Any, args: argparse.Namespace, first_row: int
-            ) -> Iterator[Tuple[int, int, List[bytes]]]:
-    """(chunk number, index of its first row, records) after --skip-rows, up to
-    --max-rows, no faster than --rate."""
+def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, List[Any], int]]:
+    """(chunk number, index of its first row, its records as pieces of bytes, their count)
+    after --skip-rows, up to --max-rows, no faster than --rate.  The file is
+    read in blocks of whole records (formats.blocks) and cut at record ends:
+    the feeder parses nothing."""
     size = args.chunk
     if args.rate:
         size = max(1, min(size, int(args.rate // 20) or 1))
     started = time.monotonic()
     skip, most = args.skip_rows, args.max_rows
     fed = 0
-    chunk: List[bytes] = []
-    index = first_row
+    pieces: List[Any] = []
+    in_chunk = 0
+    index = 0
     chunk_no = 0
     n = 0   # records read
-    for block in record_blocks(stream.blocks(), args.format, args.quote):
-        if n + len(block) <= skip:
-            n += len(block)
-            continue
-        pos = max(0, skip - n)
-        n += pos
-        while pos < len(block):
-            take = min(size - len(chunk), len(block) - pos)
+    for block in blocks(stream, args.format, args.quote, BLOCK):
+        pos, left = 0, block.count
+        if n < skip:
+            k = min(skip - n, left)
+            pos = block.after(0, k)
+            n += k
+            left -= k
+        while left:
+            take = min(size - in_chunk, left)
             if most is not None:
                 take = min(take, most - fed)
                 if take <= 0:
                     break
-            if not chunk:
+            end = len(block.data) if take == left else block.after(pos, take)
+            if not in_chunk:
                 index = n
-            chunk += block[pos:pos + take]
-            pos += take
+            # (views: a chunk goes to its worker piece by piece, never joined)
+            pieces.append(memoryview(block.data)[pos:end] if pos or end < len(block.data)
+                          else block.data)
+            pos = end
             n += take
             fed += take
-            if len(chunk) >= size:
+            left -= take
+            in_chunk += take
+            if in_chunk >= size:
                 if args.rate:
                     _pace(started, fed, args.rate)
-                yield chunk_no, index, chunk
+                yield chunk_no, index, pieces, in_chunk
                 chunk_no += 1
-                chunk = []
+                pieces, in_chunk = [], 0
         if most is not None and fed >= most:
             break
-    if chunk:
+    if in_chunk:
         if args.rate:
             _pace(started, fed, args.rate)
-        yield chunk_no, index, chunk
+        yield chunk_no, index, pieces, in_chunk
 
 
 def _pace(started: float, fed: int, rate: float) -> None:
@@ -351,10 +420,17 @@ class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
     def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
-        ctx: Any = multiprocessing.get_context(_start_method())
+        method = _start_method()
+        ctx: Any = multiprocessing.get_context(method)
         self.pipes: List[Any] = []
         self.procs: List[Any] = []
         self.held: Dict[Any, List[int]] = {}
+        if method == "fork":
+            # What the workers inherit (the modules, mostly) out of the
+            # collectors' reach: a worker's collections would touch, and so
+            # copy, every page of it, and the program's last one walk it again.
+            # (fork is taken only where this process is the command line.)
+            gc.freeze()
         for _ in range(n):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(theirs, spec, options), daemon=True)
@@ -382,9 +458,15 @@ class _Pool:
                 return pipe
         return None
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, List[bytes]]) -> None:
-        self.held[pipe].append(chunk[0])
-        pipe.send(chunk)
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+        chunk_no, first, pieces, n = chunk
+        self.held[pipe].append(chunk_no)
+        pipe.send((chunk_no, first, n, sum(map(len, pieces))))
+        fd = pipe.fileno()
+        for piece in pieces:   # (the pieces as they are: see _take)
+            view = memoryview(piece).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
 
     def busy(self) -> bool:
         return any(self.held.values())
@@ -424,8 +506,10 @@ class _Local:
     def free(self) -> Optional[Any]:
         return None if self.ready else self
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, List[bytes]]) -> None:
-        self.ready.append(("chunk", (chunk[0],) + self.worker.chunk(chunk[1], chunk[2])))
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+        chunk_no, first, pieces, n = chunk
+        self.ready.append(("chunk", (chunk_no,) + self.worker.chunk(first, b"".join(pieces),
+                                                                   n)))
 
     def busy(self) -> bool:
         return bool(self.ready)
@@ -481,8 +565,8 @@ def copy_from_file(args: argparse.Namespace) -> int:
             fatal.append(failed)
 
     try:
-        for chunk in _chunks(counted, args, 0):
-            chunks[chunk[0]] = (chunk[1], len(chunk[2]))
+        for chunk in _chunks(counted, args):
+            chunks[chunk[0]] = (chunk[1], chunk[3])
             pipe = workers.free()
             while pipe is None:
                 for kind, detail in workers.results():
@@ -520,7 +604,7 @@ def copy_from_file(args: argparse.Namespace) -> int:
 
 
 class _Counted:
-    """The input's lines, counting the bytes read (for the ETA)."""
+    """The input, counting the bytes read (for the ETA)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -531,14 +615,15 @@ class _Counted:
             self.bytes += len(line)
             yield line
 
-    def blocks(self, hint: int = 1 << 20) -> Iterator[List[bytes]]:
-        """The lines in lists of about ``hint`` bytes."""
-        while True:
-            lines = self.stream.readlines(hint)
-            if not lines:
-                return
-            self.bytes += sum(map(len, lines))
-            yield lines
+    def readinto(self, buffer: Any) -> int:
+        n = self.stream.readinto(buffer) or 0
+        self.bytes += n
+        return n
+
+    def readline(self) -> bytes:
+        line = self.stream.readline()
+        self.bytes += len(line)
+        return line
 
     def fraction(self, total: Optional[int]) -> Optional[float]:
         return self.bytes / total if total else None

@@ -3,17 +3,22 @@
 ``Converter(fields, columns, fmt, null)`` turns one parsed record (a list of
 strings for CSV/TSV, a dict or list for JSONL) into the tuple the space takes,
 or raises ``BadRow`` whose message is the reason a person can act on (the
-column, the field, its type, the value).  ``Exporter`` does the reverse, and
-export then import gives the same rows.  ``records`` cuts a file into records
-as text (a quoted CSV value may span lines) so that a feeder can hand them to
-worker processes unparsed; ``parse`` parses a list of them.
+column, the field, its type, the value); ``line_rows``/``record_rows`` convert
+many records at once by a plan of the common types (in C where it is built),
+leaving the rest to ``row``.  ``Exporter`` does the reverse, and export then
+import gives the same rows.  ``records`` cuts a file into records as text (a
+quoted CSV value may span lines) and ``blocks`` reads it as bytes cut at
+record ends, so that a feeder can hand them to worker processes unparsed;
+``parse`` parses a list of them.
 """
 from __future__ import annotations
 
 import base64
+import bisect
 import csv
 import datetime as _dt
 import decimal
+import io
 import json
 import re
 import uuid
@@ -21,8 +26,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from tarantool.msgpack_ext.types.datetime import Datetime
 
-__all__ = ["FORMATS", "BadRow", "Converter", "Exporter", "Field", "parse", "record_blocks",
-           "records"]
+from gtarantool import compiled
+from gtarantool.protocol import bulk
+
+__all__ = ["FORMATS", "BadRow", "Block", "Converter", "Exporter", "Field", "blocks", "lines_of",
+           "parse", "records", "split_records"]
 
 FORMATS = ("csv", "tsv", "jsonl")
 
@@ -254,6 +262,13 @@ class Converter:
         self._plan = [(slot, fields[slot], CONVERTERS.get(fields[slot].type, _any))
                       for slot in self._slots]
         self._text_row = self._compile()
+        # The common types by a plan, in C where it is built (protocol.bulk: the twin).
+        self.plan = tuple((slot, bulk.KINDS.get(field.type, bulk.KIND_CALL), field.nullable,
+                           None if field.type in bulk.KINDS else convert)
+                          for slot, field, convert in self._plan)
+        encoder = compiled.encoder
+        self._convert_lines = encoder.convert_lines if encoder else bulk.convert_lines
+        self._convert_records = encoder.convert_records if encoder else bulk.convert_records
 
     def _compile(self) -> Callable[[List[str]], tuple]:
         """A function of a list of strings (a CSV/TSV record) building the tuple in
@@ -272,31 +287,22 @@ class Converter:
         code = "def row(r):\n    return (%s,)\n" % ", ".join(parts) if parts else \
             "def row(r):\n    return ()\n"
         exec(code, env)   # noqa: S102 - built from field numbers only
-        # The same for many records at once, each unpacked (a record of
-        # another length raises, as does anything but a list of strings).
-        names = ["v%d" % k for k in range(len(self._plan))]
-        unpack = ", ".join(names) + ("," if len(names) == 1 else "")
-        values = [re.sub(r"r\[(\d+)\]", r"v\1", part) for part in parts]
-        self._text_rows = None
-        if names:
-            exec("def rows(records):\n    return [(%s,) for %s in records]\n"   # noqa: S102
-                 % (", ".join(values), unpack), env)
-            self._text_rows = env["rows"]
         return env["row"]
 
-    def rows(self, records: List[Any]) -> Optional[List[tuple]]:
-        """The tuples of many CSV/TSV records (lists of strings) in one go, or
-        None when one of them is anything else or does not convert: then
-        :meth:`row`, record by record, says which and why."""
-        if self._text_rows is None:
-            return None
-        for record in records:
-            if type(record) is not list:   # a BadRow of the parser
-                return None
-        try:
-            return self._text_rows(records)
-        except Exception:   # noqa: BLE001 - row() says why, record by record
-            return None
+    def line_rows(self, data: bytes, n: int, delimiter: str, quote: str
+                  ) -> Optional[List[Optional[tuple]]]:
+        """The tuples of the ``n`` CSV/TSV records in ``data`` when each is one
+        line (no quoted value spans lines), or None.  An item is None where the
+        line holds a quote or a carriage return, or a value in another spelling
+        than the plain one (``+5``, `` 5``): :meth:`row` of the parsed record
+        converts it or says why not."""
+        return self._convert_lines(data, n, delimiter, quote, self.null, self._width,
+                                   self.plan)
+
+    def record_rows(self, records: List[Any]) -> List[Optional[tuple]]:
+        """The tuples of parsed CSV/TSV records (lists of strings), None where
+        :meth:`row` must convert the record or say why not."""
+        return self._convert_records(records, self.null, self._width, self.plan)
 
     def row(self, record: Any) -> tuple:
         """The tuple for one record: a list of strings (CSV/TSV) or of JSON values,
@@ -450,32 +456,108 @@ def records(lines: Iterable[bytes], fmt: str, quote: str = '"') -> Iterator[byte
         yield pending
 
 
-def record_blocks(blocks: Iterable[List[bytes]], fmt: str, quote: str = '"'
-                  ) -> Iterator[List[bytes]]:
-    """:func:`records` for lists of lines, a list of records for each: a list
-    with no quote character (nor a record left open by the one before) is
-    its own records, with no look at each line."""
+def lines_of(data: Any) -> List[bytes]:
+    """The lines of ``data``, each with its newline (the last one perhaps without)."""
+    return io.BytesIO(data).readlines()
+
+
+def split_records(data: Any, fmt: str, quote: str = '"') -> List[bytes]:
+    """The records of ``data`` (whole records, as :class:`Block` holds them) as
+    :func:`records` cuts them."""
+    lines = lines_of(data)
+    if fmt == "jsonl" or quote.encode() not in data:
+        return lines
+    return list(records(lines, fmt, quote))
+
+
+class Block:
+    """Whole records of a file as one bytes-like object: ``data``, ``count`` (records).
+
+    Records are lines unless a quoted value spans lines (CSV/TSV): then the
+    records' ends are found as :func:`records` finds them, line by line.
+    """
+
+    __slots__ = ("data", "count", "_ends", "_avg")
+
+    def __init__(self, data: Any, fmt: str, quote: str = '"') -> None:
+        self.data = data
+        self._ends: Optional[List[int]] = None
+        q = quote.encode()
+        if fmt != "jsonl" and q in data:
+            parts = data.split(q)
+            # (text between an odd and an even quote is quoted)
+            if len(parts) % 2 == 0 or b"\n" in b"".join(parts[1::2]):
+                ends, at = [], 0
+                for record in records(lines_of(data), fmt, quote):
+                    at += len(record)
+                    ends.append(at)
+                self._ends = ends
+        if self._ends is not None:
+            self.count = len(self._ends)
+        else:
+            self.count = _count_lines(data)
+        self._avg = len(data) / self.count if self.count else 1.0
+
+    def after(self, pos: int, k: int) -> int:
+        """The offset after the ``k`` records from offset ``pos`` (a record's start;
+        ``k`` at most the records left)."""
+        if k <= 0:
+            return pos
+        if self._ends is not None:
+            return self._ends[bisect.bisect_right(self._ends, pos) + k - 1]
+        data = self.data
+        at = min(len(data), pos + int(k * self._avg))   # a guess, then line by line
+        n = data.count(b"\n", pos, at)
+        if n < k:
+            for _ in range(k - n):
+                nl = data.find(b"\n", at)
+                if nl < 0:
+                    return len(data)   # the last line, with no newline
+                at = nl + 1
+            return at
+        for _ in range(n - k + 1):
+            at = data.rfind(b"\n", pos, at)
+        return at + 1
+
+
+def _count_lines(data: Any) -> int:
+    """The lines of ``data`` (the last one perhaps without a newline)."""
+    first = data.find(b"\n")
+    if first < 0:
+        return 1 if data else 0
+    if first < 256:
+        n = data.count(b"\n")   # (a byte at a time: the faster for short lines)
+    else:
+        n, find = 0, data.find   # (the search skips a long line at memory speed)
+        while first >= 0:
+            n += 1
+            first = find(b"\n", first + 1)
+    return n + (0 if data.endswith(b"\n") else 1)
+
+
+def blocks(stream: Any, fmt: str, quote: str = '"', size: int = 1 << 20) -> Iterator[Block]:
+    """``stream`` (binary: ``readinto``, ``readline``) as :class:`Block` objects
+    of about ``size`` bytes each (``data`` a bytearray), every one ending where a
+    record ends."""
     q = quote.encode()
-    pending = None
-    for lines in blocks:
-        if fmt == "jsonl" or (pending is None and q not in b"".join(lines)):
-            yield lines
-            continue
-        out = []
-        for line in lines:
-            if pending is not None:
-                pending += line
-                if line.count(q) % 2:
-                    out.append(pending)
-                    pending = None
-            elif line.count(q) % 2:
-                pending = line
-            else:
-                out.append(line)
-        if out:
-            yield out
-    if pending is not None:
-        yield [pending]
+    while True:
+        # (read into a bytearray, which the line's end is added to in place:
+        # the block is copied once, when a chunk is cut out of it)
+        data = bytearray(size)
+        got = stream.readinto(data)
+        if not got:
+            return
+        del data[got:]
+        if not data.endswith(b"\n"):
+            data += stream.readline()
+        if fmt != "jsonl" and q in data and data.count(q) % 2:
+            # a quoted value goes on: up to the line that closes it (records()'s rule)
+            while True:
+                line = stream.readline()
+                data += line
+                if not line or line.count(q) % 2:
+                    break
+        yield Block(data, fmt, quote)
 
 
 def _decode(raw):
