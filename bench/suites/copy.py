@@ -110,7 +110,10 @@ def run_raw(srv, payload, n, ends=None):
     while replies < n:
         limit = len(view) if ends is None else ends[min(n, replies + WINDOW) - 1]
         want_write = [sock] if sent < limit else []
-        readable, writable, _ = select.select([sock], want_write, [])
+        readable, writable, _ = select.select([sock], want_write, [], 60)
+        if not readable and not writable:
+            raise RuntimeError("raw: no reply from the server for 60 s (%d of %d)"
+                               % (replies, n))
         if writable:
             try:
                 sent += sock.send(view[sent:min(limit, sent + (1 << 20))])
