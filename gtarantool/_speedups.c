@@ -38,8 +38,10 @@
  * promoted, and set off full collections, which dominate the client's CPU at
  * 10,000 greenlets.  A RawReply holds ints and bytes only: the GC does not
  * track it.  (The Python twin decodes every reply as it takes it.)  For a
- * sink it stores (code, schema version, body bytes) in sink.replies[sync]
- * and appends (sink, None) to `wake` when sink.outstanding comes down to 0.  It stops at
+ * sink (a SinkCore, below) it stores (code, schema version, body bytes) in
+ * sink.replies[sync] and appends (sink, None) to `wake` when sink.outstanding
+ * comes down to 0; for a checking sink, the same in its owner, except that a
+ * success (code 0) is stored as CHECKED: nothing of its body is copied.  It stops at
  * the first frame it does not take (a header read_header does not read, too
  * long, incomplete, a push, a sync not in `pending`, a pushes_type waiter) and returns where that
  * frame starts and how many replies it stored in sinks without a wake-up:
@@ -85,7 +87,7 @@ after_fork_in_child(void)
     fork_generation++;
 }
 
-static PyObject *str_replies, *str_outstanding, *unpack_kwnames, *data_key, *zero, *one,
+static PyObject *unpack_kwnames, *data_key, *zero, *one,
     *empty_tuple, *str_switch, *str_popleft, *str_requests, *str_send_calls,
     *str_bytes_out, *str_max_in_flight,
     *unpack_escaped_kwnames, *str_backslashreplace,
@@ -232,6 +234,97 @@ static PyTypeObject RawReplyType = {
     .tp_doc = "An OK reply's body, undecoded: ReplyCutter.finish(raw) decodes it.",
     .tp_dealloc = (destructor)RawReply_dealloc,
 };
+
+/* SinkCore: the fields of a sink (transport.ReplySink derives from it; from
+ * its Python twin, transport.SinkFields, without a compiler), where a
+ * pipeline's replies go, each a member of the same name, set here as struct
+ * fields:
+ *
+ *     syncs        list: the requests' syncs, in order
+ *     replies      dict: sync -> (code, schema version, body bytes), CHECKED
+ *                  or the exception that request failed with
+ *     outstanding  int: replies still awaited
+ *     waiter       the gevent Waiter of the greenlet waiting for them, or None
+ *     owner        None, or the sink whose requests this one checks: a
+ *                  request registered under it gets CHECKED in its owner's
+ *                  replies for a success (code 0, nothing of the body kept),
+ *                  and its reply as any other's for an error; its owner's
+ *                  outstanding and waiter count
+ *
+ * CHECKED (the module's, equal to transport.CHECKED) is (0, None, b""). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *syncs, *replies, *outstanding, *waiter, *owner;
+} SinkCore;
+
+static PyObject *checked_reply;   /* CHECKED */
+
+#define SINK_MEMBER(name, field) \
+    {name, T_OBJECT_EX, offsetof(SinkCore, field), 0, NULL}
+
+static PyMemberDef SinkCore_members[] = {
+    SINK_MEMBER("syncs", syncs),
+    SINK_MEMBER("replies", replies),
+    SINK_MEMBER("outstanding", outstanding),
+    SINK_MEMBER("waiter", waiter),
+    SINK_MEMBER("owner", owner),
+    {NULL}
+};
+
+static int
+SinkCore_traverse(SinkCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->syncs);
+    Py_VISIT(self->replies);
+    Py_VISIT(self->outstanding);
+    Py_VISIT(self->waiter);
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static int
+SinkCore_clear(SinkCore *self)
+{
+    Py_CLEAR(self->syncs);
+    Py_CLEAR(self->replies);
+    Py_CLEAR(self->outstanding);
+    Py_CLEAR(self->waiter);
+    Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void
+SinkCore_dealloc(SinkCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    SinkCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SinkCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._speedups.SinkCore",
+    .tp_basicsize = sizeof(SinkCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of a sink (see SinkCore in _speedups.c); "
+              "transport.ReplySink derives from it.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = SinkCore_members,
+    .tp_traverse = (traverseproc)SinkCore_traverse,
+    .tp_clear = (inquiry)SinkCore_clear,
+    .tp_dealloc = (destructor)SinkCore_dealloc,
+};
+
+/* The field `value` of a SinkCore (borrowed), or NULL with the AttributeError
+ * an unset slot raises. */
+static PyObject *
+sink_field(PyObject *sink, PyObject *value, const char *name)
+{
+    if (value == NULL)
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%s'",
+                     Py_TYPE(sink)->tp_name, name);
+    return value;
+}
 
 static inline uint32_t
 be32(const unsigned char *p)
@@ -937,41 +1030,67 @@ read_header(const unsigned char *p, const unsigned char *end, Header *h)
     return 1;
 }
 
-/* Store the reply `h` in `sink`: 1 when that was its last, 0 or -1. */
+/* Store the reply `h` for `waiter` (a SinkCore: a sink, or a checking one,
+ * whose replies go to its owner): 1 when that was the last its sink awaited,
+ * 0, or -1 with an exception set; *target: the sink that got it (a new
+ * reference, unless -1). */
 static int
-store(PyObject *sink, PyObject *sync, const Header *h, const unsigned char *body,
-      Py_ssize_t body_size)
+store(PyObject *waiter, PyObject *sync, const Header *h, const unsigned char *body,
+      Py_ssize_t body_size, PyObject **target)
 {
-    PyObject *replies, *value, *outstanding, *left;
-    int stored, last;
+    SinkCore *sink = (SinkCore *)waiter;
+    PyObject *value, *replies, *outstanding, *left;
+    int stored, last = -1, checking = 0;
 
-    value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
-                          (unsigned long long)h->schema, (const char *)body, body_size);
+    if (sink->owner != NULL && sink->owner != Py_None) {
+        if (!PyObject_TypeCheck(sink->owner, &SinkCoreType)) {
+            PyErr_Format(PyExc_TypeError, "a sink's owner must be a sink, not %.100s",
+                         Py_TYPE(sink->owner)->tp_name);
+            return -1;
+        }
+        checking = 1;
+        sink = (SinkCore *)sink->owner;
+    }
+    /* Each field read after whatever could run Python (a collection's
+     * finalizers, a replies mapping's __setitem__) and held while it is used */
+    Py_INCREF(sink);
+    if (checking && h->code == 0)   /* a success: its code is all that is kept */
+        value = Py_NewRef(checked_reply);
+    else
+        value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
+                              (unsigned long long)h->schema, (const char *)body, body_size);
     if (value == NULL)
-        return -1;
-    replies = PyObject_GetAttr(sink, str_replies);
+        goto done;
+    replies = sink_field((PyObject *)sink, sink->replies, "replies");
     if (replies == NULL) {
         Py_DECREF(value);
-        return -1;
+        goto done;
     }
-    stored = PyObject_SetItem(replies, sync, value);
+    Py_INCREF(replies);
+    stored = PyDict_CheckExact(replies) ? PyDict_SetItem(replies, sync, value)
+                                        : PyObject_SetItem(replies, sync, value);
     Py_DECREF(replies);
     Py_DECREF(value);
     if (stored < 0)
-        return -1;
-    outstanding = PyObject_GetAttr(sink, str_outstanding);
+        goto done;
+    outstanding = sink_field((PyObject *)sink, sink->outstanding, "outstanding");
     if (outstanding == NULL)
-        return -1;
+        goto done;
     /* outstanding -= 1; outstanding <= 0, as Python does it: any int, no overflow */
+    Py_INCREF(outstanding);
     left = PyNumber_Subtract(outstanding, one);
     Py_DECREF(outstanding);
     if (left == NULL)
-        return -1;
+        goto done;
     last = PyObject_RichCompareBool(left, zero, Py_LE);
-    stored = last < 0 ? -1 : PyObject_SetAttr(sink, str_outstanding, left);
-    Py_DECREF(left);
-    if (stored < 0)
-        return -1;
+    if (last < 0) {
+        Py_DECREF(left);
+        goto done;
+    }
+    Py_XSETREF(sink->outstanding, left);
+    *target = Py_NewRef(sink);
+done:
+    Py_DECREF(sink);
     return last;
 }
 
@@ -1126,17 +1245,20 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         if (PyDict_DelItem(self->pending, sync) < 0)
             goto fail;
         if ((PyObject *)Py_TYPE(waiter) == self->sink_type) {
-            int last = store(waiter, sync, &h, p + h.head, body_size);
+            PyObject *target = NULL;
+            int last = store(waiter, sync, &h, p + h.head, body_size, &target);
             if (last < 0)
                 goto fail;
             if (last) {
-                PyObject *pair = PyTuple_Pack(2, waiter, Py_None);
+                PyObject *pair = PyTuple_Pack(2, target, Py_None);
+                Py_DECREF(target);
                 if (pair == NULL || PyList_Append(wake, pair) < 0) {
                     Py_XDECREF(pair);
                     goto fail;
                 }
                 Py_DECREF(pair);
             } else {
+                Py_DECREF(target);
                 stored++;
             }
         } else if (take(self, waiter, sync, &h, p + h.head, body_size,
@@ -1307,6 +1429,11 @@ ReplyCutter_init(ReplyCutter *self, PyObject *args, PyObject *kwds)
     /* What runs Python first (getattr), then the fields, all at once */
     if (check_response_type(response_type) < 0)
         return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)sink_type, &SinkCoreType)) {
+        PyErr_Format(PyExc_TypeError, "sink_type must be a subclass of SinkCore, not %.100R",
+                     sink_type);
+        return -1;
+    }
     decoding.response_type = (PyTypeObject *)response_type;
     ready_append = PyObject_GetAttrString(ready, "append");
     if (ready_append == NULL)
@@ -2506,8 +2633,7 @@ PyInit__speedups(void)
 {
     PyObject *module;
 
-    if (!(str_replies = PyUnicode_InternFromString("replies"))
-            || !(str_outstanding = PyUnicode_InternFromString("outstanding"))
+    if (!(checked_reply = Py_BuildValue("(iOy#)", 0, Py_None, "", (Py_ssize_t)0))
             || !(unpack_kwnames = Py_BuildValue("(ssss)", "use_list", "raw", "strict_map_key",
                                                 "ext_hook"))
             || !(unpack_escaped_kwnames = Py_BuildValue("(sssss)", "use_list", "raw",
@@ -2542,7 +2668,7 @@ PyInit__speedups(void)
     }
     if (PyType_Ready(&TransportCoreType) < 0 || PyType_Ready(&ResponseCoreType) < 0
             || PyType_Ready(&ReplyCutterType) < 0 || PyType_Ready(&RequesterType) < 0
-            || PyType_Ready(&RawReplyType) < 0
+            || PyType_Ready(&RawReplyType) < 0 || PyType_Ready(&SinkCoreType) < 0
             || PyType_Ready(&LoneReaderType) < 0)
         return NULL;
     module = PyModule_Create(&speedups_module);
@@ -2553,6 +2679,8 @@ PyInit__speedups(void)
             || PyModule_AddObjectRef(module, "ReplyCutter", (PyObject *)&ReplyCutterType) < 0
             || PyModule_AddObjectRef(module, "Requester", (PyObject *)&RequesterType) < 0
             || PyModule_AddObjectRef(module, "RawReply", (PyObject *)&RawReplyType) < 0
+            || PyModule_AddObjectRef(module, "SinkCore", (PyObject *)&SinkCoreType) < 0
+            || PyModule_AddObjectRef(module, "CHECKED", checked_reply) < 0
             || PyModule_AddObjectRef(module, "LoneReader", (PyObject *)&LoneReaderType) < 0) {
         Py_DECREF(module);
         return NULL;

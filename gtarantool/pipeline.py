@@ -21,9 +21,10 @@ from __future__ import annotations
 import collections
 import gc
 import itertools
+import operator
 import time
 from contextlib import contextmanager
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import gevent
 from gevent import Timeout
@@ -32,7 +33,7 @@ from gevent.hub import Waiter
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout, not_sent
 from gtarantool.protocol.responses import responses
-from gtarantool.transport import ReplySink
+from gtarantool.transport import CHECKED, ReplySink
 
 # ``conn`` (a Connection) and ``stream`` (a Stream) are annotated Any: both
 # modules import this one, which imports nothing of them, not even for the
@@ -77,6 +78,8 @@ class Pipeline(ConnectionRequestMethods):
         self._stream = stream       # a Stream whose requests these are, or None
         self._queued = []           # (code, body) of requests not handed over yet
         self._sink = ReplySink()    # syncs of those handed over, and their replies
+        # the checking sink of send_frames(check_only=True), made when first used
+        self._checking: Optional[ReplySink] = None
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
         queued = self._queued
@@ -127,12 +130,19 @@ class Pipeline(ConnectionRequestMethods):
             collections.deque(itertools.islice(syncs, count - 1), maxlen=0)
         return first
 
-    def send_frames(self, frames: bytes, first_sync: int, count: int) -> int:
+    def send_frames(self, frames: bytes, first_sync: int, count: int,
+                    check_only: bool = False) -> int:
         """Queue ``count`` whole requests encoded already, with the syncs
         ``first_sync`` .. ``first_sync + count - 1`` (from :meth:`take_syncs`),
         after what is queued: the bulk path, with no per-request work here.
         Their results are :meth:`failures`' (or :meth:`results`') like any
         other request's.
+
+        :param check_only: keep only whether each succeeded: the reader keeps
+            nothing of a success's reply (an insert's carries the whole tuple
+            back), so that :meth:`results` holds a Response without a body
+            (``data`` None) in its place; a failure is kept and reported as
+            any other's.
 
         :returns: the place of the first of them in the results.
         :raises tarantool.error.NetworkError: the connection could not be
@@ -147,12 +157,17 @@ class Pipeline(ConnectionRequestMethods):
         if self._queued:
             self._flush()
         sink = self._sink
+        waiter = sink
+        if check_only:
+            if self._checking is None:
+                self._checking = ReplySink(sink)
+            waiter = self._checking
         index = len(sink.syncs)
         timeout = self._conn.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         timer = Timeout._start_new_or_dummy(timeout)
         try:
-            self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, sink)
+            self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, waiter)
         except BaseException as exc:
             error = exc
             if exc is timer:   # no room within request_timeout: not sent
@@ -184,6 +199,8 @@ class Pipeline(ConnectionRequestMethods):
         except RequestTimeout:
             pass  # each unanswered request holds its RequestTimeout
         replies = self._sink.replies
+        if operator.countOf(replies.values(), CHECKED) == len(replies):
+            return []   # every request checked only, and each succeeded: nothing to walk
         bad = [sync for sync, reply in replies.items()
                if type(reply) is not tuple or reply[0]]
         if not bad:

@@ -69,6 +69,9 @@ from gtarantool.protocol.frames import (
 from gtarantool.protocol.responses import Response, ok_response
 
 RECV_SIZE = 256 * 1024
+# A piece of the write buffer this large (a batch of whole requests from
+# send_frames) is written alone, not copied into one piece with the rest.
+LARGE_PIECE = 64 * 1024
 _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else None
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
@@ -412,9 +415,11 @@ class Transport(_State):
         """Queue ``frames``, ``count`` whole requests encoded already (by
         ``Encoder.encode_batch``) with the syncs ``first_sync`` ..
         ``first_sync + count - 1``, their replies going to ``sink`` as
-        ``send_many``'s do: the syncs are registered and the bytes queued in
-        one step, after waiting for room in ``max_in_flight`` as a single
-        request does (the batch then takes its ``count`` slots at once).
+        ``send_many``'s do (``sink`` may be a checking sink: then they are
+        its owner's, their successes stored as ``CHECKED``): the syncs are
+        registered and the bytes queued in one step, after waiting for room
+        in ``max_in_flight`` as a single request does (the batch then takes
+        its ``count`` slots at once).
         Raises, nothing queued and nothing in ``sink.syncs``, as ``send_many``
         does: ``InheritedSocket`` in a process forked since the transport
         opened, the transport's error when it died."""
@@ -425,8 +430,9 @@ class Transport(_State):
             self._wait_for_room()
         syncs = range(first_sync, first_sync + count)
         pending.update(dict.fromkeys(syncs, sink))
-        sink.syncs += syncs
-        sink.outstanding += count
+        owner = sink if sink.owner is None else sink.owner
+        owner.syncs += syncs
+        owner.outstanding += count
         buf = self._wbuf
         if not buf:
             self._wakeup.set()
@@ -557,7 +563,7 @@ class Transport(_State):
             self._inherited()
             return
         queued = len(buf)
-        data = b"".join(buf)
+        data = _joined(buf, queued)
         try:
             sent = os.write(self._fd, data)
         except BlockingIOError:
@@ -592,11 +598,13 @@ class Transport(_State):
                 wakeup.clear()
                 while buf:
                     queued = len(buf)
+                    if not buf[1] and len(buf[0]) >= LARGE_PIECE:
+                        queued = 2   # a batch of whole requests: written as it is, alone
                     stats.requests += queued // 2
                     in_flight = len(self._pending)   # the most there are: all sent, none answered
                     if in_flight > stats.max_in_flight:
                         stats.max_in_flight = in_flight
-                    data = b"".join(buf)
+                    data = _joined(buf, queued)
                     # Left in buf until sent: a caller that finds buf empty sends
                     # itself, and must not do so in the middle of this batch,
                     # nor flush.
@@ -961,7 +969,28 @@ class Transport(_State):
             b.close()
 
 
-class ReplySink:
+#: The reply kept for a request registered under a checking sink (see
+#: ``ReplySink``) that succeeded: its code, 0; no schema version, no body.
+#: (The C reader's is the same object when the package was built with it.)
+CHECKED = compiled.speedups.CHECKED if compiled.speedups is not None else (0, None, b"")
+
+
+class SinkFields:
+    """A sink's fields: the Python twin of ``_speedups.SinkCore`` (see
+    ``_speedups.c``), whose C paths read and write them as struct fields.
+    ``ReplySink`` derives from the C type when the package was built with a
+    compiler, from this class otherwise (chosen once, here, at import)."""
+
+    __slots__ = ("syncs", "replies", "outstanding", "waiter", "owner")
+
+
+if TYPE_CHECKING:   # (the checker reads the twin: the C module's stub is untyped)
+    _SinkBase = SinkFields
+else:
+    _SinkBase = compiled.speedups.SinkCore if compiled.speedups is not None else SinkFields
+
+
+class ReplySink(_SinkBase):
     """Where the replies to many requests go (a pipeline's; see ``send_many``).
 
     The reader stores each reply in ``replies`` as ``sync -> (code, schema
@@ -969,36 +998,47 @@ class ReplySink:
     wakes ``waiter`` (a gevent ``Waiter``, while someone waits) when
     ``outstanding`` reaches 0.  ``syncs`` lists the requests queued for it, in
     order (its owner adds those it failed to queue, with their errors).
+
+    ``ReplySink(owner)`` makes a checking sink for ``owner``: the requests
+    registered under it (``send_frames``) are ``owner``'s (its ``syncs``,
+    ``outstanding`` and ``waiter``), but a success stores ``CHECKED`` in
+    ``owner.replies``, nothing of its body kept (an insert's reply carries
+    the whole tuple back); an error reply is stored as any other.
     """
 
-    __slots__ = ("syncs", "replies", "outstanding", "waiter")
+    __slots__ = ()
 
-    def __init__(self):
+    def __init__(self, owner=None):
         self.syncs = []
         self.replies = {}
         self.outstanding = 0
         self.waiter = None
+        self.owner = owner
 
     def switch(self, value):
         """From the hub: a reply the reader took the general way, the error
         that failed the connection, or None once the last reply is in."""
+        sink = self if self.owner is None else self.owner
         if value is not None:
-            if self.outstanding <= 0:
+            if sink.outstanding <= 0:
                 return   # failed or given up already: nothing changes
-            replies = self.replies
+            replies = sink.replies
             if type(value) is tuple:
                 sync, code, schema, body, _ = value
-                replies[sync] = (code, schema, body)
-                self.outstanding -= 1
+                if code == 0 and sink is not self:   # a checking sink's success
+                    replies[sync] = CHECKED
+                else:
+                    replies[sync] = (code, schema, body)
+                sink.outstanding -= 1
             else:
-                for sync in self.syncs:
+                for sync in sink.syncs:
                     if sync not in replies:
                         replies[sync] = value
-                self.outstanding = 0
+                sink.outstanding = 0
         # Checked again: more requests may have gone out since a None was queued.
         # (At or below 0, never a strict 0: a wait must not outlive its replies.)
-        if self.outstanding <= 0 and self.waiter is not None:
-            self.waiter.switch(None)
+        if sink.outstanding <= 0 and sink.waiter is not None:
+            sink.waiter.switch(None)
 
 
 class _Pushes:
@@ -1023,6 +1063,15 @@ class _Pushes:
             pushes = [(code, schema, decode_or_error(self.decoder, body))
                       for code, schema, body in pushes]
         return self.waiter, reply + (pushes,)
+
+
+def _joined(buf, queued):
+    """The first ``queued`` pieces of a write buffer in one bytes object: a
+    batch of whole requests queued alone (``send_frames``: megabytes) as it
+    is, without a copy."""
+    if queued == 2 and not buf[1]:
+        return buf[0]
+    return b"".join(buf)
 
 
 def _wake_all(pairs):

@@ -23,7 +23,8 @@ ASan and UBSan, so a memory error ends the run with a report instead.
   carriage returns, bytes that are not UTF-8, wrong widths and converters
   that raise) against their Python twins in ``protocol.bulk``.
 - ``feed``: ``Transport.feed`` (the C and the Python reader) with such
-  streams in random pieces, waited for by callers and pipelines' sinks: what
+  streams in random pieces, waited for by callers and pipelines' sinks (and
+  checking sinks, whose successes keep only their code): what
   each gets, and whether the stream fails the connection, must be the
   reference parser's (an ``Unpacker`` per frame, as ``_frame`` does).
 - ``read``: the same, written to the transport's socket: the read watcher's
@@ -49,7 +50,7 @@ from gtarantool.compiled import encoder as _encoder
 from gtarantool.compiled import speedups as _speedups
 from gtarantool.errors import ProtocolError
 from gtarantool.protocol import BodyDecoder, Response
-from gtarantool.transport import ReplySink, Stats, Transport, _Pushes
+from gtarantool.transport import CHECKED, ReplySink, Stats, Transport, _Pushes
 
 IPROTO_CHUNK = 0x80
 LIMIT = 1 << 16   # the transports' max_response_size
@@ -165,7 +166,8 @@ def corrupt(rng, data):
 
 def stream(rng):
     """(stream bytes, [(sync, kind)]): replies to callers ("glet") and pipelines
-    ("sink"), some with pushes first; syncs of any size."""
+    ("sink"; "checked": a checking sink's, whose successes keep only their
+    code), some with pushes first; syncs of any size."""
     frames, waiters = [], []
     used = set()
     for _ in range(rng.randrange(1, 12)):
@@ -173,7 +175,7 @@ def stream(rng):
         if sync in used:
             continue
         used.add(sync)
-        waiters.append((sync, rng.choice(("glet", "glet", "sink"))))
+        waiters.append((sync, rng.choice(("glet", "glet", "sink", "checked"))))
         schema = rng.choice((rng.randrange(1 << 32), rng.randrange(1 << 64)))
         for _ in range(rng.choice((0, 0, 0, 1, 2))):
             frames.append(frame(rng, IPROTO_CHUNK, sync, schema, body(rng)))
@@ -306,6 +308,9 @@ def fuzz_cutter(rng, case):
         if kind == "sink":
             waiter = ReplySink()
             waiter.outstanding = rng.choice((1, 2, 5))
+        elif kind == "checked":
+            waiter = ReplySink(ReplySink())
+            waiter.owner.outstanding = rng.choice((1, 2, 5))
         elif roll < 0.15:
             waiter = _Pushes(_Caller(), None)           # the cutter leaves these alone
         else:
@@ -333,7 +338,11 @@ def fuzz_cutter(rng, case):
         waiter = kinds[sync]
         assert sync not in pending
         if type(waiter) is ReplySink:
-            assert waiter.replies[sync] == (code, schema, payload)
+            if waiter.owner is None:
+                assert waiter.replies[sync] == (code, schema, payload)
+            else:
+                assert waiter.owner.replies[sync] == (CHECKED if code == 0
+                                                      else (code, schema, payload))
             in_sinks += 1
             continue
         assert type(waiter) is _Caller
@@ -551,9 +560,10 @@ def _feed(data, waiters, pieces, c_paths, abandoned, through_socket):
     try:
         callers = {}
         sink = ReplySink()
+        checking = ReplySink(sink)
         for sync, kind in waiters:
-            if kind == "sink":
-                t._pending[sync] = sink
+            if kind in ("sink", "checked"):
+                t._pending[sync] = sink if kind == "sink" else checking
                 sink.outstanding += 1
                 sink.syncs.append(sync)
             else:
@@ -623,7 +633,9 @@ def reference_feed(data, waiters, abandoned):
             break
     got, stored = {}, {}
     for sync, (code, schema, payload) in finals.items():
-        if kinds[sync] == "sink":
+        if kinds[sync] == "checked" and code == 0:
+            stored[sync] = CHECKED
+        elif kinds[sync] in ("sink", "checked"):
             stored[sync] = (code, schema, payload)
         else:
             body = decoded(payload, code)

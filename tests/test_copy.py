@@ -215,6 +215,25 @@ def test_copy_from_takes_dicts_and_reports_each_refusal(conn):
     assert conn.select("copy_kv").data == [[1, "a"], [3, "c", 3]]
 
 
+@pytest.mark.usefixtures("reader")
+def test_a_duplicate_in_the_middle_of_a_batch_is_rejected_alone(server):
+    """The replies of a batch are checked only (no body kept for a success):
+    a taken key in the middle of it is still reported in its place, with the
+    server's reason and applied False, and every other row is written."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    rows = [(k, "n%d" % k, k) for k in range(3000)]
+    rows[1500] = (700, "taken", 0)
+    report = copy_from(conn, "copy_kv", rows, batch=1000)
+    assert report.written == 2999 and report.rows == 3000 and report.settled == 3000
+    assert [(r.position, r.applied) for r in report.rejected] == [(1500, False)]
+    assert "Duplicate key" in report.rejected[0].reason and "(code 3)" in report.rejected[0].reason
+    assert report.rejected[0].row == (700, "taken", 0)
+    assert conn.eval("return box.space.copy_kv:count()").data == [2999]
+    assert conn.select("copy_kv", 700).data == [[700, "n700", 700]]
+    conn.close()
+
+
 def test_upsert_assigns_the_fields_outside_the_key(conn):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
     copy_from(conn, "copy_kv", [(k, "old", k) for k in range(10)])

@@ -161,7 +161,7 @@ def test_the_c_code_looks_up_no_private_attribute_by_name(source):
     for table in _HOOK_TABLE.findall(text):
         names |= set(re.findall(r"\"([^\"]*)\"", table))
     if source.endswith("_speedups.c"):   # (the patterns find what they are for)
-        assert {"replies", "request_general", "flush"} <= names
+        assert {"responses", "request_general", "flush"} <= names
     private = [name for name in names
                if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))]
     assert not private

@@ -6,9 +6,12 @@ from tarantool.error import DatabaseError, NetworkError
 from tarantool.response import Response
 
 import gtarantool
+from gtarantool.errors import ProtocolError
 from gtarantool.pipeline import BATCH
 
+from . import fakepeer
 from .conftest import PASSWORD, USER
+from .timing import slack
 
 # Every test with the reader's C loop and with its Python loop.
 pytestmark = pytest.mark.usefixtures("reader")
@@ -271,3 +274,107 @@ def test_send_frames_in_a_forked_child_sends_nothing_on_the_parents_socket(conn)
     assert os.WEXITSTATUS(status) == 0
     assert conn.select("tester", base).data == []   # the parent's socket carried none
     assert conn.ping() is not None
+
+
+def test_send_frames_check_only_keeps_the_failures_and_no_success_body(conn):
+    """Checked only: a success keeps its outcome, not its reply (no tuple,
+    no body bytes); a refusal in the middle of the batch is reported in its
+    place with the server's reason; ordinary requests before and after it
+    keep their whole replies."""
+    from gtarantool.transport import CHECKED
+
+    base = 21_400_000
+    conn.eval("for i = %d, %d do box.space.tester:delete(i) end" % (base, base + 1000))
+    p = conn.pipeline()
+    p.ping()
+    rows = [(base + i, "bulk") for i in range(1000)]
+    rows[500] = (base + 1, "duplicate")
+    frames, first = _frames(p, "tester", rows)
+    assert p.send_frames(frames, first, len(rows), check_only=True) == 1
+    p.insert("tester", (base + 1000, "after"))
+    failures = p.failures()
+    assert [place for place, _ in failures] == [501]
+    error = failures[0][1]
+    assert isinstance(error, DatabaseError) and error.code == 3
+    assert "Duplicate key" in error.message
+    replies = [p._sink.replies[sync] for sync in range(first, first + len(rows))]
+    assert sum(reply == CHECKED for reply in replies) == 999
+    results = p.results()
+    assert len(results) == 1002
+    assert results[2].data is None and results[2].return_code == 0   # no body kept
+    assert isinstance(results[501], DatabaseError)
+    assert results[1001][0] == [base + 1000, "after"]
+    assert conn.select("tester", base + 999)[0] == [base + 999, "bulk"]
+    assert conn.select("tester", base + 500).data == []
+
+
+def test_send_frames_check_only_twice_in_one_pipeline_waits_for_both(conn):
+    base = 21_500_000
+    conn.eval("for i = %d, %d do box.space.tester:delete(i) end" % (base, base + 199))
+    p = conn.pipeline()
+    p.ping()
+    for half in (0, 100):
+        frames, first = _frames(p, "tester", [(base + half + i, "x") for i in range(100)])
+        p.send_frames(frames, first, 100, check_only=True)
+    assert p.failures() == []
+    assert p._sink.outstanding <= 0 and len(p.results()) == 201
+    written = conn.select("tester", base, iterator="GE", limit=200).data
+    assert [row[0] for row in written] == list(range(base, base + 200))
+
+
+def _answer_then(bad, then_close=False):
+    """A fake peer's handler: OK replies to the first 4 of 10 requests, in
+    Tarantool's layout (an empty body), then ``bad(sync of the 5th)``."""
+    def handler(peer, sock):
+        sock.sendall(fakepeer.greeting())
+        syncs = [peer.read_request(sock)[0][fakepeer.IPROTO_SYNC] for _ in range(10)]
+        sock.sendall(b"".join(fakepeer.tarantool_frame(s, b"\x80") for s in syncs[:4])
+                     + bad(syncs[4]))
+        if then_close:
+            sock.close()
+            return
+        while True:
+            peer.read_request(sock)
+    return handler
+
+
+BAD_BULK_REPLIES = {
+    "garbage": (lambda sync: b"\xc1" * 64, False, ProtocolError),
+    # Tarantool's layout, its length prefix shorter than the header
+    "header_beyond_its_frame": (lambda sync: fakepeer.tarantool_frame(sync, b"")[:1]
+                                + (10).to_bytes(4, "big")
+                                + fakepeer.tarantool_frame(sync, b"")[5:], False, ProtocolError),
+    "header_not_a_map": (lambda sync: fakepeer.frame([1, sync, 3]), False, ProtocolError),
+    "sync_not_an_int": (lambda sync: fakepeer.frame({0: 0, 1: "x", 5: 1}, {}), False,
+                        ProtocolError),
+    "torn_then_close": (lambda sync: fakepeer.tarantool_frame(sync, b"\x81\x30\x90")[:20], True,
+                        NetworkError),
+}
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("case", sorted(BAD_BULK_REPLIES))
+def test_a_bad_reply_to_checked_requests_fails_the_unanswered_ones_at_once(case):
+    """Garbage or a torn frame where a checked request's reply should be:
+    the caller gets the connection's error for each request still
+    unanswered (may have been applied), promptly, and nothing hangs."""
+    from gtarantool.errors import applied
+
+    bad, then_close, expected = BAD_BULK_REPLIES[case]
+    with fakepeer.FakePeer(_answer_then(bad, then_close)) as peer:
+        c = gtarantool.connect(peer.host, peer.port, fetch_schema=False, request_timeout=10,
+                               reconnect_max_attempts=0)
+        p = c.pipeline()
+        c._ensure_connected()
+        encoder = p._encoder
+        prefix, suffix = encoder.batch_parts(2, 512)
+        first = p.take_syncs(10)
+        frames = encoder.encode_batch(2, prefix, [(k, "x") for k in range(10)], first, suffix)
+        p.send_frames(frames, first, 10, check_only=True)
+        with gevent.Timeout(slack(5)):
+            failures = p.failures()
+        assert [place for place, _ in failures] == list(range(4, 10))
+        assert all(isinstance(exc, expected) and applied(exc) is None for _, exc in failures)
+        assert c._transport is None or c._transport.in_flight == 0
+        assert not peer.errors
+        c.close()

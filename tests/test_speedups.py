@@ -491,6 +491,55 @@ def test_a_sinks_outstanding_count_is_any_int(outstanding):
     assert sink.replies == {7: (0, 1, b"\x80")}
 
 
+def test_the_sink_core_and_its_python_twin_hold_the_same_fields():
+    from gtarantool.transport import CHECKED, SinkFields
+
+    members = {name for name, value in vars(_speedups.SinkCore).items()
+               if type(value) is types.MemberDescriptorType}
+    assert members == set(SinkFields.__slots__)
+    assert issubclass(ReplySink, _speedups.SinkCore)
+    assert _speedups.CHECKED == CHECKED
+
+
+def test_a_checking_sinks_replies_go_to_its_owner_and_a_success_keeps_only_its_code():
+    """A reply to a request registered under a checking sink: a success is
+    stored as CHECKED in the owner's replies (no tuple, no body bytes), an
+    error as any reply; the owner's count goes down and the owner is woken
+    after its last."""
+    from gtarantool.transport import CHECKED
+
+    owner = ReplySink()
+    checking = ReplySink(owner)
+    owner.outstanding = 3
+    pending = {7: checking, 8: checking, 9: owner}
+    cutter = _speedups.ReplyCutter(pending, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    data = (_frame_for(7, b"\x81\x30\x91\x92\x01\xa1x")
+            + tarantool_frame(8, b"\x81\x31\xa3dup", code=0x8003) + _frame_for(9))
+    wake = []
+    assert cutter.cut(data, 0, len(data), 1 << 20, wake) == (len(data), 2)
+    assert owner.replies == {7: CHECKED, 8: (0x8003, 1, b"\x81\x31\xa3dup"), 9: (0, 1, b"\x80")}
+    assert owner.replies[7] is _speedups.CHECKED
+    assert wake == [(owner, None)] and owner.outstanding == 0 and not pending
+    assert checking.replies == {} and checking.outstanding == 0
+
+
+def test_a_checking_sink_whose_owner_is_no_sink_fails_the_cut():
+    checking = ReplySink()
+    checking.owner = object()
+    cutter = _speedups.ReplyCutter({7: checking}, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    frame = _frame_for(7)
+    with pytest.raises(TypeError, match="owner must be a sink"):
+        cutter.cut(frame, 0, len(frame), 1 << 20, [])
+
+
+def test_a_cutters_sink_type_must_be_a_sink_core():
+    with pytest.raises(TypeError, match="SinkCore"):
+        _speedups.ReplyCutter({}, collections.deque(), msgpack.unpackb, (True, False, None),
+                              Response, dict, _Pushes)
+
+
 # -- reply headers in every layout: the C cutter and frames.reply_header ----------
 
 def _cut_one(frame, limit=1 << 20):

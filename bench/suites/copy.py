@@ -16,6 +16,14 @@ unsigned and a string, 1,536 bytes encoded) and ``--rows`` rows, interleaved
   start-up and imports, the worker's start, the connection, the exit), and a
   line says what the rows cost beyond it.
 
+Then, with the rows in the space, selects of each row by its key, also
+interleaved:
+
+* ``raw``: the select requests encoded before the clock starts, written to a
+  plain socket at most 10,000 ahead of the replies, which are counted;
+* ``pipeline``: ``p.select(space, key)`` on ``conn.pipeline()`` 10,000 at a
+  time, each reply's ``.data`` read.
+
 The figure is rows per client CPU-second (user + system), the median over
 runs, and its ratio to ``raw``'s.  CPU time is what a busy host moves least;
 wall time is printed beside it.  ``--demo N`` instead generates an N-row CSV
@@ -55,6 +63,7 @@ c:create_index('pk', {if_not_exists = true})
 """
 
 SHAPES = {"3col": "rows3", "1536b": "rows1536"}
+WINDOW = 10000   # selects in flight at most (a pipeline of that many at a time)
 
 
 def rows_of(shape, n):
@@ -76,7 +85,23 @@ def raw_requests(space_id, rows):
     return b"".join(out)
 
 
-def run_raw(srv, payload, n):
+def raw_selects(space_id, keys):
+    """(the select requests in one piece, where each ends)."""
+    out, ends, end = [], [], 0
+    for sync, key in enumerate(keys, 1):
+        frame = msgpack.packb({0: 1, 1: sync}) + msgpack.packb(
+            {0x10: space_id, 0x11: 0, 0x12: 0xFFFFFFFF, 0x13: 0, 0x14: 0, 0x20: [key]})
+        out.append(b"\xce" + struct.pack(">I", len(frame)) + frame)
+        end += len(out[-1])
+        ends.append(end)
+    return b"".join(out), ends
+
+
+def run_raw(srv, payload, n, ends=None):
+    """``payload``'s ``n`` requests written as fast as the socket takes them,
+    or, with ``ends`` (where each request ends), at most ``WINDOW`` ahead of
+    the replies counted (a pipeline's window: 100,000 selects' replies at
+    once would pile up at the server)."""
     sock = socket.create_connection((srv.host, srv.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     greeting = b""
@@ -87,11 +112,15 @@ def run_raw(srv, payload, n):
     sent, replies, buf = 0, 0, b""
     cpu, wall = time.process_time(), time.perf_counter()
     while replies < n:
-        want_write = [sock] if sent < len(view) else []
-        readable, writable, _ = select.select([sock], want_write, [])
+        limit = len(view) if ends is None else ends[min(n, replies + WINDOW) - 1]
+        want_write = [sock] if sent < limit else []
+        readable, writable, _ = select.select([sock], want_write, [], 60)
+        if not readable and not writable:
+            raise RuntimeError("raw: no reply from the server for 60 s (%d of %d)"
+                               % (replies, n))
         if writable:
             try:
-                sent += sock.send(view[sent:sent + (1 << 20)])
+                sent += sock.send(view[sent:min(limit, sent + (1 << 20))])
             except BlockingIOError:
                 pass
         if readable:
@@ -118,6 +147,21 @@ def run_pipeline(conn, space, rows):
         for reply in p.results():
             if isinstance(reply, Exception):
                 raise reply
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def run_pipeline_select(conn, space, keys):
+    cpu, wall = time.process_time(), time.perf_counter()
+    found = 0
+    for start in range(0, len(keys), WINDOW):
+        with conn.pipeline() as p:
+            for key in keys[start:start + WINDOW]:
+                p.select(space, key)
+        for reply in p.results():
+            if isinstance(reply, Exception):
+                raise reply
+            found += len(reply.data)
+    assert found == len(keys), (found, len(keys))
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -180,20 +224,27 @@ def bench(args):
                         cli_cpu.append(cpu)
                 # the command line's fixed cost: the same command on an empty file
                 startup.append(run_cli(srv, space, empty, args.procs)[0])
-            base = statistics.median(f[0] for f in figures["raw"])
             print("\n%s rows (%d bytes encoded):" % (shape, len(msgpack.packb(rows[0]))))
-            print("  %-10s %14s %8s %10s" % ("", "rows/CPU-s", "x raw", "wall s"))
-            for kind, runs in figures.items():
-                per_cpu = statistics.median(f[0] for f in runs)
-                print("  %-10s %14s %8.2f %10.2f" % (kind, format(int(per_cpu), ","),
-                                                     per_cpu / base,
-                                                     statistics.median(f[1] for f in runs)))
+            base = _table(figures)
             fixed = statistics.median(startup)
             rows_cpu = statistics.median(c - fixed for c in cli_cpu)
             print("  cli on an empty file (start-up, connection, exit): %.3f CPU-s; the "
                   "rows beyond it: %s rows/CPU-s, %.2f x raw"
                   % (fixed, format(int(len(rows) / rows_cpu), ",") if rows_cpu > 0 else "-",
                      len(rows) / rows_cpu / base if rows_cpu > 0 else 0.0))
+            truncate(conn, space)
+            copy_from(conn, space, rows)
+            keys = [row[0] for row in rows]
+            selects, ends = raw_selects(space_id, keys)
+            kinds = {"raw": lambda: run_raw(srv, selects, len(keys), ends),
+                     "pipeline": lambda: run_pipeline_select(conn, space, keys)}
+            figures = {k: [] for k in kinds}
+            for _ in range(args.runs):
+                for kind, run in kinds.items():
+                    cpu, wall = run()
+                    figures[kind].append((len(keys) / cpu, wall))
+            print("%s selects by key (one row each):" % shape)
+            _table(figures)
         steal = _steal()
         if steal is not None:
             print("\nhost CPU stolen during the run: %.1f%%" % steal)
@@ -201,6 +252,17 @@ def bench(args):
         conn.close()
         srv.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _table(figures):
+    """Print each kind's median rows per CPU-second against raw's; returns raw's."""
+    base = statistics.median(f[0] for f in figures["raw"])
+    print("  %-10s %14s %8s %10s" % ("", "rows/CPU-s", "x raw", "wall s"))
+    for kind, runs in figures.items():
+        per_cpu = statistics.median(f[0] for f in runs)
+        print("  %-10s %14s %8.2f %10.2f" % (kind, format(int(per_cpu), ","), per_cpu / base,
+                                             statistics.median(f[1] for f in runs)))
+    return base
 
 
 _STEAL_START = None

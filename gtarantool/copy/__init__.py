@@ -49,6 +49,7 @@ VSPACE, VINDEX = 281, 289           # the system views every user may read
 VSPACE_BY_NAME, VINDEX_BY_NAME = 2, 2
 # A refusal of a whole server, not of the row: the row is sent again.
 TRANSIENT_CODES = frozenset((ER_READONLY, ER_LOADING))
+_TUPLE_ONLY = {tuple}
 
 
 class SpaceInfo:
@@ -289,7 +290,7 @@ class _Copy:
         unsent = []
         if rows:
             try:
-                p.send_frames(frames, first, len(rows))
+                p.send_frames(frames, first, len(rows), check_only=True)
             except NetworkError as exc:   # none sent: each row holds it, to be sent again
                 unsent.append(exc)
                 self.suspect = True
@@ -479,7 +480,7 @@ def _copy_batches(run, rows, names, first, batch):
             return
         n = len(chunk)
         indices = range(index, index + n)
-        if set(map(type, chunk)) != {tuple}:   # (C loops: no Python frame per row)
+        if {*map(type, chunk)} != _TUPLE_ONLY:   # (a set: no Python code per row)
             pairs = [(i, _normalise(run, i, row, names)) for i, row in zip(indices, chunk)]
             indices = [i for i, row in pairs if row is not None]
             chunk = [row for _, row in pairs if row is not None]
