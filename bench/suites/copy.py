@@ -64,6 +64,7 @@ c:create_index('pk', {if_not_exists = true})
 
 SHAPES = {"3col": "rows3", "1536b": "rows1536"}
 WINDOW = 10000   # selects in flight at most (a pipeline of that many at a time)
+INSERT_WINDOW = 20000   # inserts in flight at most (copy_from's default max_in_flight)
 
 
 def rows_of(shape, n):
@@ -78,11 +79,14 @@ def csv_of(rows):
 
 
 def raw_requests(space_id, rows):
-    out = []
+    """(the insert requests in one piece, where each ends)."""
+    out, ends, end = [], [], 0
     for sync, row in enumerate(rows, 1):
         frame = msgpack.packb({0: 2, 1: sync}) + msgpack.packb({0x10: space_id, 0x21: row})
         out.append(b"\xce" + struct.pack(">I", len(frame)) + frame)
-    return b"".join(out)
+        end += len(out[-1])
+        ends.append(end)
+    return b"".join(out), ends
 
 
 def raw_selects(space_id, keys):
@@ -97,11 +101,11 @@ def raw_selects(space_id, keys):
     return b"".join(out), ends
 
 
-def run_raw(srv, payload, n, ends=None):
-    """``payload``'s ``n`` requests written as fast as the socket takes them,
-    or, with ``ends`` (where each request ends), at most ``WINDOW`` ahead of
-    the replies counted (a pipeline's window: 100,000 selects' replies at
-    once would pile up at the server)."""
+def run_raw(srv, payload, n, ends, window=WINDOW):
+    """``payload``'s ``n`` requests (``ends``: where each ends) written as fast
+    as the socket takes them, at most ``window`` ahead of the replies counted
+    (as a pipeline or copy_from keeps its requests in flight bounded: 100,000
+    at once would pile up at the server)."""
     sock = socket.create_connection((srv.host, srv.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     greeting = b""
@@ -112,7 +116,7 @@ def run_raw(srv, payload, n, ends=None):
     sent, replies, buf = 0, 0, b""
     cpu, wall = time.process_time(), time.perf_counter()
     while replies < n:
-        limit = len(view) if ends is None else ends[min(n, replies + WINDOW) - 1]
+        limit = ends[min(n, replies + window) - 1]
         want_write = [sock] if sent < limit else []
         readable, writable, _ = select.select([sock], want_write, [], 60)
         if not readable and not writable:
@@ -124,7 +128,11 @@ def run_raw(srv, payload, n, ends=None):
             except BlockingIOError:
                 pass
         if readable:
-            buf += sock.recv(1 << 20)
+            data = sock.recv(1 << 20)
+            if not data:
+                raise RuntimeError("raw: the server closed the connection (%d of %d replies)"
+                                   % (replies, n))
+            buf += data
             pos = 0
             while len(buf) - pos >= 5:
                 size = struct.unpack_from(">I", buf, pos + 1)[0]
@@ -202,14 +210,15 @@ def bench(args):
         print("server %s, %d rows per run, %d runs interleaved, Python %s"
               % (".".join(map(str, binary_version())), args.rows, args.runs,
                  sys.version.split()[0]))
-        for shape, space in SHAPES.items():
+        for shape in args.shapes:
+            space = SHAPES[shape]
             rows = rows_of(shape, args.rows)
             space_id = conn.space(space).space_no
-            payload = raw_requests(space_id, rows)
+            payload, payload_ends = raw_requests(space_id, rows)
             path = os.path.join(tmp, shape + ".csv")
             with open(path, "w") as f:
                 f.write(csv_of(rows))
-            kinds = {"raw": lambda: run_raw(srv, payload, len(rows)),
+            kinds = {"raw": lambda: run_raw(srv, payload, len(rows), payload_ends, INSERT_WINDOW),
                      "pipeline": lambda: run_pipeline(conn, space, rows),
                      "copy_from": lambda: run_copy(conn, space, rows),
                      "cli": lambda: run_cli(srv, space, path, args.procs)[:2]}
@@ -219,6 +228,9 @@ def bench(args):
                 for kind, run in kinds.items():
                     truncate(conn, space)
                     cpu, wall = run()
+                    written = conn.eval("return box.space.%s:len()" % space).data[0]
+                    if written != len(rows):   # (raw reads no reply's code)
+                        raise RuntimeError("%s wrote %d of %d rows" % (kind, written, len(rows)))
                     figures[kind].append((len(rows) / cpu, wall))
                     if kind == "cli":
                         cli_cpu.append(cpu)
@@ -323,14 +335,19 @@ def demo(args):
 def main(argv=None):
     global _STEAL_START
     p = argparse.ArgumentParser(prog="python -m bench.copy", description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=100000)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rows", type=int, default=100000, help="rows per run (default 100000)")
+    p.add_argument("--runs", type=int, default=3, help="interleaved runs (default 3)")
+    p.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES),
+                   metavar="S,S", help="row shapes: %s (default all)" % ", ".join(SHAPES))
     p.add_argument("--procs", type=int, default=1, help="the command line's worker processes")
     p.add_argument("--demo", type=int, default=None, metavar="N",
                    help="import a generated N-row customers file with the command line")
     p.add_argument("--demo-procs", type=lambda s: [int(x) for x in s.split(",")],
                    default=[max(1, (os.cpu_count() or 2) - 1)], metavar="P,P")
     args = p.parse_args(argv)
+    unknown = set(args.shapes) - set(SHAPES)
+    if unknown:
+        p.error("unknown shapes %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(SHAPES)))
     _STEAL_START = _steal_counters()
     if args.demo:
         demo(args)
