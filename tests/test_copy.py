@@ -385,6 +385,22 @@ def test_a_pool_target_follows_a_switchover(tmp_path):
             new.close()
 
 
+def test_copy_to_a_pool_reads_the_master_not_a_lagging_replica():
+    with ReplicaSet(_lua(), replicas=1, user=USER, password=PASSWORD) as rs:
+        admin = gtarantool.connect(rs.master.host, rs.master.port, user=USER, password=PASSWORD)
+        _space(admin, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+        copy_from(admin, "copy_kv", [(k, "n", k) for k in range(100)])
+        rs.wait_synced()
+        rs.eval(rs.replicas[0], "box.cfg{replication = {}}")   # it stops following
+        copy_from(admin, "copy_kv", [(k, "n", k) for k in range(100, 200)])
+        admin.close()
+        pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD)
+        try:
+            assert [t[0] for t in copy_to(pool, "copy_kv")] == list(range(200))
+        finally:
+            pool.close()
+
+
 def test_a_dead_server_stops_copy_from_with_the_rows_settled(fresh_server):
     srv = fresh_server
     conn = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD,

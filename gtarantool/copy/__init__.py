@@ -164,7 +164,7 @@ class _PoolDestination(_Destination):
         self.target.ping(mode=Mode.RW)
 
     def readers(self) -> List[Callable[[], Any]]:
-        return [lambda: self.target.pipeline(Mode.PREFER_RO)]
+        return [lambda: self.target.pipeline(Mode.PREFER_RW)]
 
 
 class _RouterDestination(_Destination):
@@ -182,7 +182,7 @@ class _RouterDestination(_Destination):
         return next(iter(self.target.replicasets.values())).pool.pipeline()
 
     def readers(self) -> List[Callable[[], Any]]:
-        return [functools.partial(rs.pool.pipeline, Mode.PREFER_RO)
+        return [functools.partial(rs.pool.pipeline, Mode.PREFER_RW)
                 for rs in self.target.replicasets.values()]
 
 
@@ -552,8 +552,10 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     Pages continue after the last tuple read: by position (``after``) on
     Tarantool 2.11+, by the index's key on older servers (GE/LE from the
     last key read, skipping the tuples of that key read already).  A Router
-    target is read replica set after replica set; a ConnectionPool from a
-    replica when there is one.
+    target is read replica set after replica set.  A ConnectionPool and each
+    replica set of a Router are read on the master, so that every write
+    acknowledged before the export began is in it (a replica may not have
+    applied the latest yet); on a replica only while no master is up.
 
     :param target: a Connection, ConnectionPool or Router.
     :param space: the space's name or id.
