@@ -29,12 +29,16 @@ def run(server, tmp_path, *args):
     return json.loads(path.read_text())
 
 
-def space_len(server):
+def server_eval(server, lua):
     conn = tarantool.Connection(server.host, server.port)
     try:
-        return conn.eval("return box.space.bench:len()").data[0]
+        return conn.eval(lua).data[0]
     finally:
         conn.close()
+
+
+def space_len(server):
+    return server_eval(server, "return box.space.bench:len()")
 
 
 def test_load_phase_leaves_exactly_n_records(server, tmp_path):
@@ -124,12 +128,8 @@ def test_call_eval_execute_and_value_sizes(server, tmp_path):
 def test_range_sizes_reach_the_server(server, tmp_path):
     run(server, tmp_path, "--workload", "mix", "--mix", "select=100", "--records", "500",
         "--ops", "10", "--size", "100-300")
-    conn = tarantool.Connection(server.host, server.port)
-    try:
-        sizes = conn.eval("local r = {} for _, t in box.space.bench:pairs() do "
-                          "r[#r + 1] = #t[3] end return r").data[0]
-    finally:
-        conn.close()
+    sizes = server_eval(server, "local r = {} for _, t in box.space.bench:pairs() do "
+                                "r[#r + 1] = #t[3] end return r")
     assert min(sizes) >= 100 and max(sizes) <= 300 and len(set(sizes)) > 20
 
 
@@ -211,10 +211,6 @@ def test_hashed_insert_order_stores_each_record_under_its_hash(server, tmp_path,
     phase = results["phases"][1]
     assert phase["errors"] == {} and phase["server"]["match"]
     inserted = phase["server"]["requests"].get("insert", 0)
-    conn = tarantool.Connection(server.host, server.port)
-    try:
-        ids = conn.eval("local r = {} for _, t in box.space.bench:pairs() do "
-                        "r[#r + 1] = t[1] end return r").data[0]
-    finally:
-        conn.close()
+    ids = server_eval(server, "local r = {} for _, t in box.space.bench:pairs() do "
+                              "r[#r + 1] = t[1] end return r")
     assert sorted(ids) == sorted(fnv64(n) for n in range(300 + inserted))
