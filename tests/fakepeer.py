@@ -42,6 +42,22 @@ def tarantool_frame(sync, body, code=0, schema_id=1, schema_width=4):
     return b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
 
 
+def misbehave_after(n, payload, then_close=False):
+    """A handler answering nothing, then sending ``payload(syncs)`` once ``n``
+    requests arrived on the connection; then it closes the connection, or reads
+    what else comes without answering."""
+    def handler(peer, sock):
+        sock.sendall(greeting())
+        syncs = [peer.read_request(sock)[0][IPROTO_SYNC] for _ in range(n)]
+        sock.sendall(payload(syncs))
+        if then_close:
+            sock.close()
+            return
+        while True:
+            peer.read_request(sock)
+    return handler
+
+
 class FakePeer:
     def __init__(self, handler):
         self.handler = handler

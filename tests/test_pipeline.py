@@ -325,17 +325,9 @@ def test_send_frames_check_only_twice_in_one_pipeline_waits_for_both(conn):
 def _answer_then(bad, then_close=False):
     """A fake peer's handler: OK replies to the first 4 of 10 requests, in
     Tarantool's layout (an empty body), then ``bad(sync of the 5th)``."""
-    def handler(peer, sock):
-        sock.sendall(fakepeer.greeting())
-        syncs = [peer.read_request(sock)[0][fakepeer.IPROTO_SYNC] for _ in range(10)]
-        sock.sendall(b"".join(fakepeer.tarantool_frame(s, b"\x80") for s in syncs[:4])
-                     + bad(syncs[4]))
-        if then_close:
-            sock.close()
-            return
-        while True:
-            peer.read_request(sock)
-    return handler
+    return fakepeer.misbehave_after(
+        10, lambda syncs: b"".join(fakepeer.tarantool_frame(s, b"\x80") for s in syncs[:4])
+        + bad(syncs[4]), then_close)
 
 
 BAD_BULK_REPLIES = {

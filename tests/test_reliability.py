@@ -353,21 +353,6 @@ def test_callers_queued_behind_a_slow_reconnect_time_out_on_time(proxy):
 
 # -- a hostile or broken server (fake peer) ------------------------------------
 
-def _misbehave_after(n, payload, then_close=False):
-    """A handler answering nothing, then sending ``payload(syncs)`` once ``n``
-    requests arrived on the connection."""
-    def handler(peer, sock):
-        sock.sendall(fakepeer.greeting())
-        syncs = [peer.read_request(sock)[0][fakepeer.IPROTO_SYNC] for _ in range(n)]
-        sock.sendall(payload(syncs))
-        if then_close:
-            sock.close()
-            return
-        while True:
-            peer.read_request(sock)
-    return handler
-
-
 def _valid(syncs):
     return fakepeer.reply(syncs[0], [1])
 
@@ -404,7 +389,7 @@ HOSTILE = {
 def test_hostile_peer_fails_waiters_at_once(case):
     payload, then_close, expected = HOSTILE[case]
     n = 5
-    with fakepeer.FakePeer(_misbehave_after(n, payload, then_close)) as peer:
+    with fakepeer.FakePeer(fakepeer.misbehave_after(n, payload, then_close)) as peer:
         conn = gtarantool.connect(peer.host, peer.port, fetch_schema=False,
                                   request_timeout=10.0, reconnect_max_attempts=0)
         before = rss()
