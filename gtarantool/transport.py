@@ -17,7 +17,9 @@ the callers of such a batch queue is sent by the hub once they all wait again
 (``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
-on the first while the rest still queue theirs.
+on the first while the rest still queue theirs; in a batch of at most
+``LEAD_UP_TO`` callers woken with nothing of theirs at the server, the first
+sends its request itself, for the same reason.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -76,6 +78,10 @@ _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else Non
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
 FLUSH_EVERY = 128
+# A batch of at most this many woken callers with none of their requests at
+# the server: the first request goes out at once, so that the server works on
+# it while the rest run (see "The write path" in docs/design.rst).
+LEAD_UP_TO = 32
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
@@ -203,10 +209,11 @@ class TransportState:
         pending[sync] = current   # only once nothing above can raise
         buf = self._wbuf
         ready = self._ready
-        if alone and not buf and not ready:
+        if alone and not buf and (not ready or len(ready) < LEAD_UP_TO):
             # No other request in flight or queued (the writer keeps its batch
             # in buf while it sends) and no caller about to run: no batch to
-            # wait for.  (Callers that start together queue behind the first.)
+            # wait for; or a few callers about to run: this one leads their
+            # batch.  (Callers that start together queue behind the first.)
             try:
                 self._send_now(header, body)
             except BaseException:   # (it fails the transport on socket errors instead)
@@ -320,7 +327,7 @@ class Transport(_State):
         if speedups is not None:
             self._requester = speedups.Requester(self, Transport.request_general,
                                                   self._wakeup.set, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY, self._cutter)
+                                                  FLUSH_EVERY, self._cutter, LEAD_UP_TO)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
