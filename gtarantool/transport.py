@@ -570,6 +570,8 @@ class Transport(_State):
             self._inherited()
             return
         queued = len(buf)
+        if not buf[1] and len(buf[0]) >= LARGE_PIECE:
+            queued = 2   # a batch of whole requests: written as it is, alone (as the writer does)
         data = _joined(buf, queued)
         try:
             sent = os.write(self._fd, data)
@@ -586,11 +588,14 @@ class Transport(_State):
         if sent == len(data):
             stats.requests += queued // 2
             del buf[:queued]
+            if buf:   # (what was queued behind a large piece)
+                self._wakeup.set()
             return
         # The rest as one piece, ahead of anything queued later; the writer
-        # counts it as one request.
+        # counts it as one request.  (A view, not a copy, of a large one.)
         stats.requests += queued // 2 - 1
-        buf[:queued] = (data[sent:], b"")
+        rest = memoryview(data)[sent:] if len(data) - sent >= LARGE_PIECE else data[sent:]
+        buf[:queued] = (rest, b"")
         self._wakeup.set()
 
     # -- the writer greenlet -------------------------------------------------
@@ -621,6 +626,7 @@ class Transport(_State):
                     del buf[:queued]
                     stats.send_calls += 1
                     stats.bytes_out += len(data)
+                    data = None   # (not held while asleep: a sender may reuse its buffer)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
@@ -1078,7 +1084,7 @@ def _joined(buf, queued):
     is, without a copy."""
     if queued == 2 and not buf[1]:
         return buf[0]
-    return b"".join(buf)
+    return b"".join(buf if queued == len(buf) else buf[:queued])
 
 
 def _wake_all(pairs):
