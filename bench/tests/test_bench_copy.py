@@ -14,10 +14,11 @@ def test_bench_copy_prints_every_kind_against_the_raw_socket(capsys):
         startup = out.split("%s rows" % shape, 1)[1].splitlines()[6]
         assert startup.startswith("  cli on an empty file (start-up, connection, exit): ")
         assert float(startup.split(": ")[1].split()[0]) > 0
-        table = out.split("%s selects by key" % shape, 1)[1].splitlines()[2:4]
+        table = out.split("%s selects by key" % shape, 1)[1].splitlines()[2:6]
         kinds = {line.split()[0]: line.split()[1:] for line in table}
-        assert set(kinds) == {"raw", "pipeline"} and kinds["raw"][1] == "1.00"
-        assert int(kinds["pipeline"][0].replace(",", "")) > 0
+        assert set(kinds) == {"raw", "raw+decode", "pipeline", "select_many"}
+        assert kinds["raw"][1] == "1.00"
+        assert all(int(kind[0].replace(",", "")) > 0 for kind in kinds.values())
 
 
 def test_the_demo_imports_the_generated_file_and_prints_the_summary(capsys):
