@@ -31,10 +31,14 @@ def run_seed(seed, duration, targets, slack, verbose=False):
     history, facts, violations = campaign.run()
     outcomes = collections.Counter(
         op.outcome if op.outcome != "error" else op.error for op in history.ops)
-    print("seed %d: %d ops in %.1fs (%s), %d faults, %d violation(s)"
+    rows = collections.Counter(
+        row.state if row.state != "rejected" else "rejected applied=%r" % row.applied
+        for op in history.ops for row in op.rows)
+    print("seed %d: %d ops in %.1fs (%s), copied rows (%s), %d faults, %d violation(s)"
           % (seed, len(history.ops), time.monotonic() - started,
-             ", ".join("%s %d" % kv for kv in outcomes.most_common()), len(schedule.faults),
-             len(violations)), flush=True)
+             ", ".join("%s %d" % kv for kv in outcomes.most_common()),
+             ", ".join("%s %d" % kv for kv in rows.most_common()) or "none",
+             len(schedule.faults), len(violations)), flush=True)
     if violations or verbose:
         print(schedule)
         for note in campaign.notes:
