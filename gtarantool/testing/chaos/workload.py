@@ -64,8 +64,10 @@ local function chaos_schema()
 end
 if not box.info.ro then box.once('chaos-schema', chaos_schema) end
 local function chaos_peer(old, new)
-    -- (a row a bucket move or replication brings keeps its first caller's address)
-    if new ~= nil and new[3] == nil and box.session.type() == 'binary' then
+    -- (a row a bucket move or replication brings keeps its first caller's address;
+    -- over an existing row it returns nothing: a returned tuple turns an insert
+    -- into a replace, and the duplicate would go unseen)
+    if old == nil and new ~= nil and new[3] == nil and box.session.type() == 'binary' then
         return new:update{{'=', 3, box.session.peer() or ''}}
     end
 end
@@ -379,9 +381,10 @@ class RouterTarget(Target):
                                       storage_lua=SCHEMA)
         blocking(self.cluster.start)
         self.bound = self.rt
+        # (fetch_schema: copy_from through a Router reads the space's format)
         self.router = gtarantool.Router(self.cluster.cfg, timeout=self.rt,
                                         request_timeout=self.rt, connection_timeout=self.rt,
-                                        refresh_delay=0.2)
+                                        refresh_delay=0.2, fetch_schema=True)
 
     def instances(self):
         return self.cluster.servers
