@@ -498,6 +498,39 @@ def test_a_greenlet_can_run_copy_from_beside_others(conn):
     assert report.written == 20000 and len(pings) == 20
 
 
+def test_a_forked_childs_copy_of_a_running_copy_sends_nothing(conn):
+    """A copy running at a fork goes on in the parent only: the child's copy
+    of it raises CopiedCall instead of sending the rest of the input, or
+    sending again the rows whose replies the parent reads (a second
+    application, in replace mode a silent one)."""
+    from gtarantool.transport import CopiedCall
+
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string")])
+
+    def rows():
+        yield from ((k, "first") for k in range(10))
+        gevent.sleep(0.3)   # (the fork falls here: the first batch is in flight)
+        yield from ((k, "second") for k in range(10, 20))
+
+    copying = gevent.spawn(copy_from, conn, "copy_kv", rows(), batch=10)
+    gevent.sleep(0.1)
+    pid = os.fork()
+    if pid == 0:   # the child: report by exit status only
+        code = 1
+        try:
+            gevent.get_hub().exception_stream = None
+            copying.join(5)
+            code = 0 if isinstance(copying.exception, CopiedCall) else 2
+        finally:
+            os._exit(code)
+    report = copying.get(timeout=5)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert report.written == 20 and report.rejected == []
+    assert sorted(conn.select("copy_kv").data) == sorted(
+        [[k, "first"] for k in range(10)] + [[k, "second"] for k in range(10, 20)])
+
+
 def _guide_csv():
     """The CSV file docs/copy.rst shows, as the guide prints it."""
     with open(os.path.join(ROOT, "docs", "copy.rst"), encoding="utf-8") as f:
