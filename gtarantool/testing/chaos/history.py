@@ -92,11 +92,12 @@ class Op:
 class Facts:
     """What the servers hold at the end of a run: ``applications[id]``, the
     times each write id was applied on any instance (replicated copies counted
-    once), ``rows``: the ids of copied rows present on any instance,
+    once), ``rows``: the ids of copied rows present on any instance (on a
+    vshard storage, in a bucket it holds),
     ``by_child``: ids of parent operations applied (or whose rows were
-    written) over a socket a forked child opened, and ``stalls``: when a process's hub ran nothing (a
-    busy host; time a call spent in its process's stalls does not count
-    against its bound)."""
+    written) over a socket a forked child opened, and ``stalls``: when a
+    process's hub ran nothing (a busy host; time a call spent in its
+    process's stalls does not count against its bound)."""
     applications: Dict[int, int] = field(default_factory=dict)
     rows: Set[int] = field(default_factory=set)
     by_child: Set[int] = field(default_factory=set)
