@@ -96,6 +96,21 @@ def test_a_copied_row_reported_written_and_missing_everywhere_is_flagged():
     assert violation.promise == h.LOST and "row %d" % (7 * ROWS_PER_OP) in violation.detail
 
 
+def test_a_copied_row_left_where_its_bucket_is_not_held_counts_as_lost():
+    """On a vshard storage a row in a bucket sent away (or in none) is not
+    where the router reads: absent, named as misplaced."""
+    history, applied = clean()
+    written = 7 * ROWS_PER_OP
+    facts = tally([([], [], [(8 * ROWS_PER_OP, "", True), (written, "", False)])])
+    facts.applications = applied.applications
+    assert facts.misplaced == {written} and facts.rows == {8 * ROWS_PER_OP}
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.LOST and "that holds its bucket" in violation.detail
+    facts = tally([([], [], [(8 * ROWS_PER_OP, "", True), (written, "", False)]),
+                   ([], [], [(written, "", True)])])
+    assert facts.misplaced == set() and written in facts.rows
+
+
 def test_a_copied_row_said_not_applied_but_present_is_flagged():
     history, facts = clean()
     facts.rows.update({7 * ROWS_PER_OP + 1, 8 * ROWS_PER_OP + 1})
@@ -135,10 +150,10 @@ def test_a_parents_copy_writing_rows_in_a_forked_child_is_flagged():
 
 
 def test_a_parents_row_written_over_a_childs_socket_is_flagged():
-    rows = [(7 * ROWS_PER_OP, "127.0.0.1:5000"), (8 * ROWS_PER_OP, "127.0.0.1:6000"),
-            (CHILD_BASE * ROWS_PER_OP + 1, "127.0.0.1:6000")]
+    rows = [(7 * ROWS_PER_OP, "127.0.0.1:5000", True), (8 * ROWS_PER_OP, "127.0.0.1:6000", True),
+            (CHILD_BASE * ROWS_PER_OP + 1, "127.0.0.1:6000", True)]
     facts = tally([([], [], rows), ([], [], rows[:1])], child_ports={6000})
-    assert facts.rows == {r for r, _ in rows}
+    assert facts.rows == {r for r, _, _ in rows}
     assert facts.by_child == {8}
     history, applied = clean()
     facts.applications = applied.applications

@@ -93,13 +93,15 @@ class Facts:
     """What the servers hold at the end of a run: ``applications[id]``, the
     times each write id was applied on any instance (replicated copies counted
     once), ``rows``: the ids of copied rows present on any instance (on a
-    vshard storage, in a bucket it holds),
+    vshard storage, in a bucket it holds), ``misplaced``: rows present only
+    on storages that do not hold their bucket,
     ``by_child``: ids of parent operations applied (or whose rows were
     written) over a socket a forked child opened, and ``stalls``: when a
     process's hub ran nothing (a busy host; time a call spent in its
     process's stalls does not count against its bound)."""
     applications: Dict[int, int] = field(default_factory=dict)
     rows: Set[int] = field(default_factory=set)
+    misplaced: Set[int] = field(default_factory=set)
     by_child: Set[int] = field(default_factory=set)
     # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
     stalls: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
@@ -207,8 +209,9 @@ def _check_rows(op: Op, facts: Facts) -> List[Violation]:
         elif row.state == WRITTEN and op.copy:
             found.append(Violation(CHILD, op, "the child's copy wrote row %d" % row.id))
         elif row.state == WRITTEN and not present:
-            found.append(Violation(LOST, op, "row %d reported written, on no instance"
-                                   % row.id))
+            found.append(Violation(LOST, op, "row %d reported written, on no instance%s"
+                                   % (row.id, " that holds its bucket"
+                                      if row.id in facts.misplaced else "")))
         elif row.applied is False and row.state in (REJECTED, RAISED) and not op.copy \
                 and present:
             found.append(Violation(LYING, op, "row %d %s with applied=False, but present%s"

@@ -101,7 +101,7 @@ function chaos_facts()
     end
     local rows = {}
     for _, t in box.space.chaos_rows:pairs() do
-        if held == nil or held[t[2]] then rows[#rows + 1] = {t[1], t[3] or ''} end
+        rows[#rows + 1] = {t[1], t[3] or '', held == nil or held[t[2]] == true}
     end
     return box.space.chaos_log:select(), box.space.chaos_count:select(), rows
 end
@@ -776,7 +776,10 @@ def tally(replies, child_ports=()):
             logs[key] = (op_id, peer)
         for op_id, count in count_rows:
             counts[op_id] = max(count, counts.get(op_id, 0))
-        for row_id, peer in (reply[2] if len(reply) > 2 else ()):
+        for row_id, peer, held in (reply[2] if len(reply) > 2 else ()):
+            if not held:
+                facts.misplaced.add(row_id)
+                continue
             facts.rows.add(row_id)
             if row_id < CHILD_BASE * ROWS_PER_OP and _port(peer) in child_ports:
                 facts.by_child.add(row_id // ROWS_PER_OP)
@@ -786,6 +789,7 @@ def tally(replies, child_ports=()):
             facts.by_child.add(op_id)
     for op_id, count in counts.items():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + count
+    facts.misplaced -= facts.rows
     return facts
 
 
