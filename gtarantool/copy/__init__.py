@@ -337,6 +337,8 @@ class _Copy:
         the rows to send again."""
         self.in_flight_rows -= len(batch.indices)
         failures = batch.pipeline.failures() if batch.rows else ()
+        # (replies a forked child's copy finds are the parent's outcome, not its own)
+        check_process(self.token)
         again_i, again_r, last = [], [], None
         written = len(batch.indices) - len(failures)
         for place, reply in failures:

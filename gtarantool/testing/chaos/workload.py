@@ -478,6 +478,10 @@ class Campaign:
         self._rngs = {}
         self.t0 = None
 
+    def longest(self):
+        """The longest bound of any call (a copy's included)."""
+        return max(max(t.bound, t.copy_bound) for t in self.targets.values())
+
     def rng_for(self, kind):
         """A seeded generator per fault kind, so a replay picks the same members."""
         if kind not in self._rngs:
@@ -606,7 +610,7 @@ class Campaign:
             ports.update(_local_ports())
             gevent.sleep(0.02)
         self.stop.set()
-        limit = time.monotonic() + max(t.bound for t in self.targets.values()) + self.slack
+        limit = time.monotonic() + self.longest() + self.slack
         while time.monotonic() < limit and any(op.end is None for op in inflight):
             ports.update(_local_ports())
             gevent.sleep(0.02)
@@ -705,7 +709,7 @@ class Campaign:
             gevent.joinall(injectors)
             for t in self.targets.values():
                 t.heal()
-            limit = max(t.bound for t in self.targets.values()) + self.slack
+            limit = self.longest() + self.slack
             gevent.joinall(workers, timeout=limit)
             hung = [w for w in workers if not w.dead]
             child_ops, child_ports, stalls = self.reap()
