@@ -12,7 +12,7 @@ import sys
 import time
 
 from gtarantool.testing.chaos.schedule import FAULTS, Schedule
-from gtarantool.testing.chaos.workload import Campaign
+from gtarantool.testing.chaos.workload import TARGETS, Campaign
 from gtarantool.testing.cluster import vshard_missing
 from gtarantool.testing.server import binary_version, find_binary
 
@@ -22,11 +22,11 @@ def slack_factor():
     return max(1.0, float(text))
 
 
-def run_seed(seed, duration, targets, slack, verbose=False):
+def run_seed(seed, duration, targets, slack, verbose=False, unsafe=False):
     """Run one seed; print its summary (and, on failure, its schedule and how
     to replay it); return the violations."""
     schedule = Schedule(seed, duration, targets)
-    campaign = Campaign(schedule, slack)
+    campaign = Campaign(schedule, slack, unsafe=unsafe)
     started = time.monotonic()
     history, facts, violations = campaign.run()
     outcomes = collections.Counter(
@@ -63,9 +63,16 @@ def run_seed(seed, duration, targets, slack, verbose=False):
             if n > 5:
                 print("  ... %d more: %s" % (n - 5, promise))
         server = os.environ.get("TARANTOOL")
-        print("  replay: make chaos SEED=%d DURATION=%g%s" % (
-            seed, duration, " TARANTOOL=%s" % server if server else ""), flush=True)
+        print("  replay: %s" % replay(seed, duration, server, unsafe), flush=True)
     return violations
+
+
+def replay(seed, duration, server, unsafe):
+    if unsafe:
+        return "python -m gtarantool.testing.chaos --seed %d --duration %g --unsafe%s" % (
+            seed, duration, " --server %s" % server if server else "")
+    return "make chaos SEED=%d DURATION=%g%s" % (
+        seed, duration, " TARANTOOL=%s" % server if server else "")
 
 
 def main(argv=None):
@@ -81,6 +88,9 @@ def main(argv=None):
                    help="which clients: conn, pool, router (router: Tarantool 2.11+ only)")
     p.add_argument("--server", help="the tarantool binary (default: $TARANTOOL, or PATH's)")
     p.add_argument("--verbose", action="store_true", help="print every schedule")
+    p.add_argument("--unsafe", action="store_true",
+                   help="run the operations a target is known to get wrong too (router: "
+                        "write_copy during bucket moves)")
     args = p.parse_args(argv)
     # (the library logs every failed reconnect; faults make many, the summary says enough)
     logging.getLogger("gtarantool").setLevel(logging.ERROR)
@@ -93,6 +103,10 @@ def main(argv=None):
     if "router" in targets and vshard_missing():
         print("router: left out: %s" % vshard_missing())
         targets.remove("router")
+    for name in targets:
+        if TARGETS[name].unsafe and not args.unsafe:
+            print("%s: %s left out (known to break a promise; --unsafe runs them)"
+                  % (name, ", ".join(TARGETS[name].unsafe)))
     seeds = [args.seed] if args.seed is not None else range(args.first,
                                                             args.first + args.seeds)
     print("chaos: %s (%s), targets %s, %gs per seed, slack %.1fs" % (
@@ -100,7 +114,8 @@ def main(argv=None):
         args.duration, args.slack * slack_factor()), flush=True)
     failed = []
     for seed in seeds:
-        if run_seed(seed, args.duration, targets, args.slack * slack_factor(), args.verbose):
+        if run_seed(seed, args.duration, targets, args.slack * slack_factor(), args.verbose,
+                    args.unsafe):
             failed.append(seed)
     print("chaos: %d schedule(s), %d failed%s" % (
         len(seeds), len(failed), ": seeds %s" % " ".join(map(str, failed)) if failed else ""))
