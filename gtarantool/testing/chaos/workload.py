@@ -172,7 +172,8 @@ class Target:
 
     def read_space(self):
         """The copy space's format, read once (as a bulk loader reads it)."""
-        self.info = space_info(self.client(0), COPY_SPACE)
+        if "write_copy" in self.kinds:
+            self.info = space_info(self.client(0), COPY_SPACE)
 
     @property
     def copy_bound(self):
@@ -401,7 +402,8 @@ class RouterTarget(Target):
         # (fetch_schema: copy_from through a Router reads the space's format)
         self.router = gtarantool.Router(self.cluster.cfg, timeout=self.rt,
                                         request_timeout=self.rt, connection_timeout=self.rt,
-                                        refresh_delay=0.2, fetch_schema=True)
+                                        refresh_delay=0.2,
+                                        fetch_schema="write_copy" in self.kinds)
 
     def instances(self):
         return self.cluster.servers
