@@ -139,14 +139,15 @@ def test_a_copy_report_that_leaves_a_row_out_is_flagged():
 
 
 def test_a_parents_copy_writing_rows_in_a_forked_child_is_flagged():
-    """The child's copy of the call may end in an error that names no row,
-    or refuse its rows; it must not write one."""
+    """The child's copy of the call ends in CopiedCall, its rows not applied
+    by the child (the parent's may have been); it must not end well, nor
+    write a row."""
     history, facts = clean()
-    history.ops.append(copy_op(7, (h.REJECTED, False, None, "CopiedCall"), proc="child-1",
-                               copy=True))
+    history.ops.append(copy_op(7, (h.RAISED, False), (h.RAISED, False), outcome="error",
+                               error="CopiedCall", applied=False, proc="child-1", copy=True))
     assert promises(history, facts) == []
     history.ops.append(copy_op(7, (h.WRITTEN,), proc="child-1", copy=True))
-    assert promises(history, facts) == [h.CHILD]
+    assert promises(history, facts) == [h.CHILD, h.CHILD]
 
 
 def test_a_parents_row_written_over_a_childs_socket_is_flagged():
@@ -287,10 +288,11 @@ def test_a_live_run_records_a_history_and_names_its_seed_when_it_fails(capsys):
                  "--slack", "-60"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATION %s" % h.OVERLONG in out
-    # (every other promise held, bulk copies' rows included)
-    assert all(line.startswith("  VIOLATION %s" % h.OVERLONG)
-               for line in out.splitlines() if "VIOLATION" in line)
-    assert not re.search(r"\.\.\. \d+ more: (?!%s)" % h.OVERLONG, out)
+    # (the promises about data held, bulk copies' rows included; a negative
+    # slack leaves calls no time to end, so only the time promises break)
+    for promise in (h.DOUBLE, h.LOST, h.LYING, h.FOREIGN, h.CHILD, h.STRAY, h.GARBLED,
+                    h.UNSETTLED):
+        assert promise not in out
     assert re.search(r"copied rows \([^)]*written [1-9]", out)
     assert "replay: make chaos SEED=3 DURATION=1.5" in out
     assert gevent.getcurrent().dead is False
