@@ -4,7 +4,8 @@ Many greenlets share one socket; a writer greenlet coalesces their requests
 into few ``send`` calls and a reader greenlet routes replies by sync id.  The
 API, errors and response objects are tarantool-python's.
 """
-from typing import Any, Optional, Union
+import importlib
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tarantool.error import (  # noqa: F401 - re-exported for drop-in use
     DatabaseError,
@@ -23,10 +24,12 @@ from gtarantool.errors import (
     WrongOwner,
 )
 from gtarantool.pipeline import Pipeline
-from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
 from gtarantool.protocol.responses import LazyDatabaseError
-from gtarantool.sharding import Router, ShardingError, StorageError
 from gtarantool.transport import Stats
+
+if TYPE_CHECKING:
+    from gtarantool.pool import ConnectionPool, LeastInFlightStrategy, Mode, RoundRobinStrategy
+    from gtarantool.sharding import Router, ShardingError, StorageError
 
 __version__ = "2.0.0"
 
@@ -35,6 +38,27 @@ __all__ = ["connect", "Connection", "Pipeline", "RequestTimeout", "ProtocolError
            "NetworkError", "SchemaError", "FeatureNotSupported", "ConnectionPool", "Mode",
            "RoundRobinStrategy", "LeastInFlightStrategy", "LazyDatabaseError", "Router",
            "ShardingError", "StorageError"]
+
+# The pool and the router are imported when first named: a program (or a
+# worker process of ``python -m gtarantool.copy``) that uses one connection
+# does not pay for their imports (hashing, vshard's errors) at start-up.
+_LAZY = {"ConnectionPool": "gtarantool.pool", "LeastInFlightStrategy": "gtarantool.pool",
+         "Mode": "gtarantool.pool", "RoundRobinStrategy": "gtarantool.pool",
+         "Router": "gtarantool.sharding", "ShardingError": "gtarantool.sharding",
+         "StorageError": "gtarantool.sharding"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError("module 'gtarantool' has no attribute %r" % name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def connect(host: Optional[str] = "127.0.0.1", port: Union[int, str] = 3301,

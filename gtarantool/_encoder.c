@@ -361,8 +361,8 @@ done:
 
 /* -- encode_batch: many whole requests in one bytes object ------------------
  *
- * encode_batch(code, prefix, rows, first_sync, suffix=None, assign=()) is
- * protocol.bulk.encode_batch (its specification) in C: for each row, with the
+ * encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None)
+ * is protocol.bulk.encode_batch (its specification) in C: for each row, with the
  * syncs first_sync, first_sync + 1, ..., the frame
  *   0xce len32 | {0: code, 1: 0xcf sync64, 5: 0xce 0} | prefix pack(row)
  * and, with a suffix, suffix pack([("=", f, row[f]) for f in assign if
@@ -533,9 +533,10 @@ put_raw(unsigned char *p, PyObject *bytes)
 static PyObject *
 BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"code", "prefix", "rows", "first_sync", "suffix", "assign", NULL};
+    static char *kwlist[] = {"code", "prefix", "rows", "first_sync", "suffix", "assign", "out",
+                             NULL};
     int code;
-    PyObject *prefix, *rows_arg, *first_obj, *suffix = Py_None, *assign = NULL;
+    PyObject *prefix, *rows_arg, *first_obj, *suffix = Py_None, *assign = NULL, *out = Py_None;
     PyObject *rows = NULL, *assign_fast = NULL, *result = NULL;
     PyObject **packed = NULL;
     Py_ssize_t *sizes = NULL, n = 0, i, total = 0;
@@ -549,10 +550,14 @@ BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
                         "BodyEncoder object was not initialised (its __init__ was not called)");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO|OO:encode_batch", kwlist, &code,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO|OOO:encode_batch", kwlist, &code,
                                      &prefix, &rows_arg, &first_obj, &suffix,
-                                     &assign))
+                                     &assign, &out))
         return NULL;
+    if (out != Py_None && !PyByteArray_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "encode_batch(): out must be a bytearray or None");
+        return NULL;
+    }
     if (code < 0 || code > 127) {
         PyErr_SetString(PyExc_ValueError, "encode_batch(): code must be in 0..127");
         return NULL;
@@ -647,10 +652,18 @@ BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
         }
         total += REQUEST_HEADER_SIZE + sizes[i];
     }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL)
-        goto done;
-    p = (unsigned char *)PyBytes_AS_STRING(result);
+    if (out == Py_None) {
+        result = PyBytes_FromStringAndSize(NULL, total);
+        if (result == NULL)
+            goto done;
+        p = (unsigned char *)PyBytes_AS_STRING(result);
+    } else {
+        /* (resized in place: its memory, touched already, is reused) */
+        if (PyByteArray_Resize(out, total) < 0)
+            goto done;
+        result = Py_NewRef(out);
+        p = (unsigned char *)PyByteArray_AS_STRING(result);
+    }
     for (i = 0; i < n; i++) {
         PyObject *row = PyTuple_GET_ITEM(rows, i);
         p = put_request_header(p, sizes[i], b.code, (uint64_t)(first_sync + i));

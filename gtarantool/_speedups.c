@@ -1715,13 +1715,14 @@ static PyObject **counter_names[N_COUNTERS] = {&str_requests, &str_responses, &s
                                                &str_max_in_flight};
 
 /* Requester(transport, slow, wakeup_set, getcurrent, max_in_flight,
- * flush_every, cutter).request(sync, code, schema_version, body) is
+ * flush_every, cutter, lead_up_to=0).request(sync, code, schema_version, body) is
  * transport.Transport.request for the requests nearly every caller makes: an
  * int code below 128, a bytes body, ints that fit the header, a free slot and
  * a live transport (stop() not called: Transport._fail calls it when it sets
  * transport.error) in the process that opened it (see fork_generation).  It
- * frames the header, queues header and body for the writer (a lone request:
- * sends them, as send_now below),
+ * frames the header, queues header and body for the writer (a lone request,
+ * or the first of a batch of at most lead_up_to woken callers with nothing
+ * at the server: sends them, as send_now below),
  * registers the current greenlet under its sync (every flush_every requests
  * queued, calls transport.flush_early()) and switches away (to
  * the next caller whose reply is in, or to the hub) until its reply is taken
@@ -1742,6 +1743,7 @@ typedef struct {
     PyObject *hub, *hub_switch, *getcurrent;
     Py_ssize_t max_in_flight;
     Py_ssize_t flush_entries;   /* wbuf entries (two per request) between early flushes */
+    Py_ssize_t lead_up_to;      /* the most woken callers whose first request leads */
     PyObject *cutter;           /* the ReplyCutter that finishes RawReplies, or None */
     Counters counters;          /* transport.stats's */
     int stopped;                /* the transport died: every call goes to slow() */
@@ -1755,6 +1757,16 @@ put_be32(unsigned char *p, uint32_t v)
     p[1] = v >> 16;
     p[2] = v >> 8;
     p[3] = v;
+}
+
+/* Transport.request's rule for a request with nothing of ours at the server
+ * and nothing queued: sent at once when no other caller is about to run
+ * (`others` is how many are), or when they are few (the batch they make, this
+ * caller included, at most lead_up_to). */
+static inline int
+leads(Py_ssize_t others, Py_ssize_t lead_up_to)
+{
+    return others == 0 || (others > 0 && others < lead_up_to);
 }
 
 /* The request header as Transport.request packs it (_REQUEST_HEADER). */
@@ -1968,10 +1980,10 @@ Requester_request(PyObject *requester, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(current);
         return NULL;
     }
-    /* A lone request is sent by its caller (see Transport.request), the rest
-     * queued for the writer. */
+    /* A lone request, or the one that leads a small batch, is sent by its
+     * caller (see Transport.request), the rest queued for the writer. */
     queued = PyList_GET_SIZE(self->wbuf);
-    if (alone && queued == 0 && PyObject_Size(self->ready) == 0) {
+    if (alone && queued == 0 && leads(PyObject_Size(self->ready), self->lead_up_to)) {
         int sent = send_now(self, header, body);
         Py_DECREF(header);
         if (sent < 0)
@@ -2092,13 +2104,14 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
 {
     PyObject *transport, *slow, *pending, *ready, *wbuf, *wakeup_set, *hub, *getcurrent,
         *cutter;
-    Py_ssize_t max_in_flight, flush_every;
+    Py_ssize_t max_in_flight, flush_every, lead_up_to = 0;
     static char *names[] = {"transport", "slow", "wakeup_set", "getcurrent", "max_in_flight",
-                            "flush_every", "cutter", NULL};
+                            "flush_every", "cutter", "lead_up_to", NULL};
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOnnO:Requester", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOnnO|n:Requester", names,
                                      &TransportCoreType, &transport, &slow, &wakeup_set,
-                                     &getcurrent, &max_in_flight, &flush_every, &cutter)
+                                     &getcurrent, &max_in_flight, &flush_every, &cutter,
+                                     &lead_up_to)
             || !initialised((PyObject *)self, self->pending, 0))
         return -1;
     if (cutter != Py_None && !Py_IS_TYPE(cutter, &ReplyCutterType)) {
@@ -2141,6 +2154,7 @@ Requester_init(Requester *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->cutter, Py_NewRef(cutter));
     self->max_in_flight = max_in_flight;
     self->flush_entries = 2 * flush_every;
+    self->lead_up_to = lead_up_to;
     self->generation = fork_generation;
     Py_XSETREF(self->pending, pending);   /* last: request() checks it */
     return 0;

@@ -32,6 +32,7 @@ from gevent.hub import Waiter
 
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout, not_sent
+from gtarantool.protocol.constants import REQUEST_TYPE_SELECT
 from gtarantool.protocol.responses import responses
 from gtarantool.transport import CHECKED, ReplySink
 
@@ -117,6 +118,42 @@ class Pipeline(ConnectionRequestMethods):
             self._conn._ensure_connected().send_many(requests, syncs, sink)
         else:
             stream._transport().send_many(requests, syncs, sink, stream.stream_id)
+
+    def select_many(self, space_name: Any, keys: Any, *, index: Any = 0) -> range:
+        """Queue a select by each of ``keys``, in order: the requests
+        ``select(space_name, key, index=index)`` makes for each (EQ, every
+        match), encoded in one piece: a batched read with no Python call per
+        key.  Each has its place in :meth:`results` as any other request.
+
+        :param space_name: the space's name or id.
+        :param keys: an iterable of keys, each a scalar or a non-empty list or
+            tuple of the index's parts.
+        :param index: the index's name or id (default: the primary index).
+        :returns: the keys' places in :meth:`results`, a ``range``.
+        :raises ValueError: an empty key (``select`` reads every tuple).
+        :raises TypeError: a key the packer cannot encode.
+        :raises tarantool.error.SchemaError: no space or index has that name.
+        :raises tarantool.error.NetworkError: as :meth:`send_frames`.
+
+        Nothing is queued when it raises ValueError, TypeError or SchemaError.
+        """
+        keys = [key if type(key) is tuple or type(key) is list else (key,) for key in keys]
+        if not all(keys):
+            raise ValueError("select_many: an empty key (select() reads every tuple)")
+        start = len(self._sink.syncs) + len(self._queued)
+        if self._stream is not None:   # (a stream's requests carry its id: framed one by one)
+            for key in keys:
+                self.select(space_name, key, index=index)
+            return range(start, start + len(keys))
+        space = self._spaces.get(space_name) or self._space(space_name)
+        if index:
+            space = self._index(space, index)
+        if not keys:
+            return range(start, start)
+        first = self.take_syncs(len(keys))
+        frames = self._encoder.encode_batch(REQUEST_TYPE_SELECT, space.select_prefix, keys, first)
+        start = self.send_frames(frames, first, len(keys))
+        return range(start, start + len(keys))
 
     def take_syncs(self, count: int) -> int:
         """Reserve ``count`` consecutive syncs for requests encoded by the

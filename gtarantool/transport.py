@@ -17,7 +17,9 @@ the callers of such a batch queue is sent by the hub once they all wait again
 (``flush``, one write), not by the writer, which takes only what the socket
 does not accept at once and what other callers queue; a batch of more than
 ``FLUSH_EVERY`` callers sends that many at a time, so that the server starts
-on the first while the rest still queue theirs.
+on the first while the rest still queue theirs; in a batch of at most
+``LEAD_UP_TO`` callers woken with nothing of theirs at the server, the first
+sends its request itself, for the same reason.
 
 A lone request skips both helpers' wake-ups: a caller that finds no other
 request in flight, nothing queued for the writer and no other caller about to
@@ -76,6 +78,10 @@ _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else Non
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
 FLUSH_EVERY = 128
+# A batch of at most this many woken callers with none of their requests at
+# the server: the first request goes out at once, so that the server works on
+# it while the rest run (see "The write path" in docs/design.rst).
+LEAD_UP_TO = 32
 
 class InheritedSocket(ConnectionClosed):
     """The transport was opened by the parent of this forked process: nothing of
@@ -203,10 +209,11 @@ class TransportState:
         pending[sync] = current   # only once nothing above can raise
         buf = self._wbuf
         ready = self._ready
-        if alone and not buf and not ready:
+        if alone and not buf and (not ready or len(ready) < LEAD_UP_TO):
             # No other request in flight or queued (the writer keeps its batch
             # in buf while it sends) and no caller about to run: no batch to
-            # wait for.  (Callers that start together queue behind the first.)
+            # wait for; or a few callers about to run: this one leads their
+            # batch.  (Callers that start together queue behind the first.)
             try:
                 self._send_now(header, body)
             except BaseException:   # (it fails the transport on socket errors instead)
@@ -320,7 +327,7 @@ class Transport(_State):
         if speedups is not None:
             self._requester = speedups.Requester(self, Transport.request_general,
                                                   self._wakeup.set, getcurrent, max_in_flight,
-                                                  FLUSH_EVERY, self._cutter)
+                                                  FLUSH_EVERY, self._cutter, LEAD_UP_TO)
         self._reader = Greenlet(self._read_loop)
         self._writer = Greenlet(self._write_loop)
         self._reader.name = "%s-reader" % name
@@ -563,6 +570,8 @@ class Transport(_State):
             self._inherited()
             return
         queued = len(buf)
+        if not buf[1] and len(buf[0]) >= LARGE_PIECE:
+            queued = 2   # a batch of whole requests: written as it is, alone (as the writer does)
         data = _joined(buf, queued)
         try:
             sent = os.write(self._fd, data)
@@ -579,11 +588,14 @@ class Transport(_State):
         if sent == len(data):
             stats.requests += queued // 2
             del buf[:queued]
+            if buf:   # (what was queued behind a large piece)
+                self._wakeup.set()
             return
         # The rest as one piece, ahead of anything queued later; the writer
-        # counts it as one request.
+        # counts it as one request.  (A view, not a copy, of a large one.)
         stats.requests += queued // 2 - 1
-        buf[:queued] = (data[sent:], b"")
+        rest = memoryview(data)[sent:] if len(data) - sent >= LARGE_PIECE else data[sent:]
+        buf[:queued] = (rest, b"")
         self._wakeup.set()
 
     # -- the writer greenlet -------------------------------------------------
@@ -614,6 +626,7 @@ class Transport(_State):
                     del buf[:queued]
                     stats.send_calls += 1
                     stats.bytes_out += len(data)
+                    data = None   # (not held while asleep: a sender may reuse its buffer)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
@@ -1071,7 +1084,7 @@ def _joined(buf, queued):
     is, without a copy."""
     if queued == 2 and not buf[1]:
         return buf[0]
-    return b"".join(buf)
+    return b"".join(buf if queued == len(buf) else buf[:queued])
 
 
 def _wake_all(pairs):

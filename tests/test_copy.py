@@ -257,6 +257,27 @@ def test_copy_from_keeps_at_most_max_in_flight_rows_unanswered(conn):
     assert max(ahead) <= 500 + 100
 
 
+def test_copy_from_of_large_rows_keeps_its_batches_and_its_window_in_bytes(conn):
+    """Rows of 100 KB: a batch is cut at about BATCH_BYTES (not 5,000 rows),
+    and about WINDOW_BYTES at most wait for replies (not 20,000 rows)."""
+    from gtarantool.copy import BATCH_BYTES, WINDOW_BYTES
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    size = 100_000
+    per_batch = BATCH_BYTES // size
+    ahead = []
+
+    def rows():
+        for k in range(400):
+            if k % per_batch == 0:
+                ahead.append(k - conn.eval("return box.space.copy_kv:count()").data[0])
+            yield (k, "x" * size, k)
+    sends = conn.stats.send_calls
+    report = copy_from(conn, "copy_kv", rows())
+    assert report.written == 400 and conn.eval("return box.space.copy_kv:len()").data[0] == 400
+    assert max(ahead) * size <= WINDOW_BYTES + 2 * BATCH_BYTES
+    assert conn.stats.send_calls - sends >= 400 // (per_batch + 1)
+
+
 @pytest.mark.parametrize("page", [1, 7, 1000])
 def test_copy_to_pages_through_a_non_unique_index(conn, page):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])

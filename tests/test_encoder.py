@@ -285,6 +285,24 @@ def test_encode_batch_refuses_what_its_twin_refuses(args):
     assert _outcome(c_batch, *args) == _outcome(python_batch, *args)
 
 
+@pytest.mark.parametrize("use_bin_type", [True, False])
+def test_encode_batch_into_a_reused_buffer_gives_the_same_bytes(use_bin_type):
+    """``out``: the requests in that bytearray, resized in place, byte for
+    byte what a new bytes object holds; C and its twin alike."""
+    for encode in _batches(use_bin_type):
+        out = bytearray(b"old contents" * 1000)
+        for rows, first in ((BATCH_ROWS[2], 10), (BATCH_ROWS[1], 99), (BATCH_ROWS[4], 5)):
+            expected = encode(3, b"\x82\x10\x01\x21", rows, first)
+            assert encode(3, b"\x82\x10\x01\x21", rows, first, None, (), out) is out
+            assert bytes(out) == expected
+        with pytest.raises(TypeError, match="out must be a bytearray"):
+            encode(3, b"", [(1,)], 1, None, (), b"bytes")
+        view = memoryview(out)   # (a buffer someone still reads is not resized)
+        with pytest.raises(BufferError):
+            encode(3, b"", [(1,)], 1, None, (), out)
+        view.release()
+
+
 def test_encode_batch_with_a_hook_that_changes_a_row():
     """A declined row makes every row go through the packer, in order: a hook
     changing an earlier row changes what is packed of it later, never the

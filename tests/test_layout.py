@@ -8,6 +8,8 @@ import glob
 import graphlib
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -165,3 +167,15 @@ def test_the_c_code_looks_up_no_private_attribute_by_name(source):
     private = [name for name in names
                if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))]
     assert not private
+
+
+def test_the_pool_and_the_router_are_imported_when_first_named():
+    code = ("import sys, gtarantool, gtarantool.copy.cli\n"
+            "before = [m for m in ('gtarantool.pool', 'gtarantool.sharding') if m in sys.modules]\n"
+            "from gtarantool import ConnectionPool, Router, Mode\n"
+            "print(before, ConnectionPool.__module__, Router.__module__, Mode.RW.name,\n"
+            "      'Router' in dir(gtarantool), hasattr(gtarantool, 'no_such_name'))")
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         check=True).stdout.split()
+    assert out == ["[]", "gtarantool.pool.connection_pool", "gtarantool.sharding.router", "RW",
+                   "True", "False"]

@@ -47,6 +47,58 @@ def test_replies_in_request_order_with_errors_in_place(conn):
     assert conn.select("tester", base + 999)[0] == [base + 999, "p"]
 
 
+def test_select_many_gives_each_key_what_select_gives_it(conn):
+    base = 20_500_000
+    conn.eval("for i = 0, 19 do box.space.tester:replace{%d + i, 'many-' .. (i %% 4)} end"
+              % base)
+    keys = [base + i for i in range(20)] + [base + 100, [base + 3], (base + 4,)]
+    with conn.pipeline() as p:
+        p.ping()
+        places = p.select_many("tester", keys)
+        by_name = p.select_many("tester", ["many-1", ("many-2",), "none"], index="by_name")
+        p.select("tester", base + 7)
+    results = p.results()
+    assert places == range(1, 1 + len(keys)) and by_name == range(places.stop, places.stop + 3)
+    assert [results[i].data for i in places] == [conn.select("tester", k).data for k in keys]
+    assert [results[i].data for i in by_name] == [
+        conn.select("tester", k, index="by_name").data for k in ("many-1", "many-2", "none")]
+    assert len(results[by_name[0]].data) == 5 and results[by_name[2]].data == []
+    assert results[-1].data == [[base + 7, "many-3"]]
+    assert all(results[i].conn is conn for i in places)
+
+
+def test_select_many_refuses_a_bad_key_and_queues_nothing(conn):
+    with conn.pipeline() as p:
+        p.ping()
+        with pytest.raises(ValueError, match="empty key"):
+            p.select_many("tester", [1, [], 2])
+        with pytest.raises(TypeError):
+            p.select_many("tester", [1, object()])
+        with pytest.raises(tarantool.error.SchemaError):
+            p.select_many("no_such_space", [1])
+        assert p.select_many("tester", []) == range(1, 1)
+        p.select_many("tester", iter([20_499_999]))
+    results = p.results()
+    assert len(results) == 2 and results[1].data == [] and results[1].conn is conn
+
+
+def test_select_many_on_a_lost_connection_holds_the_error_in_each_place(fresh_server):
+    c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
+                           reconnect_max_attempts=0)
+    try:
+        c.ping()
+        fresh_server.kill()
+        gevent.sleep(0.2)                # the reader sees the connection close
+        p = c.pipeline()
+        with pytest.raises(NetworkError):
+            p.select_many("tester", [1, 2, 3])
+        results = p.results()
+        assert len(results) == 3 and all(isinstance(r, NetworkError) for r in results)
+        assert all(r.applied is False for r in results)
+    finally:
+        c.close()
+
+
 def test_pipeline_respects_max_in_flight(server):
     c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
                            max_in_flight=50)

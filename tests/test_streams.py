@@ -290,3 +290,10 @@ def test_a_pipeline_in_a_transaction(mconn):
         pipe.delete("tester", 1)
     s.rollback()
     assert mconn.select("tester", 1).data == [[1, "piped"]]
+    s.begin()
+    s.replace("tester", (1, "in the transaction"))
+    with s.pipeline() as pipe:
+        places = pipe.select_many("tester", [1, 2, 5000])
+    assert [pipe.results()[i].data for i in places] == [[[1, "in the transaction"]],
+                                                         [[2, "piped"]], []]
+    s.rollback()

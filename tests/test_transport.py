@@ -20,7 +20,7 @@ from tarantool.msgpack_ext.unpacker import ext_hook as tarantool_ext_hook
 import gtarantool
 from gtarantool.errors import ConnectionClosed
 from gtarantool.protocol import Response
-from gtarantool.transport import FLUSH_EVERY
+from gtarantool.transport import FLUSH_EVERY, LEAD_UP_TO
 
 from .fakepeer import tarantool_frame
 from .timing import slack
@@ -657,14 +657,41 @@ def _peek(b):
         return b""
 
 
-@pytest.mark.parametrize("count", [10, FLUSH_EVERY - 1])
+@pytest.mark.parametrize("count", [LEAD_UP_TO + 1, FLUSH_EVERY - 1])
 def test_a_batch_with_nothing_at_the_server_goes_out_in_one_write(monkeypatch, count):
-    """Woken callers (at most FLUSH_EVERY) with none of their requests at the
-    server: it gets their requests in one write, with no early flush."""
+    """Woken callers (more than LEAD_UP_TO, at most FLUSH_EVERY) with none of
+    their requests at the server: it gets their requests in one write, with
+    no early flush."""
     transport, a, b = _socketpair_transport(max_in_flight=2 * count)
     try:
         seen, sends = _batch_sends(transport, b, count, monkeypatch)
         assert seen == [] and sends == 1
+    finally:
+        transport.close()
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("count", [2, 10, LEAD_UP_TO])
+def test_the_first_of_a_small_batch_with_nothing_at_the_server_goes_out_at_once(
+        monkeypatch, count):
+    """At most LEAD_UP_TO woken callers with none of their requests at the
+    server: the first one's request is written before the second caller runs
+    (the server starts on it), the rest in one write when they all wait."""
+    from gtarantool.transport import Transport
+    transport, a, b = _socketpair_transport(max_in_flight=2 * count)
+    request = Transport.request
+    at_server = []
+
+    def watched(self, sync, *args):
+        if sync == count + 2:   # the second woken caller's second request
+            at_server.append([h[IPROTO_SYNC] for h, _ in _frames(_peek(b))])
+        return request(self, sync, *args)
+    monkeypatch.setattr(Transport, "request", watched)
+    try:
+        seen, sends = _batch_sends(transport, b, count, monkeypatch)
+        assert seen == [] and sends == 2
+        assert at_server == [[count + 1]]
     finally:
         transport.close()
         a.close()

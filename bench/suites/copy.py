@@ -21,8 +21,13 @@ interleaved:
 
 * ``raw``: the select requests encoded before the clock starts, written to a
   plain socket at most 10,000 ahead of the replies, which are counted;
+* ``raw+decode``: the same, every reply decoded (its header and body, by one
+  streaming msgpack unpacker) and its tuples counted: the least any client
+  does to hand the rows over;
 * ``pipeline``: ``p.select(space, key)`` on ``conn.pipeline()`` 10,000 at a
-  time, each reply's ``.data`` read.
+  time, each reply's ``.data`` read;
+* ``select_many``: ``p.select_many(space, keys)``, 10,000 keys a pipeline,
+  each reply's ``.data`` read.
 
 The figure is rows per client CPU-second (user + system), the median over
 runs, and its ratio to ``raw``'s.  CPU time is what a busy host moves least;
@@ -101,11 +106,13 @@ def raw_selects(space_id, keys):
     return b"".join(out), ends
 
 
-def run_raw(srv, payload, n, ends, window=WINDOW):
+def run_raw(srv, payload, n, ends, window=WINDOW, decode=False):
     """``payload``'s ``n`` requests (``ends``: where each ends) written as fast
     as the socket takes them, at most ``window`` ahead of the replies counted
     (as a pipeline or copy_from keeps its requests in flight bounded: 100,000
-    at once would pile up at the server)."""
+    at once would pile up at the server).  ``decode``: every reply's header
+    and body decoded as well, by one streaming msgpack unpacker (a reply's
+    length prefix is a msgpack integer too), and its tuples counted."""
     sock = socket.create_connection((srv.host, srv.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     greeting = b""
@@ -114,6 +121,8 @@ def run_raw(srv, payload, n, ends, window=WINDOW):
     sock.setblocking(False)
     view = memoryview(payload)
     sent, replies, buf = 0, 0, b""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False) if decode else None
+    objects, found = 0, 0
     cpu, wall = time.process_time(), time.perf_counter()
     while replies < n:
         limit = ends[min(n, replies + window) - 1]
@@ -132,6 +141,14 @@ def run_raw(srv, payload, n, ends, window=WINDOW):
             if not data:
                 raise RuntimeError("raw: the server closed the connection (%d of %d replies)"
                                    % (replies, n))
+            if unpacker is not None:
+                unpacker.feed(data)
+                for obj in unpacker:   # size, header, body; size, header, body; ...
+                    objects += 1
+                    if objects % 3 == 0:
+                        found += len(obj.get(0x30, ()))
+                replies = objects // 3
+                continue
             buf += data
             pos = 0
             while len(buf) - pos >= 5:
@@ -143,6 +160,8 @@ def run_raw(srv, payload, n, ends, window=WINDOW):
             buf = buf[pos:]
     result = time.process_time() - cpu, time.perf_counter() - wall
     sock.close()
+    if decode and found != n:
+        raise RuntimeError("raw: %d tuples in %d replies" % (found, n))
     return result
 
 
@@ -165,6 +184,20 @@ def run_pipeline_select(conn, space, keys):
         with conn.pipeline() as p:
             for key in keys[start:start + WINDOW]:
                 p.select(space, key)
+        for reply in p.results():
+            if isinstance(reply, Exception):
+                raise reply
+            found += len(reply.data)
+    assert found == len(keys), (found, len(keys))
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def run_select_many(conn, space, keys):
+    cpu, wall = time.process_time(), time.perf_counter()
+    found = 0
+    for start in range(0, len(keys), WINDOW):
+        with conn.pipeline() as p:
+            p.select_many(space, keys[start:start + WINDOW])
         for reply in p.results():
             if isinstance(reply, Exception):
                 raise reply
@@ -249,7 +282,9 @@ def bench(args):
             keys = [row[0] for row in rows]
             selects, ends = raw_selects(space_id, keys)
             kinds = {"raw": lambda: run_raw(srv, selects, len(keys), ends),
-                     "pipeline": lambda: run_pipeline_select(conn, space, keys)}
+                     "raw+decode": lambda: run_raw(srv, selects, len(keys), ends, decode=True),
+                     "pipeline": lambda: run_pipeline_select(conn, space, keys),
+                     "select_many": lambda: run_select_many(conn, space, keys)}
             figures = {k: [] for k in kinds}
             for _ in range(args.runs):
                 for kind, run in kinds.items():
@@ -269,10 +304,10 @@ def bench(args):
 def _table(figures):
     """Print each kind's median rows per CPU-second against raw's; returns raw's."""
     base = statistics.median(f[0] for f in figures["raw"])
-    print("  %-10s %14s %8s %10s" % ("", "rows/CPU-s", "x raw", "wall s"))
+    print("  %-12s %14s %8s %10s" % ("", "rows/CPU-s", "x raw", "wall s"))
     for kind, runs in figures.items():
         per_cpu = statistics.median(f[0] for f in runs)
-        print("  %-10s %14s %8.2f %10.2f" % (kind, format(int(per_cpu), ","), per_cpu / base,
+        print("  %-12s %14s %8.2f %10.2f" % (kind, format(int(per_cpu), ","), per_cpu / base,
                                              statistics.median(f[1] for f in runs)))
     return base
 

@@ -10,7 +10,8 @@ The target is a :class:`gtarantool.Connection`, a :class:`gtarantool.ConnectionP
 (rows go to its read-write instance) or a :class:`gtarantool.Router` (each row
 to the master of the replica set that holds its bucket).  What callers rely
 on: every row given is written or rejected, each reply checked once; memory
-stays bounded by ``max_in_flight`` rows whatever the input's size; a row is
+stays bounded by ``max_in_flight`` rows (and about ``WINDOW_BYTES`` of them
+encoded) whatever the input's size; a row is
 sent again only when it was proven not applied (a read-only master during a
 switchover, a request not written before its connection broke); a row that
 may have been applied is rejected with ``applied=None`` and never re-sent;
@@ -216,27 +217,45 @@ def _transient(exc: BaseException, applied: Optional[bool]) -> bool:
     return getattr(exc, "code", None) in TRANSIENT_CODES
 
 
-class _Batch:
-    __slots__ = ("key", "pipeline", "indices", "rows", "unsent")
+# A batch is cut at about BATCH_BYTES of encoded rows, and no more than about
+# WINDOW_BYTES wait for replies: enough to keep the server busy, and memory
+# that is reused batch after batch (fresh megabytes cost a page fault every 4 KiB).
+BATCH_BYTES = 2 << 20
+WINDOW_BYTES = 8 << 20
+FIRST_BATCH = 64   # rows, before their size is known
 
-    def __init__(self, key, pipeline, indices, rows, unsent):
+
+class _Batch:
+    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "frames", "size")
+
+    def __init__(self, key, pipeline, indices, rows, unsent, frames=None):
         self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
         self.unsent = unsent   # the error of a batch not queued (its rows are sent again)
+        self.frames = frames   # the bytearray its requests were encoded in
+        self.size = 0 if frames is None else len(frames)
 
 
 class _Copy:
     """One copy_from: the batches in flight (oldest first) and the report."""
 
     def __init__(self, dest, info, mode, batch, max_in_flight, retry_timeout, first):
-        self.dest, self.info, self.batch = dest, info, batch
+        self.dest, self.info, self.max_batch = dest, info, batch
+        # rows in the next batch: a few at first, then as many as fit in
+        # BATCH_BYTES by the size of the last batch's rows, up to ``batch``
+        self.batch = min(batch, FIRST_BATCH)
         self.max_in_flight, self.retry_timeout = max_in_flight, retry_timeout
         self.space_id = info.id
         self.inflight = collections.deque()
         self.in_flight_rows = 0
+        self.in_flight_bytes = 0
         self.pending = {}          # key -> ([indices], [rows]) not sent yet
         self.report = CopyReport()
         self.first = self.next_index = first
         self.rejected = {}         # index -> Rejected, in row order at the end
+        # Buffers of batches whose every reply came (so the socket took all
+        # their bytes), encoded into again: megabytes of fresh memory per
+        # batch cost a page fault every 4 KiB.
+        self.buffers = []
         # At the start and after a connection failed: before the next batch, a
         # ping proves the destination takes requests, so that rows are not
         # sent into a dead socket (where they could not be told apart from
@@ -265,8 +284,12 @@ class _Copy:
         if len(pending[0]) >= self.batch:
             del self.pending[key]
             self.send_or_retry(key, *pending)
-            while self.in_flight_rows > self.max_in_flight:
+            while self.full():
                 self.settle(self.inflight.popleft())
+
+    def full(self):
+        """Too much in flight: settle the oldest batch before reading on."""
+        return self.in_flight_rows > self.max_in_flight or self.in_flight_bytes > WINDOW_BYTES
 
     def send(self, key, indices, rows):
         """Encode ``rows`` in one piece and queue them on a new pipeline: a
@@ -287,11 +310,15 @@ class _Copy:
         code, rest = self.code, self.rest
         prefix, suffix = encoder.batch_parts(code, self.space_id)
         first = p.take_syncs(len(rows))
+        out = self.buffers.pop() if self.buffers else bytearray()
         try:
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
+        except BufferError:   # (still viewed by a writer: not resized, a new one)
+            out = bytearray()
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
         except (TypeError, ValueError, OverflowError):
             indices, rows = self.encodable(encoder, prefix, suffix, indices, rows)
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
         unsent = []
         if rows:
             try:
@@ -299,9 +326,12 @@ class _Copy:
             except NetworkError as exc:   # none sent: each row holds it, to be sent again
                 unsent.append(exc)
                 self.suspect = True
-        batch = _Batch(key, p, indices, rows, unsent)
+        if rows:
+            self.batch = max(1, min(self.max_batch, len(rows) * BATCH_BYTES // len(frames)))
+        batch = _Batch(key, p, indices, rows, unsent, frames)
         self.inflight.append(batch)
         self.in_flight_rows += len(indices)
+        self.in_flight_bytes += batch.size
         return batch
 
     def encodable(self, encoder, prefix, suffix, indices, rows):
@@ -336,9 +366,13 @@ class _Copy:
         """Count and reject by the replies; returns (indices, rows, last error) of
         the rows to send again."""
         self.in_flight_rows -= len(batch.indices)
+        self.in_flight_bytes -= batch.size
         failures = batch.pipeline.failures() if batch.rows else ()
         # (replies a forked child's copy finds are the parent's outcome, not its own)
         check_process(self.token)
+        if not failures and not batch.unsent and batch.frames is not None:
+            self.buffers.append(batch.frames)
+        batch.frames = None
         again_i, again_r, last = [], [], None
         written = len(batch.indices) - len(failures)
         for place, reply in failures:
@@ -436,9 +470,11 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     :param rows: tuples or lists of the space's fields, or dicts by field name.
     :param mode: ``insert`` (a taken key rejects the row), ``replace``, or
         ``upsert`` (the fields outside the primary key assigned).
-    :param batch: rows per pipeline.
-    :param max_in_flight: the most rows sent and not yet answered: the input
-        is read no faster than replies come.
+    :param batch: rows per pipeline, at most (fewer when that many would
+        encode to more than ``BATCH_BYTES``).
+    :param max_in_flight: the most rows sent and not yet answered (and no
+        more than about ``WINDOW_BYTES`` of them): the input is read no faster
+        than replies come.
     :param bucket_id: (Router) a function of the row's tuple giving its bucket
         id; with ``bucket_field`` too, the id is stored in that field.
     :param bucket_field: (Router) the field holding the bucket id (default:
@@ -468,7 +504,7 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     names = [f.name for f in info.fields]
     try:
         if plan is None:
-            _copy_batches(run, rows, names, first, batch)
+            _copy_batches(run, rows, names, first)
         else:
             _copy_routed(run, rows, names, first, plan)
         run.drain()
@@ -487,12 +523,12 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     return report
 
 
-def _copy_batches(run, rows, names, first, batch):
-    """Rows to one destination, ``batch`` at a time, no per-row bookkeeping."""
+def _copy_batches(run, rows, names, first):
+    """Rows to one destination, a batch at a time, no per-row bookkeeping."""
     it = iter(rows)
     index = first
     while True:
-        chunk = list(itertools.islice(it, batch))
+        chunk = list(itertools.islice(it, run.batch))
         if not chunk:
             return
         n = len(chunk)
@@ -505,7 +541,7 @@ def _copy_batches(run, rows, names, first, batch):
         run.next_index = index
         if chunk:
             run.send_or_retry(None, indices, chunk)
-        while run.in_flight_rows > run.max_in_flight:
+        while run.full():
             run.settle(run.inflight.popleft())
 
 

@@ -76,7 +76,7 @@ class Encoder:
     (map header, space, index, iterator...) is packed once and each call packs
     only the key, tuple or operations.  Field order is tarantool-python's.
 
-    ``encode_batch(code, prefix, rows, first_sync, suffix=None, assign=())``
+    ``encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None)``
     frames a whole request per row in one bytes object (``protocol.bulk``;
     in C under the same condition as ``join``).
 
