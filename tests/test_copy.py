@@ -519,6 +519,44 @@ def test_a_greenlet_can_run_copy_from_beside_others(conn):
     assert report.written == 20000 and len(pings) == 20
 
 
+def _first_then(then):
+    """Ten rows, ``then()`` while the input is asked for the next, ten more."""
+    yield from ((k, "first") for k in range(10))
+    then()
+    yield from ((k, "second") for k in range(10, 20))
+
+
+@pytest.mark.parametrize("moment", ["reading the input", "its replies in"])
+def test_a_forked_childs_copy_of_a_running_copy_sends_nothing(conn, moment):
+    """A copy running at a fork goes on in the parent only: the child's copy
+    of it raises CopiedCall instead of sending the rest of the input, sending
+    again the rows whose replies the parent reads (a second application, in
+    replace mode a silent one) or taking the replies that came before the fork
+    as its own outcome."""
+    from gtarantool.transport import CopiedCall
+
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string")])
+    parent, forked = os.getpid(), []
+    if moment == "reading the input":   # (the fork falls in the middle: batch 1 in flight)
+        rows = _first_then(lambda: gevent.sleep(0.3))
+    else:   # (the copy forks itself once the replies of its one batch are in)
+        rows = _first_then(lambda: gevent.sleep(0.2) or forked.append(os.fork()))
+        rows = (row for row in rows if row[1] == "first")
+    copying = gevent.spawn(copy_from, conn, "copy_kv", rows, batch=10)
+    if moment == "reading the input":
+        gevent.sleep(0.1)
+        forked.append(os.fork())
+    copying.join(5)
+    if os.getpid() != parent:   # the child: report by exit status only
+        os._exit(0 if isinstance(copying.exception, CopiedCall) else 2)
+    report = copying.get(timeout=5)
+    _, status = os.waitpid(forked[0], 0)
+    assert os.WEXITSTATUS(status) == 0
+    second = [[k, "second"] for k in range(10, 20)] if moment == "reading the input" else []
+    assert report.written == 10 + len(second) and report.rejected == []
+    assert sorted(conn.select("copy_kv").data) == [[k, "first"] for k in range(10)] + second
+
+
 def _guide_csv():
     """The CSV file docs/copy.rst shows, as the guide prints it."""
     with open(os.path.join(ROOT, "docs", "copy.rst"), encoding="utf-8") as f:

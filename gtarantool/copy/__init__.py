@@ -14,7 +14,8 @@ stays bounded by ``max_in_flight`` rows (and about ``WINDOW_BYTES`` of them
 encoded) whatever the input's size; a row is
 sent again only when it was proven not applied (a read-only master during a
 switchover, a request not written before its connection broke); a row that
-may have been applied is rejected with ``applied=None`` and never re-sent.
+may have been applied is rejected with ``applied=None`` and never re-sent;
+a copy of the call in a forked child sends nothing (``CopiedCall``).
 The command line (``python -m gtarantool.copy``) is in :mod:`gtarantool.copy.cli`.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_REPLACE,
     REQUEST_TYPE_UPSERT,
 )
+from gtarantool.transport import CopiedCall, check_process, process_token
 
 __all__ = ["CopyError", "CopyReport", "Rejected", "SpaceInfo", "copy_from", "copy_to",
            "space_info"]
@@ -260,6 +262,8 @@ class _Copy:
         # rows the server may have applied).
         self.suspect = True
         self.code = CODES[mode]
+        # (the parent's rows stay the parent's: a forked child's copy sends none)
+        self.token = process_token()
         pk = set(info.pk)
         # an upsert assigns the fields outside the primary key
         self.rest = tuple(i for i in range(len(info.fields)) if i not in pk) \
@@ -291,6 +295,7 @@ class _Copy:
         """Encode ``rows`` in one piece and queue them on a new pipeline: a
         row the packer cannot encode is rejected on its own, a batch the
         connection could not take holds its error in each row's place."""
+        check_process(self.token)
         if self.suspect:
             # (bounded: a connection waiting for an announced restart waits long)
             with gevent.Timeout(self.retry_timeout, RequestTimeout(
@@ -345,6 +350,8 @@ class _Copy:
     def send_or_retry(self, key, indices, rows):
         try:
             self.send(key, indices, rows)
+        except CopiedCall:
+            raise
         except (NetworkError, DatabaseError) as exc:   # the ping failed: nothing sent
             self.suspect = True
             self.resend(key, indices, rows, exc)
@@ -361,6 +368,8 @@ class _Copy:
         self.in_flight_rows -= len(batch.indices)
         self.in_flight_bytes -= batch.size
         failures = batch.pipeline.failures() if batch.rows else ()
+        # (replies a forked child's copy finds are the parent's outcome, not its own)
+        check_process(self.token)
         if not failures and not batch.unsent and batch.frames is not None:
             self.buffers.append(batch.frames)
         batch.frames = None
@@ -382,6 +391,7 @@ class _Copy:
 
     def resend(self, key, indices, rows, last):
         """Send rows proven not applied again until ``retry_timeout`` has passed."""
+        check_process(self.token)   # (a copied call's replies say not applied: not ours)
         deadline = time.monotonic() + self.retry_timeout
         while indices:
             if time.monotonic() >= deadline:
@@ -393,6 +403,8 @@ class _Copy:
             gevent.sleep(0.05)
             try:
                 batch = self.send(key, indices, rows)
+            except CopiedCall:
+                raise
             except (NetworkError, DatabaseError) as exc:   # no pipeline, or the ping failed
                 self.suspect = True
                 last = exc
@@ -476,6 +488,9 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
         that do not fit the target.
     :raises CopyError: rows could not be written for ``retry_timeout`` (its
         ``report.settled`` says how many rows to skip to resume).
+    :raises gtarantool.ConnectionClosed: ``CopiedCall`` (``applied`` False):
+        this is a forked child's copy of a copy the parent began; the
+        parent's goes on, nothing more is sent here.
     """
     if mode not in MODES:
         raise ValueError("mode must be one of %s, not %r" % (", ".join(MODES), mode))
@@ -496,6 +511,8 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     except CopyError as exc:
         exc.report.elapsed = time.perf_counter() - started
         exc.report.cpu = time.process_time() - cpu
+        raise
+    except CopiedCall:
         raise
     except NetworkError as exc:
         raise CopyError("copy stopped: %s" % _reason(exc), run._stopped()) from exc

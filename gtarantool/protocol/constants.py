@@ -75,6 +75,7 @@ IPROTO_EVENT_DATA = 0x58
 IPROTO_TXN_ISOLATION = 0x59
 
 # Error codes (box.error)
+ER_TUPLE_FOUND = 3              # a duplicate key
 ER_READONLY = 7
 ER_PROC_LUA = 32
 ER_NO_SUCH_PROC = 33

@@ -3,16 +3,22 @@
 An ``Op`` is one call as its caller saw it: which operation id it carried,
 through which client, when it started and ended, how it ended (``ok``, an
 exception class and its ``applied`` attribute, or ``cancelled`` by the caller's
-own ``gevent.Timeout``) and the bound its duration must keep.  ``Facts`` is what
-the servers hold at the end: how many times each id was applied.  ``check``
-compares the two and returns one ``Violation`` per broken promise; it never
-raises on a bad history, so a test can feed it synthetic ones.
+own ``gevent.Timeout``) and the bound its duration must keep; a bulk copy's
+``Op`` also holds one ``Row`` per row it gave, with what the copy said of it.
+``Facts`` is what the servers hold at the end: how many times each id was
+applied, which copied rows exist.  ``check`` compares the two and returns one
+``Violation`` per broken promise; it never raises on a bad history, so a test
+can feed it synthetic ones.
 """
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
+from gtarantool.protocol.constants import ER_TUPLE_FOUND
+
+# Writes counted by their op id; a copy's rows are counted by row id.
 WRITE_KINDS = ("write_call", "write_upsert")
+COPY_KINDS = ("write_copy",)
 
 # The promises, by the name a violation carries.
 DOUBLE = "applied twice"
@@ -24,6 +30,26 @@ HUNG = "greenlet left waiting"
 CHILD = "a forked child ran the parent's call"
 STRAY = "an error outside the library's classes"
 GARBLED = "a protocol error, though every server sent valid frames"
+UNSETTLED = "a copied row neither written nor rejected"
+
+# A copied row's states: what the copy's report (or its exception) said of it.
+WRITTEN, REJECTED, RAISED, PENDING, UNREPORTED = (
+    "written", "rejected", "raised", "pending", "unreported")
+
+
+@dataclass
+class Row:
+    """One row of a bulk copy: ``state`` is ``written`` (the report counts it
+    written), ``rejected`` (in the report's rejected rows, with their
+    ``applied``, the error's ``code`` and ``reason``), ``raised`` (the copy
+    raised; ``applied`` is the exception's), ``pending`` (the call never
+    returned, or the caller's own timer cancelled it) or ``unreported`` (the
+    copy returned, but its report accounts for fewer rows than it was given)."""
+    id: int
+    state: str = PENDING
+    applied: Optional[bool] = None
+    code: Optional[int] = None
+    reason: str = ""
 
 
 @dataclass
@@ -32,7 +58,8 @@ class Op:
     when it has none: "may have been applied"); ``reply`` the op id the reply
     carried (None when the reply carries none, e.g. an upsert's); ``end`` stays
     None while the call has not returned; ``copy`` marks the copy of a parent's
-    call that finished in a forked child (``proc`` is then the child's)."""
+    call that finished in a forked child (``proc`` is then the child's);
+    ``rows`` the rows of a bulk copy (empty for the other kinds)."""
     id: int
     client: str
     kind: str
@@ -47,21 +74,34 @@ class Op:
     copy: bool = False
     detail: str = ""
     library_error: bool = True   # the error is one of the library's (tarantool.error.Error)
+    rows: List[Row] = field(default_factory=list)
 
     @property
     def write(self) -> bool:
         return self.kind in WRITE_KINDS
+
+    @classmethod
+    def from_dict(cls, fields: Dict[str, Any]) -> "Op":
+        """The ``Op`` that ``asdict`` gave ``fields`` (a forked child's report)."""
+        fields = dict(fields)
+        fields["rows"] = [Row(**row) for row in fields.get("rows") or ()]
+        return cls(**fields)
 
 
 @dataclass
 class Facts:
     """What the servers hold at the end of a run: ``applications[id]``, the
     times each write id was applied on any instance (replicated copies counted
-    once), ``by_child``: ids of parent operations applied over a socket a
-    forked child opened, and ``stalls``: when a process's hub ran nothing (a
-    busy host; time a call spent in its process's stalls does not count
-    against its bound)."""
+    once), ``rows``: the ids of copied rows present on any instance (on a
+    vshard storage, in a bucket it holds), ``misplaced``: rows present only
+    on storages that do not hold their bucket, ``by_child``: ids of parent
+    operations applied (or whose rows were written) over a socket a forked
+    child opened, and ``stalls``: when a process's hub ran nothing (a busy
+    host; time a call spent in its process's stalls does not count against
+    its bound)."""
     applications: Dict[int, int] = field(default_factory=dict)
+    rows: Set[int] = field(default_factory=set)
+    misplaced: Set[int] = field(default_factory=set)
     by_child: Set[int] = field(default_factory=set)
     # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
     stalls: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
@@ -108,7 +148,7 @@ class History:
 
     @classmethod
     def loads(cls, text: str) -> "History":
-        return cls([Op(**fields) for fields in json.loads(text)])
+        return cls([Op.from_dict(fields) for fields in json.loads(text)])
 
 
 def check(history: History, facts: Facts, slack: float) -> List[Violation]:
@@ -139,6 +179,8 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
             found.append(Violation(GARBLED, op, op.detail))
         if op.copy and op.outcome == "ok":
             found.append(Violation(CHILD, op, "the child's copy of the call succeeded"))
+        if op.rows:
+            found.extend(_check_rows(op, facts))
         if not op.write:
             continue
         if count > 1 and op.id not in seen:
@@ -151,4 +193,31 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
     for op_id in sorted(facts.by_child):
         found.append(Violation(CHILD, None, "op %d applied over a socket of a forked child"
                                % op_id))
+    return found
+
+
+def _check_rows(op: Op, facts: Facts) -> List[Violation]:
+    """The promises of a bulk copy's rows: each row id is unique, so a
+    duplicate-key refusal means the copy sent the row again after it was
+    applied (in replace or upsert mode, a silent second write)."""
+    found = []
+    for row in op.rows:
+        present = row.id in facts.rows
+        if row.code == ER_TUPLE_FOUND:
+            found.append(Violation(DOUBLE, op, "row %d refused as a duplicate: sent again "
+                                   "after it was applied" % row.id))
+        elif row.state == WRITTEN and op.copy:
+            found.append(Violation(CHILD, op, "the child's copy wrote row %d" % row.id))
+        elif row.state == WRITTEN and not present:
+            found.append(Violation(LOST, op, "row %d reported written, on no instance%s"
+                                   % (row.id, " that holds its bucket"
+                                      if row.id in facts.misplaced else "")))
+        elif row.applied is False and row.state in (REJECTED, RAISED) and not op.copy \
+                and present:
+            found.append(Violation(LYING, op, "row %d %s with applied=False, but present%s"
+                                   % (row.id, row.state, ": " + row.reason if row.reason
+                                      else "")))
+        elif row.state == UNREPORTED:
+            found.append(Violation(UNSETTLED, op, "row %d is in neither the written count "
+                                   "nor the rejected rows" % row.id))
     return found

@@ -12,7 +12,11 @@ A write goes through ``chaos_write(id)``, which logs the application in
 ``chaos_log`` (its own transaction, with the caller's address) before it
 inserts ``id`` into ``chaos_kv``: a second application stays in the log even
 when the insert fails; or through an upsert of ``chaos_count`` that adds one
-per application.  A read calls ``chaos_echo(id)``.  Replies carry the id.
+per application; or is a ``copy_from`` of 1..``MAX_ROWS`` rows into
+``chaos_rows`` (insert mode; row ids ``op_id * ROWS_PER_OP + k``, unique
+across the run and its children, with the row's bucket id; a trigger stores
+the inserting caller's address in each row).  A read calls ``chaos_echo(id)``.
+Replies carry the id.
 """
 import itertools
 import json
@@ -30,6 +34,7 @@ import tarantool
 from tarantool.connection_pool import Mode
 
 import gtarantool
+from gtarantool.copy import copy_from, space_info
 from gtarantool.testing.chaos import history as h
 from gtarantool.testing.faults import FaultProxy
 from gtarantool.testing.replicaset import ReplicaSet
@@ -37,6 +42,9 @@ from gtarantool.testing.server import TarantoolServer
 
 USER, PASSWORD = "test", "secret"
 CHILD_BASE = 1 << 40   # a forked child's op ids: (k + 1) * CHILD_BASE + n
+ROWS_PER_OP, MAX_ROWS = 8, 5   # a copy op's row ids: op_id * ROWS_PER_OP + k, k < MAX_ROWS
+BUCKETS = 60
+COPY_SPACE = "chaos_rows"
 
 SCHEMA = """
 local uuid = require('uuid')
@@ -47,8 +55,29 @@ local function chaos_schema()
     kv:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
     local count = box.schema.space.create('chaos_count', {if_not_exists = true})
     count:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
+    local rows = box.schema.space.create('chaos_rows', {if_not_exists = true, format = {
+        {name = 'id', type = 'unsigned'}, {name = 'bucket_id', type = 'unsigned'},
+        {name = 'peer', type = 'string', is_nullable = true}}})
+    rows:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
+    rows:create_index('bucket_id', {parts = {2, 'unsigned'}, unique = false,
+                                    if_not_exists = true})
 end
 if not box.info.ro then box.once('chaos-schema', chaos_schema) end
+local function chaos_peer(old, new)
+    -- (a row a bucket move or replication brings keeps its first caller's address;
+    -- over an existing row it returns nothing: a returned tuple turns an insert
+    -- into a replace, and the duplicate would go unseen)
+    if old == nil and new ~= nil and new[3] == nil and box.session.type() == 'binary' then
+        return new:update{{'=', 3, box.session.peer() or ''}}
+    end
+end
+require('fiber').create(function()
+    -- (a replica gets the space from its master, maybe after this script ran)
+    while box.space.chaos_rows == nil do require('fiber').sleep(0.05) end
+    if #box.space.chaos_rows:before_replace() == 0 then
+        box.space.chaos_rows:before_replace(chaos_peer)
+    end
+end)
 function chaos_write(id)
     -- (its own transaction: a second application stays even when the insert fails)
     box.space.chaos_log:insert{uuid.str(), id, box.session.peer() or ''}
@@ -61,7 +90,20 @@ function chaos_upsert(id)
 end
 function chaos_echo(id) return id end
 function chaos_facts()
-    return box.space.chaos_log:select(), box.space.chaos_count:select()
+    -- (on a vshard storage a row counts only in a bucket it holds: a row left in a
+    -- bucket sent away, or in none, is lost to the readers the router sends)
+    local held = nil
+    if box.space._bucket ~= nil then
+        held = {}
+        for _, b in box.space._bucket:pairs() do
+            if b[2] ~= 'sent' and b[2] ~= 'garbage' then held[b[1]] = true end
+        end
+    end
+    local rows = {}
+    for _, t in box.space.chaos_rows:pairs() do
+        rows[#rows + 1] = {t[1], t[3] or '', held == nil or held[t[2]] == true}
+    end
+    return box.space.chaos_log:select(), box.space.chaos_count:select(), rows
 end
 """
 USER_LUA = """
@@ -117,14 +159,33 @@ class Target:
     name = ""
     greenlets = 8
     bound = 1.0
+    unsafe = ()   # kinds known to break a promise here, run only when asked
 
     def __init__(self, campaign):
         self.c = campaign
         self.rt = campaign.schedule.request_timeout
+        self.kinds = tuple(k for k in KINDS if k not in self.unsafe or campaign.unsafe)
 
     def instances(self):
         """Every server whose data the facts read."""
         raise NotImplementedError
+
+    def read_space(self):
+        """The copy space's format, read once (as a bulk loader reads it)."""
+        if "write_copy" in self.kinds:
+            self.info = space_info(self.client(0), COPY_SPACE)
+
+    @property
+    def copy_bound(self):
+        """A copy of a few rows: a ping (within ``retry_timeout``) and the
+        replies (within a call's bound), then at most one ``retry_timeout`` of
+        sending rows proven not applied again, its last send likewise."""
+        return 2 * (self.rt + self.bound)
+
+    def copy(self, client, ids):
+        """``copy_from`` of one row per id (with its bucket id) in insert mode."""
+        return copy_from(client, COPY_SPACE, [(i, i % BUCKETS + 1) for i in ids],
+                         mode="insert", retry_timeout=self.rt, info=self.info)
 
     def label(self, n):
         """The client's name in the history."""
@@ -163,7 +224,7 @@ class Target:
                 srv.signal(signal.SIGCONT)
 
     def facts(self):
-        """[(log rows, count rows)] from every instance."""
+        """[(log rows, count rows, copied rows)] from every instance."""
         return [blocking(self.eval, srv, "return chaos_facts()") for srv in self.instances()]
 
 
@@ -326,7 +387,11 @@ class PoolTarget(Target):
 class RouterTarget(Target):
     """Two vshard replica sets of two storages behind a Router."""
     name = "router"
-    BUCKETS = 60
+    BUCKETS = BUCKETS
+    # copy_from writes rows on the master its route names, outside vshard's
+    # bucket references: a row sent while its bucket moves may stay where the
+    # bucket no longer is (docs/copy.rst)
+    unsafe = ("write_copy",)
 
     def start(self):
         from gtarantool.testing.cluster import ShardedCluster
@@ -334,9 +399,11 @@ class RouterTarget(Target):
                                       storage_lua=SCHEMA)
         blocking(self.cluster.start)
         self.bound = self.rt
+        # (fetch_schema: copy_from through a Router reads the space's format)
         self.router = gtarantool.Router(self.cluster.cfg, timeout=self.rt,
                                         request_timeout=self.rt, connection_timeout=self.rt,
-                                        refresh_delay=0.2)
+                                        refresh_delay=0.2,
+                                        fetch_schema="write_copy" in self.kinds)
 
     def instances(self):
         return self.cluster.servers
@@ -398,15 +465,16 @@ class RouterTarget(Target):
 
 
 TARGETS = {"conn": ConnTarget, "pool": PoolTarget, "router": RouterTarget}
-KINDS = ("write_call", "write_upsert", "read_call")
+KINDS = ("write_call", "write_upsert", "read_call", "write_copy")
 
 
 class Campaign:
     """One seed: ``run()`` returns (history, facts, violations)."""
 
-    def __init__(self, schedule, slack=1.0, log=print):
+    def __init__(self, schedule, slack=1.0, log=print, unsafe=False):
         self.schedule = schedule
         self.slack = slack
+        self.unsafe = unsafe   # run the kinds a target knows unsafe (Target.unsafe) too
         self.log = log
         self.history = h.History()
         self.stop = gevent.event.Event()
@@ -418,6 +486,10 @@ class Campaign:
         self.notes = []
         self._rngs = {}
         self.t0 = None
+
+    def longest(self):
+        """The longest bound of any call (a copy's included)."""
+        return max(max(t.bound, t.copy_bound) for t in self.targets.values())
 
     def rng_for(self, kind):
         """A seeded generator per fault kind, so a replay picks the same members."""
@@ -435,9 +507,7 @@ class Campaign:
         rng = random.Random("%d-%s-%d" % (self.schedule.seed, target.name, n))
         client = target.client(n)
         while not self.stop.is_set() and os.getpid() == me:
-            kind = rng.choice(KINDS)
-            op = self.history.begin(h.Op(next(self.ids), target.label(n), kind,
-                                         time.monotonic(), target.bound))
+            op = self.history.begin(new_op(next(self.ids), target, n, rng))
             self.call(target, client, op, rng)
             if os.getpid() != me:
                 return   # (the copy of this greenlet in a forked child stops here)
@@ -452,7 +522,10 @@ class Campaign:
             if timer is not None:
                 timer.start()
                 op.bound = min(op.bound, cancel)
-            op.reply = target.do(client, op.kind, op.id)
+            if op.rows:
+                _settle(op, target.copy(client, [row.id for row in op.rows]))
+            else:
+                op.reply = target.do(client, op.kind, op.id)
             op.outcome = "ok"
         except gevent.Timeout as exc:
             if exc is timer:
@@ -473,6 +546,13 @@ class Campaign:
         op.applied = getattr(exc, "applied", None)
         op.library_error = isinstance(exc, tarantool.error.Error)
         op.detail = str(exc)[:160]
+        report = getattr(exc, "report", None)   # (a CopyError's: the rows settled so far)
+        rejected = {r.position: r for r in getattr(report, "rejected", ())}
+        for k, row in enumerate(op.rows):
+            if k in rejected:
+                _rejected(row, rejected[k])
+            else:
+                row.state, row.applied = h.RAISED, op.applied
 
     # -- forks ---------------------------------------------------------------------------
 
@@ -512,8 +592,7 @@ class Campaign:
         def child_worker(target, client, n):
             rng = random.Random(index * 1000 + n)
             while not self.stop.is_set():
-                op = h.Op(next(ids), target.label(n), rng.choice(KINDS), time.monotonic(),
-                          target.bound, proc=tag)
+                op = new_op(next(ids), target, n, rng, proc=tag)
                 ops.append(op)
                 self.call(target, client, op, rng)
                 gevent.sleep(rng.uniform(0, 0.01))
@@ -540,7 +619,7 @@ class Campaign:
             ports.update(_local_ports())
             gevent.sleep(0.02)
         self.stop.set()
-        limit = time.monotonic() + max(t.bound for t in self.targets.values()) + self.slack
+        limit = time.monotonic() + self.longest() + self.slack
         while time.monotonic() < limit and any(op.end is None for op in inflight):
             ports.update(_local_ports())
             gevent.sleep(0.02)
@@ -576,7 +655,7 @@ class Campaign:
                     os.unlink(path)
             if report.get("error"):
                 self.note("child %d failed: %s" % (pid, report["error"]))
-            ops.extend(h.Op(**fields) for fields in report["ops"])
+            ops.extend(h.Op.from_dict(fields) for fields in report["ops"])
             ports.update(report["ports"])
             stalls["child-%d" % (len(stalls) + 1)] = [tuple(s) for s in report["stalls"]]
         return ops, ports, stalls
@@ -620,6 +699,8 @@ class Campaign:
                     self.targets[name] = TARGETS[name](self)
             gevent.joinall([gevent.spawn(t.start) for t in self.targets.values()],
                            raise_error=True)
+            for t in self.targets.values():
+                t.read_space()
             self.t0 = time.monotonic()
             self.meter = StallMeter()
             workers = [gevent.spawn(self.worker, t, n)
@@ -637,7 +718,7 @@ class Campaign:
             gevent.joinall(injectors)
             for t in self.targets.values():
                 t.heal()
-            limit = max(t.bound for t in self.targets.values()) + self.slack
+            limit = self.longest() + self.slack
             gevent.joinall(workers, timeout=limit)
             hung = [w for w in workers if not w.dead]
             child_ops, child_ports, stalls = self.reap()
@@ -659,28 +740,69 @@ class Campaign:
         return tally([rows for t in self.targets.values() for rows in t.facts()], child_ports)
 
 
-def tally(replies, child_ports=()):
-    """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows), one per
-    instance: a log row counts once however many instances hold its copy, and
-    a counter counts as its largest value on any instance.
+def new_op(op_id, target, n, rng, proc="parent"):
+    """The next op of greenlet ``n`` on ``target``: its kind and, for a copy,
+    its rows drawn from ``rng``."""
+    kind = rng.choice(target.kinds)
+    copy = kind in h.COPY_KINDS
+    op = h.Op(op_id, target.label(n), kind, time.monotonic(),
+              target.copy_bound if copy else target.bound, proc=proc)
+    if copy:
+        op.rows = [h.Row(op_id * ROWS_PER_OP + k) for k in range(rng.randint(1, MAX_ROWS))]
+    return op
 
-    :param replies: [(log rows, count rows)], one pair per instance.
+
+def _settle(op, report):
+    """Each row's state by the copy's report: rejected with its reason, or
+    written when the report accounts for every row."""
+    rejected = {r.position: r for r in report.rejected}
+    complete = report.written + len(rejected) == len(op.rows)
+    for k, row in enumerate(op.rows):
+        if k in rejected:
+            _rejected(row, rejected[k])
+        else:
+            row.state = h.WRITTEN if complete else h.UNREPORTED
+
+
+def _rejected(row, rejected):
+    code = getattr(rejected.error, "code", None)
+    row.state, row.applied = h.REJECTED, rejected.applied
+    row.code = code if isinstance(code, int) else None
+    row.reason = rejected.reason[:160]
+
+
+def tally(replies, child_ports=()):
+    """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows and, when
+    given, copied rows), one per instance: a log row counts once however many
+    instances hold its copy, a counter counts as its largest value on any
+    instance, and a copied row is present when any instance holds it.
+
+    :param replies: [(log rows, count rows[, copied rows])], one per instance.
     :param child_ports: local ports forked children connected from.
     :returns: a ``history.Facts``.
     """
     facts = h.Facts()
     logs, counts = {}, {}
-    for log_rows, count_rows in replies:
+    for reply in replies:
+        log_rows, count_rows = reply[0], reply[1]
         for key, op_id, peer in log_rows:
             logs[key] = (op_id, peer)
         for op_id, count in count_rows:
             counts[op_id] = max(count, counts.get(op_id, 0))
+        for row_id, peer, held in (reply[2] if len(reply) > 2 else ()):
+            if not held:
+                facts.misplaced.add(row_id)
+                continue
+            facts.rows.add(row_id)
+            if row_id < CHILD_BASE * ROWS_PER_OP and _port(peer) in child_ports:
+                facts.by_child.add(row_id // ROWS_PER_OP)
     for op_id, peer in logs.values():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + 1
         if op_id < CHILD_BASE and _port(peer) in child_ports:
             facts.by_child.add(op_id)
     for op_id, count in counts.items():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + count
+    facts.misplaced -= facts.rows
     return facts
 
 
