@@ -132,8 +132,10 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def measure(args, out=sys.stdout):
-    """All runs, interleaved; returns {"runs": ..., "medians": ...}."""
+def measure(args, out=None):
+    """All runs, interleaved, each printed to ``out`` (default: sys.stdout when
+    called); returns {"runs": ..., "medians": ...}."""
+    out = out or sys.stdout
     base = Config(workload="phases", procs=1, greenlets=args.greenlets, ops=args.ops,
                   size=args.size, wal=args.wal, quiet=True)
     runs = {"gtarantool": [], "asynctnt": [], "sync": [], "pipeline": [], "pipeline_asynctnt": []}

@@ -40,6 +40,9 @@ from bench.targets import open_target
 OPERATIONS = ("insert", "select")
 LEVELS = (1, 10, 100, 1000, 10_000)
 SYNC_LEVEL = 1
+# gtarantool with its write path's lead request off (``transport.LEAD_UP_TO``
+# 0): a contender that shows what the rule does, in the same runs.
+NOLEAD = "gtarantool-nolead"
 TARGETS = {"cpu_vs_peers_at_1": 1.0, "cpu_aim_at_1": 1.25, "cpu_vs_asynctnt": 1.5,
            "ops_vs_asynctnt": 1.2, "p999_over_p50": 4.0, "rss_growth_mb": 1024}
 
@@ -63,7 +66,11 @@ def _rss_kb():
 def child(driver_name, greenlets, ops, size, host, port, space, out):
     """One run in a fresh process: ``ops`` inserts, then ``ops`` selects of the same
     keys, with ``greenlets`` concurrent requests; sends the figures to ``out``."""
-    config = Config(driver=driver_name, greenlets=greenlets, size=size, space=space, quiet=True)
+    if driver_name == NOLEAD:   # gtarantool with the write path's lead request off
+        from gtarantool import transport
+        transport.LEAD_UP_TO = 0
+    config = Config(driver="gtarantool" if driver_name == NOLEAD else driver_name,
+                    greenlets=greenlets, size=size, space=space, quiet=True)
     driver = drivers.make(config, host, port)
     driver.open()
     baseline_kb = _rss_kb()
@@ -103,7 +110,7 @@ def child(driver_name, greenlets, ops, size, host, port, space, out):
 
 
 def _contenders(level, args):
-    names = ["gtarantool", "asynctnt"]
+    names = ["gtarantool", NOLEAD, "asynctnt"]
     if level == SYNC_LEVEL and "sync" in args.drivers:
         names.append("sync")
     return [name for name in names if name in args.drivers]
@@ -115,8 +122,10 @@ def _ops(level, args):
     return max(args.ops if level > SYNC_LEVEL else args.ops_at_1, args.min_rounds * level)
 
 
-def measure(args, out=sys.stdout):
-    """{(driver, level): [run results]}, interleaved."""
+def measure(args, out=None):
+    """{(driver, level): [run results]}, interleaved; each run printed to
+    ``out`` (default: sys.stdout when called)."""
+    out = out or sys.stdout
     base = Config(workload="phases", procs=1, size=args.size, wal=args.wal, quiet=True)
     runs = {}
     with open_target(base) as target:
@@ -157,18 +166,18 @@ def _fmt(value, pattern):
 
 def table(m, levels):
     top = max(levels)
-    rows = ["%-7s %-7s %-10s %9s %9s %8s %8s %8s %8s %7s %7s %8s %8s" % (
+    rows = ["%-7s %-7s %-17s %9s %9s %8s %8s %8s %8s %7s %7s %8s %8s" % (
         "G", "op", "driver", "ops/s", "ops/cpu-s", "p50 ms", "p99 ms", "p99.9", "max ms",
         "sends/k", "recvs/k", "rss MB", "growth")]
     for level in levels:
         for op in OPERATIONS:
-            for name in ("gtarantool", "asynctnt", "sync"):
+            for name in ("gtarantool", NOLEAD, "asynctnt", "sync"):
                 entry = m.get((name, level))
                 if entry is None:
                     continue
                 f = entry[op]
                 rows.append((
-                    "%-7d %-7s %-10s %9.0f %9.0f %8.3f %8.3f %8s %8s %7s %7s %8.0f %8.0f") % (
+                    "%-7d %-7s %-17s %9.0f %9.0f %8.3f %8.3f %8s %8s %7s %7s %8.0f %8.0f") % (
                     level, op, name, f["ops_per_sec"], f["ops_per_client_cpu_second"],
                     f["p50_ms"], f["p99_ms"],
                     _fmt(f["p999_ms"] if level == top else None, "%.3f"),
@@ -247,7 +256,8 @@ def main(argv=None):
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)),
                         help="concurrency levels (default %(default)s)")
     parser.add_argument("--drivers", default="gtarantool,asynctnt,sync",
-                        help="comma-separated (default %(default)s)")
+                        help="comma-separated (default %%(default)s; also %s: gtarantool "
+                             "without the lead request of a small batch)" % NOLEAD)
     parser.add_argument("--size", type=int, default=1536, help="payload bytes (default 1536)")
     parser.add_argument("--wal", default="write", choices=("write", "none"),
                         help="server WAL mode (default %(default)s)")
@@ -256,7 +266,8 @@ def main(argv=None):
     args.levels = sorted({int(level) for level in args.levels.split(",")})
     args.drivers = args.drivers.split(",")
     for name in args.drivers:
-        if name not in ("gtarantool", "asynctnt", "sync") or drivers.missing(name):
+        if name not in ("gtarantool", NOLEAD, "asynctnt", "sync") \
+                or drivers.missing("gtarantool" if name == NOLEAD else name):
             parser.error("driver %r is unknown or not installed" % name)
     ticks0 = perf._cpu_ticks()
     runs = measure(args)

@@ -339,6 +339,19 @@ def test_sweep_prints_every_level_and_target_and_exits_by_the_verdict(tmp_path, 
     assert re.search(r"^200 +select +gtarantool .*$", printed, re.M)
 
 
+def test_the_sweep_shows_gtarantool_without_its_lead_request_beside_it(capsys):
+    """At 10 greenlets the lead request of a small batch makes more than one
+    write per 10 requests; the contender with it off writes once per batch."""
+    from bench.suites import sweep
+    sweep.main(["--runs", "1", "--ops", "400", "--levels", "10", "--wal", "none",
+                "--drivers", "gtarantool,gtarantool-nolead"])
+    rows = {line.split()[2]: line.split() for line in capsys.readouterr().out.splitlines()
+            if re.match(r"^10 +select ", line)}
+    assert set(rows) == {"gtarantool", "gtarantool-nolead"}
+    sends = {name: float(row[9]) for name, row in rows.items()}
+    assert sends["gtarantool-nolead"] <= 110 < sends["gtarantool"]
+
+
 def test_a_select_the_server_made_itself_is_explained():
     """An existing 2.11/3.x server with feedback on counts a select of its own
     once a minute: the report says so beside the mismatch it makes."""
