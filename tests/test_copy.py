@@ -503,6 +503,126 @@ def router_bucket(cluster, key):
     return cluster.eval(cluster.router, "return vshard.router.bucket_id_mpcrc32(...)", key)[0]
 
 
+# a read through vshard.storage.call (the Router's read path), on every storage
+STORAGE_READ = STORAGE + """
+rawset(_G, 'customer_get', function(id) return box.space.customers:get(id) end)
+"""
+needs_vshard = pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    """One cluster for the tests below (each its own keys and buckets)."""
+    with ShardedCluster(shards=2, storage_lua=STORAGE_READ) as cluster:
+        router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                                   fetch_schema=True)
+        try:
+            yield cluster, router
+        finally:
+            router.close()
+
+
+def _stored(cluster, rs_uuid, key):
+    found = cluster.eval(cluster.shard(rs_uuid).master,
+                         "return box.space.customers:get(...)", key)
+    return found[0] if found else None
+
+
+@needs_vshard
+def test_a_row_of_a_bucket_moved_after_the_router_learnt_its_owner_lands_on_the_new_one(
+        sharded):
+    cluster, router = sharded
+    bucket = 7
+    assert copy_from(router, "customers", [(101, bucket, "first")]).written == 1
+    old = cluster.buckets()[bucket]
+    new = next(shard.uuid for shard in cluster.shards if shard.uuid != old)
+    assert cluster.bucket_send(bucket, new)
+    assert router.route(bucket).id == old   # the router's map is stale
+    report = copy_from(router, "customers", [(102, bucket, "second")])
+    assert report.written == 1 and not report.rejected
+    assert router.callro(bucket, "customer_get", [102]) == [102, bucket, "second"]
+    assert _stored(cluster, new, 102) == [102, bucket, "second"]
+    assert _stored(cluster, old, 102) is None
+    assert router.route(bucket).id == new
+
+
+LOCK = """
+local b = ...
+local storage = vshard.storage
+if not storage.internal.bucket_refs[b] then assert(storage.bucket_refro(b)) end
+storage.internal.bucket_refs[b].rw_lock = true
+"""
+UNLOCK = """
+local b = ...
+vshard.storage.internal.bucket_refs[b].rw_lock = false
+"""
+
+
+@needs_vshard
+def test_rows_of_a_locked_bucket_wait_for_it_or_are_rejected_unwritten(sharded):
+    cluster, router = sharded
+    locked, free = 11, 12
+    owner = cluster.buckets()[locked]
+    master = cluster.shard(owner).master
+    router.route(locked)
+    cluster.eval(master, LOCK, locked)
+    rows = [(201, locked, "a"), (202, free, "b"), (203, locked, "c")]
+    report = copy_from(router, "customers", rows, retry_timeout=0.3)
+    assert report.written == 1
+    assert [(r.position, r.applied) for r in report.rejected] == [(0, False), (2, False)]
+    assert all("BUCKET_IS_LOCKED" in r.reason or "code 22" in r.reason
+               for r in report.rejected), report.rejected
+    assert _stored(cluster, owner, 201) is None and _stored(cluster, owner, 203) is None
+
+    unlocker = gevent.spawn_later(0.3, cluster.eval, master, UNLOCK, locked)
+    try:
+        report = copy_from(router, "customers", rows, mode="replace", retry_timeout=10)
+    finally:
+        unlocker.join(5)
+        unlocker.kill()
+    assert report.written == 3 and not report.rejected
+    assert router.callro(locked, "customer_get", [203]) == [203, locked, "c"]
+
+
+@needs_vshard
+def test_duplicates_through_a_router_are_rejected_row_by_row(sharded):
+    cluster, router = sharded
+    assert copy_from(router, "customers", [(305, 20, "taken")]).written == 1
+    rows = [(k, 20, "row %d" % k) for k in range(300, 310)]
+    rows.append((305, 20, "again"))
+    report = copy_from(router, "customers", rows)
+    assert report.written == 9
+    assert [(r.position, r.applied) for r in report.rejected] == [(5, False), (10, False)]
+    assert all("Duplicate key" in r.reason for r in report.rejected), report.rejected
+    assert router.callro(20, "customer_get", [305]) == [305, 20, "taken"]
+    report = copy_from(router, "customers", [(305, 20, "upserted"), (340, 20, "new")],
+                       mode="upsert")
+    assert report.written == 2 and not report.rejected
+    assert router.callro(20, "customer_get", [305]) == [305, 20, "upserted"]
+    assert router.callro(20, "customer_get", [340]) == [340, 20, "new"]
+
+
+@needs_vshard
+def test_a_user_without_execute_on_universe_gets_a_clear_error(sharded):
+    cluster, router = sharded
+    for shard in cluster.shards:
+        cluster.eval(shard.master, """box.session.su('admin', function()
+            box.schema.user.create('loader', {password = 'secret'})
+            box.schema.user.grant('loader', 'read,write', 'space', 'customers')
+            for _, f in ipairs({'call', 'buckets_discovery', 'bucket_stat'}) do
+                box.schema.user.grant('loader', 'execute', 'function', 'vshard.storage.' .. f)
+            end
+        end)""")
+    limited = gtarantool.Router(cluster.cfg, user="loader", password="secret",
+                                fetch_schema=True)
+    try:
+        with pytest.raises(CopyError, match="'execute' on 'universe'") as info:
+            copy_from(limited, "customers", [(401, 30, "a")])
+    finally:
+        limited.close()
+    assert [(r.position, r.applied) for r in info.value.report.rejected] == [(0, False)]
+
+
 def test_the_console_script_is_declared():
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         assert 'gtarantool-copy = "gtarantool.copy.cli:main"' in f.read()

@@ -8,7 +8,8 @@
 
 The target is a :class:`gtarantool.Connection`, a :class:`gtarantool.ConnectionPool`
 (rows go to its read-write instance) or a :class:`gtarantool.Router` (each row
-to the master of the replica set that holds its bucket).  What callers rely
+to the master of the replica set that holds its bucket, written under vshard's
+bucket references: ``gtarantool.copy.routed``).  What callers rely
 on: every row given is written or rejected, each reply checked once; memory
 stays bounded by ``max_in_flight`` rows (and about ``WINDOW_BYTES`` of them
 encoded) whatever the input's size; a row is
@@ -226,10 +227,11 @@ FIRST_BATCH = 64   # rows, before their size is known
 
 
 class _Batch:
-    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "frames", "size")
+    __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "frames", "size", "buckets")
 
     def __init__(self, key, pipeline, indices, rows, unsent, frames=None):
         self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
+        self.buckets = None    # (a Router's copy) the rows' bucket ids
         self.unsent = unsent   # the error of a batch not queued (its rows are sent again)
         self.frames = frames   # the bytearray its requests were encoded in
         self.size = 0 if frames is None else len(frames)
@@ -274,19 +276,6 @@ class _Copy:
             self.next_index = index + 1
         self.rejected[index] = Rejected(index, row, reason, applied, error)
 
-    def add(self, key, index, row):
-        self.next_index = index + 1
-        pending = self.pending.get(key)
-        if pending is None:
-            pending = self.pending[key] = ([], [])
-        pending[0].append(index)
-        pending[1].append(row)
-        if len(pending[0]) >= self.batch:
-            del self.pending[key]
-            self.send_or_retry(key, *pending)
-            while self.full():
-                self.settle(self.inflight.popleft())
-
     def full(self):
         """Too much in flight: settle the oldest batch before reading on."""
         return self.in_flight_rows > self.max_in_flight or self.in_flight_bytes > WINDOW_BYTES
@@ -296,12 +285,7 @@ class _Copy:
         row the packer cannot encode is rejected on its own, a batch the
         connection could not take holds its error in each row's place."""
         check_process(self.token)
-        if self.suspect:
-            # (bounded: a connection waiting for an announced restart waits long)
-            with gevent.Timeout(self.retry_timeout, RequestTimeout(
-                    "no answer to a ping within %ss" % self.retry_timeout)):
-                self.dest.ping(key)
-            self.suspect = False
+        self.check_destination(key)
         p = self.dest.pipeline(key)
         encoder = p._encoder
         if encoder is None:   # (never connected: a pipeline's first send connects it)
@@ -333,6 +317,15 @@ class _Copy:
         self.in_flight_rows += len(indices)
         self.in_flight_bytes += batch.size
         return batch
+
+    def check_destination(self, key):
+        """After a failure (or at the start), a ping before the next batch."""
+        if self.suspect:
+            # (bounded: a connection waiting for an announced restart waits long)
+            with gevent.Timeout(self.retry_timeout, RequestTimeout(
+                    "no answer to a ping within %ss" % self.retry_timeout)):
+                self.dest.ping(key)
+            self.suspect = False
 
     def encodable(self, encoder, prefix, suffix, indices, rows):
         """(indices, rows) of the rows the packer encodes; the others rejected."""
@@ -414,9 +407,9 @@ class _Copy:
             last = last2 or last
 
     def drain(self):
-        for key, (indices, rows) in list(self.pending.items()):
+        for key, pending in list(self.pending.items()):
             del self.pending[key]
-            self.send_or_retry(key, indices, rows)
+            self.send_or_retry(key, *pending)
         while self.inflight:
             self.settle(self.inflight[0])
             self.inflight.popleft()
@@ -432,7 +425,7 @@ class _Copy:
         unsettled = [b.indices[0] for b in self.inflight if b.indices]
         # a row that may have been written is not known written: a resume sends it again
         unsettled += [r.position for r in report.rejected if r.applied is None][:1]
-        unsettled += [indices[0] for indices, _ in self.pending.values() if indices]
+        unsettled += [pending[0][0] for pending in self.pending.values() if pending[0]]
         end = self.next_index
         report.settled = (min(unsettled) if unsettled else end) - self.first
         return report
@@ -465,7 +458,10 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     :param target: a :class:`gtarantool.Connection`, a
         :class:`gtarantool.ConnectionPool` (its read-write instance) or a
         :class:`gtarantool.Router` made with ``fetch_schema=True`` (rows
-        grouped per replica set by bucket, written on its master directly).
+        grouped per replica set by bucket, each batch one EVAL on its master
+        that writes under vshard's bucket references: the user needs
+        ``execute`` on ``universe``; a row refused for its bucket is routed
+        again).
     :param space: the space's name or id.
     :param rows: tuples or lists of the space's fields, or dicts by field name.
     :param mode: ``insert`` (a taken key rejects the row), ``replace``, or
@@ -480,14 +476,17 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     :param bucket_field: (Router) the field holding the bucket id (default:
         the field named ``bucket_id``).
     :param retry_timeout: seconds to keep sending rows proven not applied (a
-        read-only or loading master, a connection being re-established).
+        read-only or loading master, a connection being re-established, a
+        bucket that moved or is moving: such a row is then rejected with
+        ``applied`` False).
     :param first: the index the first row is counted as (in ``Rejected.position``).
     :param info: the space's :class:`SpaceInfo`, when the caller read it already.
     :returns: a :class:`CopyReport`.
     :raises ValueError: an unknown mode, space or field, or bucket options
         that do not fit the target.
     :raises CopyError: rows could not be written for ``retry_timeout`` (its
-        ``report.settled`` says how many rows to skip to resume).
+        ``report.settled`` says how many rows to skip to resume), or a
+        Router's storage refused the EVAL for lack of privilege.
     :raises gtarantool.ConnectionClosed: ``CopiedCall`` (``applied`` False):
         this is a forked child's copy of a copy the parent began; the
         parent's goes on, nothing more is sent here.
@@ -500,7 +499,11 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     dest = _Destination.of(target)
     info = info or space_info(target, space)
     plan = _bucket_plan(dest, info, bucket_id, bucket_field)
-    run = _Copy(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
+    if plan is None:
+        kind = _Copy
+    else:
+        from gtarantool.copy.routed import RoutedCopy as kind
+    run = kind(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
     names = [f.name for f in info.fields]
     try:
         if plan is None:
@@ -553,11 +556,11 @@ def _copy_routed(run, rows, names, first, plan):
         if row is None:
             continue
         try:
-            row, key = _route(router, plan, row)
+            row, bucket, key = _route(router, plan, row)
         except (ValueError, TypeError, IndexError, DatabaseError) as exc:
             run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
             continue
-        run.add(key, index, row)
+        run.add(key, index, row, bucket)
 
 
 def _normalise(run, index, row, names):
@@ -594,7 +597,7 @@ def _route(router, plan, row):
             row = row[:field_no] + (bid,) + row[field_no + 1:]
     else:
         bid = row[field_no]
-    return row, router.route(bid)
+    return row, bid, router.route(bid)
 
 
 def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,

@@ -381,6 +381,19 @@ class Router:
                 if routes[bucket_id] is not rs:
                     self._set(bucket_id, rs)
 
+    def _moved(self, bucket_id, rs, refused):
+        """Correct the map after ``rs`` refused ``bucket_id`` as moved (a ShardingError
+        in MOVED): the bucket is forgotten, or set to the replica set the refusal
+        names as its destination.  Returns that replica set, or None (a search
+        finds the bucket when it is asked for next)."""
+        self._reset(bucket_id)
+        dest = self._destinations.get(refused.details.get("destination"))
+        if dest is not None and dest is not rs:
+            self._set(bucket_id, dest)
+        monitoring.emit(monitoring.BucketMapCorrectedEvent, rs.name, bucket_id=bucket_id,
+                        to=dest.name if dest else "", code=refused.code)
+        return dest
+
     def discovery_wakeup(self) -> None:
         """Run every replica set's discovery now rather than at its next period."""
         wakeup, self._wakeup = self._wakeup, gevent.event.Event()
@@ -995,13 +1008,8 @@ class _Call:
             if rs.pick(self.kind, self.tried) is not None:
                 return pause   # the next replica, then the master
         if code in MOVED:
-            router._reset(self.bucket_id)
             self.tried = None
-            dest = router._destinations.get(refused.details.get("destination"))
-            if dest is not None and dest is not rs:
-                router._set(self.bucket_id, dest)
-            monitoring.emit(monitoring.BucketMapCorrectedEvent, rs.name,
-                            bucket_id=self.bucket_id, to=dest.name if dest else "", code=code)
+            dest = router._moved(self.bucket_id, rs, refused)
             # The first redirect goes at once; a bucket still moving is
             # asked again after a growing pause.
             return _pause(pause) if pause or dest is None else 0.001

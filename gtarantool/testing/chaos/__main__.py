@@ -89,8 +89,8 @@ def main(argv=None):
     p.add_argument("--server", help="the tarantool binary (default: $TARANTOOL, or PATH's)")
     p.add_argument("--verbose", action="store_true", help="print every schedule")
     p.add_argument("--unsafe", action="store_true",
-                   help="run the operations a target is known to get wrong too (router: "
-                        "write_copy during bucket moves)")
+                   help="run the operations a target lists as known to get wrong too "
+                        "(Target.unsafe)")
     args = p.parse_args(argv)
     # (the library logs every failed reconnect; faults make many, the summary says enough)
     logging.getLogger("gtarantool").setLevel(logging.ERROR)

@@ -388,10 +388,6 @@ class RouterTarget(Target):
     """Two vshard replica sets of two storages behind a Router."""
     name = "router"
     BUCKETS = BUCKETS
-    # copy_from writes rows on the master its route names, outside vshard's
-    # bucket references: a row sent while its bucket moves may stay where the
-    # bucket no longer is (docs/copy.rst)
-    unsafe = ("write_copy",)
 
     def start(self):
         from gtarantool.testing.cluster import ShardedCluster
