@@ -927,6 +927,9 @@ class _Call:
     def send(self, rs):
         """(data, None) or (None, the error) of one send; (None, None) when no
         instance fits (the reason in ``last``)."""
+        # Checked here too, not only at the top of run: the search for the
+        # bucket yields, and its result may wake a forked child's copy.
+        check_process(self.token)
         # in_flight stays set when the call's timer interrupts the send.
         self.in_flight = True
         try:
