@@ -378,6 +378,58 @@ def test_a_write_waiting_for_a_bucket_search_is_sent_once_across_a_fork(cluster)
         router.close()
 
 
+COUNT_REFS = """
+refs_made = 0
+local call = vshard.storage._call
+counted_call = counted_call or call
+vshard.storage._call = function(name, ...)
+    if name == 'storage_ref_make_with_buckets' then refs_made = refs_made + 1 end
+    return counted_call(name, ...)
+end
+"""
+
+
+@needs_vshard
+def test_map_callrw_waiting_for_a_bucket_search_refs_nothing_from_a_fork(cluster):
+    """A partial map_callrw waits for the search of its unknown bucket when the
+    process forks: the child's copy of the call ends with CopiedCall before
+    it refs anything; only the parent's refs and map are sent."""
+    shard = cluster.shards[0]
+    bucket_id = bucket_of(cluster, 0, nth=3)
+    router = open_router(cluster, discovery_mode="off")
+    cluster.eval(shard.master, COUNT_REFS)
+    try:
+        call = gevent.spawn(router.map_callrw, "kv_count", timeout=5, bucket_ids=[bucket_id])
+        gevent.sleep(0)   # the call starts, spawns the search and waits for it
+        assert not call.ready() and router._searches.get(bucket_id) is not None
+        r, w = os.pipe()
+        pid = gevent.fork()
+        if pid == 0:
+            gevent.get_hub().exception_stream = None
+            try:
+                call.join(timeout=4)   # the child's hub runs: its copy of the call too
+                exc = call.exception
+                os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
+                                       if exc is not None else ["ok"]).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            assert list(call.get(timeout=10)) == [shard.uuid]
+        finally:
+            with gevent.Timeout(10):
+                gevent.os.waitpid(pid, 0)   # (gevent.fork's child watcher reaps it)
+        gevent.os.make_nonblocking(r)
+        with gevent.Timeout(5):
+            child = json.loads(gevent.os.nb_read(r, 4096).decode())
+        os.close(r)
+        assert child == ["CopiedCall", False], child
+        assert cluster.eval(shard.master, "return refs_made")[0] == 1
+    finally:
+        cluster.eval(shard.master, "vshard.storage._call = counted_call")
+        router.close()
+
+
 @needs_vshard
 def test_map_callrw_over_some_buckets_runs_on_their_replicasets_only(cluster, router):
     bucket_id = bucket_of(cluster, 1)

@@ -663,7 +663,8 @@ class Router:
             if bucket_ids is None:
                 replicasets = list(self.replicasets.values())
                 sent.extend(replicasets)
-                counts = self._each(replicasets, deadline, "ref", "storage_ref", rid, timeout)
+                counts = self._each(replicasets, deadline, token, "ref", "storage_ref", rid,
+                                    timeout)
                 total = sum(counts.values())
                 if total != self.bucket_count:
                     raise ShardingError(UNKNOWN_BUCKETS, "%d buckets are not discovered"
@@ -674,7 +675,7 @@ class Router:
                                                  token)
             check_process(token)   # (the refs were the parent's: no map from a child)
             mapped = True
-            results = self._each(replicasets, deadline, "map", "storage_map", rid, func,
+            results = self._each(replicasets, deadline, token, "map", "storage_map", rid, func,
                                  list(args))
             return {rs_id: [value] for rs_id, value in results.items() if value is not None}
         except Exception as exc:
@@ -684,7 +685,7 @@ class Router:
                 # Released in the background (owned by the router), so the rebalancer
                 # need not wait for the refs' timeout, nor the caller for the unrefs.
                 self._tasks.spawn(self._each, list(sent), time.monotonic() + max(timeout, 1.0),
-                                  "unref", "storage_unref", rid, quiet=True)
+                                  token, "unref", "storage_unref", rid, quiet=True)
             raise
 
     def _ref_buckets(self, rid, bucket_ids, deadline, timeout, sent, token):
@@ -705,12 +706,14 @@ class Router:
             sent.extend(rs for rs in fresh if rs not in sent)
             answers = {}
             if fresh:
-                answers.update(self._each(fresh, deadline, "ref", "storage_ref_make_with_buckets",
-                                          rid, timeout, by_rs, per_rs=True))
+                answers.update(self._each(fresh, deadline, token, "ref",
+                                          "storage_ref_make_with_buckets", rid, timeout, by_rs,
+                                          per_rs=True))
             old = [rs for rs in targets if rs in refs]
             if old:
-                answers.update(self._each(old, deadline, "ref", "storage_ref_check_with_buckets",
-                                          rid, by_rs, per_rs=True))
+                answers.update(self._each(old, deadline, token, "ref",
+                                          "storage_ref_check_with_buckets", rid, by_rs,
+                                          per_rs=True))
             pending = []
             for rs in targets:
                 answer = answers.get(rs.id) or {}
@@ -728,13 +731,16 @@ class Router:
                 raise _map_timeout("the buckets kept moving")
         return list(refs)
 
-    def _each(self, replicasets, deadline, stage, *call, quiet=False, per_rs=False):
+    def _each(self, replicasets, deadline, token, stage, *call, quiet=False, per_rs=False):
         """``vshard.storage._call(*call)`` on every master in parallel; {id: value}.
-        With ``per_rs``, the last argument is {replica set: its own last argument}."""
+        With ``per_rs``, the last argument is {replica set: its own last argument}.
+        ``token``: the caller's ``process_token()``; nothing is sent in another process."""
         def one(rs):
             # Errors are returned, not raised: the caller raises the first one.
             args = call[:-1] + (call[-1][rs],) if per_rs else call
             try:
+                # (A greenlet spawned before a fork may start in the child.)
+                check_process(token)
                 data = rs.pool.call("vshard.storage._call", *args, mode=RW).data
             except PoolTopologyError:   # refused unsent
                 return ShardingError(UNREACHABLE_MASTER, "Master of replicaset %s is "
