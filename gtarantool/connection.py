@@ -627,7 +627,7 @@ class Connection(RequestMethods, tarantool.Connection):
         if not retries:
             return False
         if isinstance(exc, SchemaReloadException):
-            self._reload_schema(exc.schema_version)
+            self._reload_schema(exc.schema_version, process_token())
             return True
         return stream is None and code is not None and self._graceful.resend(
             self, code, exc, deadline)
@@ -665,9 +665,12 @@ class Connection(RequestMethods, tarantool.Connection):
             if on_push is not None:
                 on_push(push.data, on_push_ctx)
 
-    def _reload_schema(self, version):
-        """Error 109: reload once for everyone, under a lock."""
+    def _reload_schema(self, version, token):
+        """Error 109: reload once for everyone, under a lock.  ``token``: the
+        process of the call that waits (a forked child's copy of it, woken
+        there, reloads and re-sends nothing: CopiedCall)."""
         with self._schema_lock:
+            check_process(token)
             if self.schema is None or self.schema_version == version:
                 self.schema_version = version
                 return

@@ -243,6 +243,59 @@ def test_forked_child_never_reads_the_parents_replies(server, fork):
         conn.close()
 
 
+@pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
+def test_a_write_waiting_for_a_schema_reload_is_not_sent_from_a_forked_child(server, fork):
+    """A write refused for a schema change (error 109) waits for the reload
+    another greenlet is making; the process forks meanwhile.  The child's copy
+    of that write sends nothing when the reload ends there (CopiedCall); the
+    parent's is applied, once."""
+    import tarantool
+
+    from gtarantool.transport import CopiedCall
+    admin = tarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    key = "fork-109-%d" % os.getpid()
+    try:
+        conn.ping()
+        conn.select("kv", key)                     # the schema is loaded
+        admin.delete("kv", key)
+        admin.eval("box.schema.space.create('fork_109', {if_not_exists = true})")
+        conn._schema_lock.acquire()                # a reload in progress
+        call = gevent.spawn(conn.upsert, "kv", (key, 1), [("+", 1, 1)])
+        gevent.sleep(0.2)                          # refused with 109, it waits for the lock
+        assert not call.ready()
+        r, w = os.pipe()
+        pid = FORKS[fork]()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                gevent.get_hub().exception_stream = None
+                conn._schema_lock.release()        # the reload ends here too
+                call.join(5)
+                if not isinstance(call.exception, CopiedCall):
+                    code |= 1                      # the copy went on with the parent's write
+                os.write(w, bytes([code]))
+            finally:
+                os._exit(0)
+        os.close(w)
+        gevent.os.make_nonblocking(r)
+        with Timeout(10):
+            got = gevent.os.nb_read(r, 1)          # the child is done before the parent goes on
+        os.close(r)
+        os.waitpid(pid, 0)
+        conn._schema_lock.release()
+        with Timeout(10):
+            call.get()
+        assert got == b"\x00", "child outcome flags %r" % (got,)
+        assert admin.select("kv", key).data == [[key, 1]]
+    finally:
+        admin.eval("if box.space.fork_109 then box.space.fork_109:drop() end")
+        admin.close()
+        conn.close()
+
+
 def _in_process(conn, results):
     key = "mp-%d" % os.getpid()
     try:
