@@ -103,8 +103,8 @@ def test_locust_outputs_hold_no_password(server, tmp_path, password_file):
     its HTML report shows the host without it; the users still authenticate."""
     out = tmp_path / "run"
     code, printed = run(["-m", "bench.locust_run", "--host", "%s:%s" % (server.host, server.port),
-                         "--user", USER, "--password-file", password_file, "-u", "4", "-p", "1",
-                         "-t", "2s", "--out", str(out)])
+                         "--user", USER, "--password-file", password_file, "-u", "4", "-p", "4",
+                         "-t", "3s", "--out", str(out)])
     assert SECRET.encode() not in printed
     assert holding_secret(str(out)) == []
     report = json.loads((out / "bench-report.json").read_text())
