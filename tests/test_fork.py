@@ -200,6 +200,32 @@ def test_pool_serves_parent_and_forked_child_at_once(replicaset, fork):
         pool.close()
 
 
+def _fork_running(fork, body):
+    """Fork (``FORKS[fork]``); the child runs ``body()``, which returns its
+    outcome flags (0: all as it should be), sends them and exits.  Returns a
+    function that waits for the flags (one byte) and reaps the child."""
+    r, w = os.pipe()
+    pid = FORKS[fork]()
+    if pid == 0:
+        try:
+            os.close(r)
+            gevent.get_hub().exception_stream = None
+            os.write(w, bytes([body()]))
+        finally:
+            os._exit(0)
+    os.close(w)
+
+    def flags():
+        gevent.os.make_nonblocking(r)
+        try:
+            with Timeout(10):
+                return gevent.os.nb_read(r, 1)
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+    return flags
+
+
 @pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
 def test_forked_child_never_reads_the_parents_replies(server, fork):
     """The child's copy of the reader stays off the parent's stream even when the
@@ -211,31 +237,20 @@ def test_forked_child_never_reads_the_parents_replies(server, fork):
         conn.ping()
         calls = [gevent.spawn(conn.call, "sleep_and_return", 0.3, i) for i in range(10)]
         gevent.sleep(0.05)   # the ten requests are in flight at the fork
-        r, w = os.pipe()
-        pid = FORKS[fork]()
-        if pid == 0:
+        def child():
             code = 0
-            try:
-                os.close(r)
-                gevent.get_hub().exception_stream = None
-                gevent.sleep(0.6)   # the replies come meanwhile: the copied reader may run
-                if any(c.ready() and c.successful() for c in calls):
-                    code |= 1       # a copy of the parent's caller got a reply here
-                if conn.call("echo", "child").data != ["child"]:
-                    code |= 2
-                conn.close()
-                os.write(w, bytes([code]))
-            finally:
-                os._exit(0)
-        os.close(w)
+            gevent.sleep(0.6)   # the replies come meanwhile: the copied reader may run
+            if any(c.ready() and c.successful() for c in calls):
+                code |= 1       # a copy of the parent's caller got a reply here
+            if conn.call("echo", "child").data != ["child"]:
+                code |= 2
+            conn.close()
+            return code
+        flags = _fork_running(fork, child)
         with Timeout(10):
             gevent.joinall(calls, raise_error=True)
         assert [c.value.data for c in calls] == [[i] for i in range(10)]
-        gevent.os.make_nonblocking(r)
-        with Timeout(10):
-            got = gevent.os.nb_read(r, 1)
-        os.close(r)
-        os.waitpid(pid, 0)
+        got = flags()
         assert got == b"\x00", "child outcome flags %r" % (got,)
         assert conn.call("echo", "parent").data == ["parent"]
         assert conn.stats.reconnects == 0
@@ -265,26 +280,12 @@ def test_a_write_waiting_for_a_schema_reload_is_not_sent_from_a_forked_child(ser
         call = gevent.spawn(conn.upsert, "kv", (key, 1), [("+", 1, 1)])
         gevent.sleep(0.2)                          # refused with 109, it waits for the lock
         assert not call.ready()
-        r, w = os.pipe()
-        pid = FORKS[fork]()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(r)
-                gevent.get_hub().exception_stream = None
-                conn._schema_lock.release()        # the reload ends here too
-                call.join(5)
-                if not isinstance(call.exception, CopiedCall):
-                    code |= 1                      # the copy went on with the parent's write
-                os.write(w, bytes([code]))
-            finally:
-                os._exit(0)
-        os.close(w)
-        gevent.os.make_nonblocking(r)
-        with Timeout(10):
-            got = gevent.os.nb_read(r, 1)          # the child is done before the parent goes on
-        os.close(r)
-        os.waitpid(pid, 0)
+        def child():
+            conn._schema_lock.release()            # the reload ends here too
+            call.join(5)
+            # 1: the copy went on with the parent's write
+            return 0 if isinstance(call.exception, CopiedCall) else 1
+        got = _fork_running(fork, child)()         # the child is done before the parent goes on
         conn._schema_lock.release()
         with Timeout(10):
             call.get()

@@ -331,6 +331,35 @@ def test_a_write_waiting_for_a_master_is_sent_once_across_a_fork(cluster):
         router.close()
 
 
+def _fork_while_waiting(glet):
+    """Fork while ``glet`` (a call) waits; the child's hub runs its copy of it
+    and reports how the copy ended.  Returns a function that reaps the child
+    and gives that report: ``[exception class name, its applied]`` or ``["ok"]``."""
+    r, w = os.pipe()
+    pid = gevent.fork()
+    if pid == 0:
+        gevent.get_hub().exception_stream = None
+        try:
+            glet.join(timeout=4)
+            exc = glet.exception
+            os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
+                                   if exc is not None else ["ok"]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+
+    def report():
+        try:
+            with gevent.Timeout(10):
+                gevent.os.waitpid(pid, 0)   # (gevent.fork's child watcher reaps it)
+            gevent.os.make_nonblocking(r)
+            with gevent.Timeout(5):
+                return json.loads(gevent.os.nb_read(r, 4096).decode())
+        finally:
+            os.close(r)
+    return report
+
+
 @needs_vshard
 def test_a_write_waiting_for_a_bucket_search_is_sent_once_across_a_fork(cluster):
     """A callrw waits for the search of its unknown bucket when the process
@@ -348,28 +377,12 @@ def test_a_write_waiting_for_a_bucket_search_is_sent_once_across_a_fork(cluster)
                              timeout=5)
         gevent.sleep(0)   # the call starts, spawns the search and waits for it
         assert not write.ready() and router._searches.get(bucket_id) is not None
-        r, w = os.pipe()
-        pid = gevent.fork()
-        if pid == 0:
-            gevent.get_hub().exception_stream = None
-            try:
-                write.join(timeout=4)   # the child's hub runs: its copy of the call too
-                exc = write.exception
-                os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
-                                       if exc is not None else ["ok"]).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
+        child = _fork_while_waiting(write)
         try:
             assert write.get(timeout=10) == shard.uuid
         finally:
-            with gevent.Timeout(10):
-                gevent.os.waitpid(pid, 0)   # (gevent.fork's child watcher reaps it)
-        gevent.os.make_nonblocking(r)
-        with gevent.Timeout(5):
-            child = json.loads(gevent.os.nb_read(r, 4096).decode())
-        os.close(r)
-        assert child == ["CopiedCall", False], child
+            copy = child()
+        assert copy == ["CopiedCall", False], copy
         got = row(cluster, key)
         assert got is not None and got[2] == "once"
         # (kv_put counts every run, a second one failing on the key included.)
@@ -402,28 +415,12 @@ def test_map_callrw_waiting_for_a_bucket_search_refs_nothing_from_a_fork(cluster
         call = gevent.spawn(router.map_callrw, "kv_count", timeout=5, bucket_ids=[bucket_id])
         gevent.sleep(0)   # the call starts, spawns the search and waits for it
         assert not call.ready() and router._searches.get(bucket_id) is not None
-        r, w = os.pipe()
-        pid = gevent.fork()
-        if pid == 0:
-            gevent.get_hub().exception_stream = None
-            try:
-                call.join(timeout=4)   # the child's hub runs: its copy of the call too
-                exc = call.exception
-                os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
-                                       if exc is not None else ["ok"]).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
+        child = _fork_while_waiting(call)
         try:
             assert list(call.get(timeout=10)) == [shard.uuid]
         finally:
-            with gevent.Timeout(10):
-                gevent.os.waitpid(pid, 0)   # (gevent.fork's child watcher reaps it)
-        gevent.os.make_nonblocking(r)
-        with gevent.Timeout(5):
-            child = json.loads(gevent.os.nb_read(r, 4096).decode())
-        os.close(r)
-        assert child == ["CopiedCall", False], child
+            copy = child()
+        assert copy == ["CopiedCall", False], copy
         assert cluster.eval(shard.master, "return refs_made")[0] == 1
     finally:
         cluster.eval(shard.master, "vshard.storage._call = counted_call")

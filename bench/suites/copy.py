@@ -177,33 +177,33 @@ def run_pipeline(conn, space, rows):
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def run_pipeline_select(conn, space, keys):
+def _selects_per_pipeline(conn, space, keys, queue):
+    """``queue(p, space, keys)`` of WINDOW keys a pipeline, each reply's rows read."""
     cpu, wall = time.process_time(), time.perf_counter()
     found = 0
     for start in range(0, len(keys), WINDOW):
         with conn.pipeline() as p:
-            for key in keys[start:start + WINDOW]:
-                p.select(space, key)
+            queue(p, space, keys[start:start + WINDOW])
         for reply in p.results():
             if isinstance(reply, Exception):
                 raise reply
             found += len(reply.data)
     assert found == len(keys), (found, len(keys))
     return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def _select_each(p, space, keys):
+    for key in keys:
+        p.select(space, key)
+
+
+def run_pipeline_select(conn, space, keys):
+    return _selects_per_pipeline(conn, space, keys, _select_each)
 
 
 def run_select_many(conn, space, keys):
-    cpu, wall = time.process_time(), time.perf_counter()
-    found = 0
-    for start in range(0, len(keys), WINDOW):
-        with conn.pipeline() as p:
-            p.select_many(space, keys[start:start + WINDOW])
-        for reply in p.results():
-            if isinstance(reply, Exception):
-                raise reply
-            found += len(reply.data)
-    assert found == len(keys), (found, len(keys))
-    return time.process_time() - cpu, time.perf_counter() - wall
+    return _selects_per_pipeline(conn, space, keys, lambda p, space, keys:
+                                 p.select_many(space, keys))
 
 
 def run_copy(conn, space, rows):

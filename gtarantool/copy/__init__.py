@@ -280,17 +280,21 @@ class _Copy:
         """Too much in flight: settle the oldest batch before reading on."""
         return self.in_flight_rows > self.max_in_flight or self.in_flight_bytes > WINDOW_BYTES
 
+    def open_pipeline(self, key):
+        """(a new pipeline to ``key``'s destination, its encoder), in the
+        process the copy started in."""
+        check_process(self.token)
+        self.check_destination(key)
+        p = self.dest.pipeline(key)
+        if p._encoder is None:   # (never connected: a pipeline's first send connects it)
+            p._conn._ensure_connected()
+        return p, p._encoder
+
     def send(self, key, indices, rows):
         """Encode ``rows`` in one piece and queue them on a new pipeline: a
         row the packer cannot encode is rejected on its own, a batch the
         connection could not take holds its error in each row's place."""
-        check_process(self.token)
-        self.check_destination(key)
-        p = self.dest.pipeline(key)
-        encoder = p._encoder
-        if encoder is None:   # (never connected: a pipeline's first send connects it)
-            p._conn._ensure_connected()
-            encoder = p._encoder
+        p, encoder = self.open_pipeline(key)
         code, rest = self.code, self.rest
         prefix, suffix = encoder.batch_parts(code, self.space_id)
         first = p.take_syncs(len(rows))

@@ -125,13 +125,7 @@ class RoutedCopy(_Copy):
 
     def send(self, key, indices, rows, buckets):
         """One EVAL with the rows the packer encodes (the others rejected)."""
-        check_process(self.token)
-        self.check_destination(key)
-        p = self.dest.pipeline(key)
-        encoder = p._encoder
-        if encoder is None:   # (never connected: a pipeline's first send connects it)
-            p._conn._ensure_connected()
-            encoder = p._encoder
+        p, encoder = self.open_pipeline(key)
         prefix = self.prefixes.get(encoder)
         if prefix is None:
             prefix = self.prefixes[encoder] = encoder.prefix(
