@@ -1186,7 +1186,7 @@ convert_lines(PyObject *module, PyObject *args)
     Py_buffer buffer = {NULL, NULL};
     const char *q, *sep, *at, *end;
     Py_ssize_t qn, sepn, n, k;
-    int plain;              /* no quote and no carriage return in the data */
+    int quotes, returns;    /* a quote, a carriage return somewhere in the data */
 
     if (!PyArg_ParseTuple(args, "OOOOOOO:convert_lines", &data, &n_obj, &delimiter, &quote,
                           &null, &width, &plan))
@@ -1220,7 +1220,8 @@ convert_lines(PyObject *module, PyObject *args)
     }
     at = (const char *)buffer.buf;
     end = at + buffer.len;
-    plain = find(at, end, q, qn) == NULL && memchr(at, '\r', end - at) == NULL;
+    quotes = find(at, end, q, qn) != NULL;
+    returns = memchr(at, '\r', end - at) != NULL;
     /* (n items, each set below or the list dropped: not n lines) */
     out = PyList_New(n);
     if (out == NULL)
@@ -1234,8 +1235,10 @@ convert_lines(PyObject *module, PyObject *args)
         const char *nl = memchr(at, '\n', end - at), *line_end = nl ? nl : end;
         Py_ssize_t i = -1;
         PyObject *row;
-        if (line_end != at && (plain || memchr(at, '\r', line_end - at) == NULL))
-            i = split_line(at, line_end, sep, sepn, q, qn, !plain, s.fields, s.sizes, p.ncols);
+        if (returns && line_end != at && line_end[-1] == '\r')
+            line_end--;   /* a CRLF line end: the record ends before it, as in the csv module */
+        if (line_end != at && (!returns || memchr(at, '\r', line_end - at) == NULL))
+            i = split_line(at, line_end, sep, sepn, q, qn, quotes, s.fields, s.sizes, p.ncols);
         if (i != p.ncols)
             row = Py_NewRef(Py_None);
         else

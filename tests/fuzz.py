@@ -487,7 +487,9 @@ def convert_case(rng):
         line = delimiter.join(fields).encode()
         noise = rng.random()
         if noise < 0.03:
-            line += b"\r"
+            line += b"\r"   # a CRLF line end
+        elif noise < 0.045:
+            line = b"\r" + line + b"\r"   # and one that is not
         elif noise < 0.06:
             line = b"\xff" + line
         elif noise < 0.08:

@@ -1,5 +1,6 @@
 """gtarantool.copy: copy_from/copy_to and the command line, against real servers."""
 import base64
+import codecs
 import decimal
 import json
 import os
@@ -174,6 +175,23 @@ def test_skip_and_max_rows_take_a_window(conn, server, tmp_path):
                        "--max-rows", 25, "--chunk", 7, "--procs", 0, *_conn_args(server))
     assert status == 0 and "rows 1-35 settled" in out
     assert [t[0] for t in conn.select("copy_kv").data] == list(range(10, 35))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_byte_order_mark_is_not_part_of_the_first_record(conn, server, tmp_path, fmt):
+    """Spreadsheets save "CSV UTF-8" with a byte order mark and CRLF line ends."""
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / ("in." + fmt)
+    if fmt == "csv":
+        lines = [b"id,name,n\r\n", b"1,caf\xc3\xa9,-1\r\n", b"2,two,2\r\n"]
+    else:
+        lines = [b'{"id": 1, "name": "caf\xc3\xa9", "n": -1}\n',
+                 b'{"id": 2, "name": "two", "n": 2}\n']
+    _write(src, [codecs.BOM_UTF8 + lines[0]] + lines[1:], "wb")
+    status, out = _run("from", src, "--space", "copy_kv", "--format", fmt, "--header",
+                       "--procs", 0, *_conn_args(server))
+    assert status == 0 and "2 rows read, 2 written, 0 rejected" in out, out
+    assert conn.select("copy_kv").data == [[1, "caf\u00e9", -1], [2, "two", 2]]
 
 
 def test_rate_paces_the_import_and_progress_lines_follow_it(conn, server, tmp_path, capsys):
@@ -784,13 +802,15 @@ def test_the_plan_gives_what_row_gives(reader):
              "boolean": ["true", "Off", "y"], "string": ["abc", "é", ""],
              "decimal": ["1.5", "7"], "any": ["[1]", "abc", ""]}
     lines = [",".join(rng.choice(plain[f.type] if rng.random() < 0.9 else texts)
-                      for f in fields).encode() + b"\n" for _ in range(3000)]
+                      for f in fields).encode() + rng.choice([b"\n", b"\n", b"\r\n", b"\r\r\n"])
+             for _ in range(3000)]
     got = conv.line_rows(b"".join(lines), len(lines), ",", '"')
     records = parse(lines, "csv", options)
     parsed = conv.record_rows(records)
     taken = 0
     for line, record, tup, other in zip(lines, records, got, parsed):
-        if b'"' not in line:   # (a quoted line is the csv module's to parse)
+        body = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        if b'"' not in line and b"\r" not in body:   # (else the csv module's to parse)
             assert repr(other) == repr(tup), line
         for t in (tup, other):
             if t is not None:

@@ -16,6 +16,7 @@ known settled from the start, which ``--skip-rows`` skips on a new run.
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import gc
 import json
@@ -604,11 +605,17 @@ def copy_from_file(args: argparse.Namespace) -> int:
 
 
 class _Counted:
-    """The input, counting the bytes read (for the ETA)."""
+    """The input, counting the bytes read (for the ETA), a UTF-8 byte order
+    mark at its start skipped (spreadsheets write one: it is not part of the
+    first record, a header's first name)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.bytes = 0
+        bom = codecs.BOM_UTF8
+        peek = getattr(stream, "peek", None)   # (a file's or stdin's buffered reader)
+        if peek is not None and peek(len(bom))[:len(bom)] == bom:
+            self.bytes = len(stream.read(len(bom)))
 
     def __iter__(self) -> Iterator[bytes]:
         for line in self.stream:

@@ -197,10 +197,12 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
     bytearray or another buffer of them, each line ending with a newline but
     perhaps the last), each split at ``delimiter``.
 
-    A field is either quoted whole (``"a, b"``: no quote inside, the delimiter
-    or the line's end right after) or holds no quote; a line with any other
-    quoting, a carriage return, no text, or bytes that are not UTF-8 gives None
-    (the csv module parses those).
+    A line may end in a carriage return before its newline (CRLF: the record
+    ends before it, as in the csv module).  A field is either quoted whole
+    (``"a, b"``: no quote inside, the delimiter or the line's end right after)
+    or holds no quote; a line with any other quoting, another carriage return,
+    no text, or bytes that are not UTF-8 gives None (the csv module parses
+    those).
 
     :returns: a list of ``n`` items (a tuple or None), or None when ``data``
         does not hold exactly ``n`` lines.
@@ -226,6 +228,8 @@ def convert_lines(data, n, delimiter, quote, null, width, plan):
     out = []
     for line in lines:
         fields = None
+        if line.endswith(b"\r"):
+            line = line[:-1]
         if line and b"\r" not in line:
             try:
                 fields = _split(line.decode("utf-8"), delimiter, quote)
