@@ -4,6 +4,7 @@ import codecs
 import decimal
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -316,6 +317,33 @@ def test_unknown_space_and_mode_are_refused(conn):
         copy_from(conn, "copy_nothing", [(1,)])
     with pytest.raises(ValueError, match="mode"):
         copy_from(conn, "tester", [(1,)], mode="merge")
+
+
+def test_the_command_line_says_why_it_cannot_start(conn, server, tmp_path, capsys):
+    """A missing input, a space or a server that is not there: a line that says
+    so and exit status 1, not a traceback."""
+    status, _ = _run("from", tmp_path / "missing.csv", "--space", "tester", *_conn_args(server))
+    assert status == 1
+    assert "cannot read %s: No such file or directory" % (tmp_path / "missing.csv") \
+        in capsys.readouterr().err
+    src = tmp_path / "in.csv"
+    _write(src, ["1,a\n"])
+    status, out = _run("from", src, "--space", "copy_nothing", "--procs", 0,
+                       *_conn_args(server))
+    assert status == 1 and "no row settled; stopped: cannot start: ValueError: no space" in out
+    status, out = _run("from", src, "--space", "copy_nothing", "--procs", 1,
+                       *_conn_args(server))
+    assert status == 1 and "stopped: cannot start: ValueError: no space" in out, out
+    status, out = _run("to", tmp_path / "out.csv", "--space", "copy_nothing",
+                       *_conn_args(server))
+    assert status == 1 and "0 rows written to %s; stopped: ValueError: no space" \
+        % (tmp_path / "out.csv") in out, out
+    with socket.socket() as free:   # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    status, out = _run("to", tmp_path / "out.csv", "--space", "tester", "--host", "127.0.0.1",
+                       "--port", port, "--user", USER)
+    assert status == 1 and "0 rows written" in out and "stopped: NetworkError" in out, out
 
 
 # -- interrupted imports ------------------------------------------------------------------

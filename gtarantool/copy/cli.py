@@ -417,6 +417,10 @@ def _start_method() -> str:
     return "spawn"
 
 
+class _CannotStart(Exception):
+    """A worker could not start (its error, as the worker said it)."""
+
+
 class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
@@ -444,7 +448,7 @@ class _Pool:
             kind, detail = self._recv(pipe)
             if kind != "ready":
                 self.close()
-                raise RuntimeError(detail)
+                raise _CannotStart(detail)
 
     @staticmethod
     def _recv(pipe: Any) -> Tuple[str, Any]:
@@ -533,7 +537,12 @@ def _open_input(path: str) -> Tuple[Any, Optional[int]]:
 def copy_from_file(args: argparse.Namespace) -> int:
     """The ``from`` command: returns the exit status."""
     started = time.monotonic()
-    stream, total = _open_input(args.file)
+    try:
+        stream, total = _open_input(args.file)
+    except OSError as exc:
+        print("gtarantool-copy: cannot read %s: %s" % (args.file, exc.strerror or exc),
+              file=sys.stderr)
+        return EXIT_FATAL
     counted = _Counted(stream)
     columns, header = _header(counted, args)
     spec = target_spec(args)
@@ -542,9 +551,10 @@ def copy_from_file(args: argparse.Namespace) -> int:
         workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(args.procs, spec,
                                                                            options)
     except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
+        reason = str(exc) if isinstance(exc, _CannotStart) else "%s: %s" % (
+            type(exc).__name__, exc)
         _summary(args, {"rows": 0, "written": 0}, _Errors(None, None),
-                 time.monotonic() - started, args.skip_rows,
-                 ["cannot start: %s: %s" % (type(exc).__name__, exc)])
+                 time.monotonic() - started, args.skip_rows, ["cannot start: " + reason])
         return EXIT_FATAL
     errors = _Errors(args.errors, header)
     progress = Progress(sys.stderr, total, args.progress_interval)
@@ -651,10 +661,11 @@ def _summary(args: argparse.Namespace, totals: Dict[str, int], errors: _Errors,
     rate = totals["written"] / elapsed if elapsed > 0 else 0.0
     where = " (%s)" % args.errors if args.errors and errors.count else ""
     line = ("gtarantool-copy: %s rows read, %s written, %s rejected%s in %.1f s, %s rows/s, "
-            "client CPU %.1f s, peak RSS %d MiB; rows 1-%d settled (written or rejected)"
+            "client CPU %.1f s, peak RSS %d MiB; %s"
             % (format(totals["rows"], ","), format(totals["written"], ","),
                format(errors.count, ","), where, elapsed, format(int(rate), ","), cpu,
-               rss // 1024, resume))
+               rss // 1024, "rows 1-%d settled (written or rejected)" % resume if resume
+               else "no row settled"))
     if fatal:
         line += "; stopped: %s" % (fatal[0],)
     if resume < args.skip_rows + totals["rows"] or fatal:
@@ -666,41 +677,53 @@ def _summary(args: argparse.Namespace, totals: Dict[str, int], errors: _Errors,
 
 def copy_to_file(args: argparse.Namespace) -> int:
     """The ``to`` command: returns the exit status."""
+    started = time.monotonic()
+    count = [0]   # rows written to the file so far
+    said = sys.stderr if args.file == "-" else sys.stdout   # (stdout may be the rows)
+    try:
+        _export(args, count)
+    except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
+        print("gtarantool-copy: %s rows written to %s; stopped: %s: %s"
+              % (format(count[0], ","), args.file, type(exc).__name__, exc),
+              file=said, flush=True)
+        return EXIT_FATAL
+    cpu, _rss = _usage()
+    print("gtarantool-copy: %s rows written to %s in %.1f s, client CPU %.1f s"
+          % (format(count[0], ","), args.file, time.monotonic() - started, cpu),
+          file=said, flush=True)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace, count: List[int]) -> None:
+    """Every row ``args`` selects into ``args.file``; ``count[0]``: rows written."""
     from gtarantool.copy import copy_to, space_info
 
-    started = time.monotonic()
+    key = json.loads(args.key) if args.key is not None else None
     target = open_target(target_spec(args))
     try:
         info = space_info(target, args.space)
         exporter = Exporter(info.fields, args.format, args.null)
-        key = json.loads(args.key) if args.key is not None else None
         out = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8",
                                                        newline="")
-        n = 0
         try:
             tuples = copy_to(target, info.id, index=args.index, key=key,
                              iterator=args.iterator, page=args.batch)
             if args.format == "jsonl":
                 for tup in tuples:
                     out.write(exporter.line(tup))
-                    n += 1
+                    count[0] += 1
             else:
                 writer = csv.writer(out, **dialect(args.format, args.delimiter, args.quote))
                 if args.header:
                     writer.writerow(exporter.header())
                 for tup in tuples:
                     writer.writerow(exporter.record(tup))
-                    n += 1
+                    count[0] += 1
         finally:
             if out is not sys.stdout:
                 out.close()
     finally:
         target.close()
-    cpu, _rss = _usage()
-    print("gtarantool-copy: %s rows written to %s in %.1f s, client CPU %.1f s"
-          % (format(n, ","), args.file, time.monotonic() - started, cpu),
-          file=sys.stderr if args.file == "-" else sys.stdout, flush=True)
-    return EXIT_OK
 
 
 # -- arguments ---------------------------------------------------------------------------------
