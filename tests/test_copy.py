@@ -344,6 +344,16 @@ def test_the_command_line_says_why_it_cannot_start(conn, server, tmp_path, capsy
     status, out = _run("to", tmp_path / "out.csv", "--space", "tester", "--host", "127.0.0.1",
                        "--port", port, "--user", USER)
     assert status == 1 and "0 rows written" in out and "stopped: NetworkError" in out, out
+    status, out = _run("from", src, "--space", "tester", "--password-file", tmp_path / "none",
+                       "--procs", 0, *_conn_args(server))
+    assert status == 1 and "cannot start: FileNotFoundError" in out, out
+    for bad, said in ((["--delimiter", ";;"], "--delimiter must be one character"),
+                      (["--quote", ","], "--delimiter and --quote must differ"),
+                      (["--procs", -1], "--procs must be at least 0, not -1"),
+                      (["--rate", "nan"], "--rate must be positive, not nan")):
+        with pytest.raises(SystemExit, match=said):
+            _run("from", src, "--space", "tester", "--delimiter", ",", *bad,
+                 *_conn_args(server))
 
 
 # -- interrupted imports ------------------------------------------------------------------

@@ -21,6 +21,7 @@ import csv
 import gc
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import resource
 import sys
@@ -545,9 +546,9 @@ def copy_from_file(args: argparse.Namespace) -> int:
         return EXIT_FATAL
     counted = _Counted(stream)
     columns, header = _header(counted, args)
-    spec = target_spec(args)
     options = _options(args, columns)
     try:
+        spec = target_spec(args)
         workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(args.procs, spec,
                                                                            options)
     except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
@@ -786,15 +787,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Refuse (exit status 1, a line that says why) what no import or export can take."""
+    def option(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    positive, at_least_0 = ["batch"], []
+    if args.command == "from":
+        positive += ["chunk", "max_in_flight", "rate", "progress_interval"]
+        at_least_0 += ["procs", "skip_rows", "max_rows", "retry_timeout"]
+    for names, good, what in ((positive, lambda v: v > 0, "positive"),
+                              (at_least_0, lambda v: v >= 0, "at least 0")):
+        for name in names:
+            value = getattr(args, name)
+            if value is not None and not good(value):   # (a NaN is refused too)
+                raise SystemExit("gtarantool-copy: %s must be %s, not %s"
+                                 % (option(name), what, value))
+    for name in ("delimiter", "quote"):
+        value = getattr(args, name)
+        if value is not None and (len(value) != 1 or value in "\r\n"):
+            raise SystemExit("gtarantool-copy: %s must be one character (not a line end), "
+                             "not %r" % (option(name), value))
+    if args.delimiter is not None and args.delimiter == args.quote:
+        raise SystemExit("gtarantool-copy: --delimiter and --quote must differ")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command line; returns the exit status."""
     args = parser().parse_args(argv)
+    _check(args)
     if args.command == "to" and args.index.isdigit():
         args.index = int(args.index)
     if args.command == "from":
-        for name in ("batch", "chunk", "max_in_flight"):
-            if getattr(args, name) < 1:
-                raise SystemExit("--%s must be positive" % name.replace("_", "-"))
         return copy_from_file(args)
     return copy_to_file(args)
 
