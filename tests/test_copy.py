@@ -231,6 +231,8 @@ def test_copy_from_takes_dicts_and_reports_each_refusal(conn):
     assert [(r.position, r.applied) for r in report.rejected] == [(1, False), (2, False),
                                                                    (3, False)]
     assert "Duplicate key" in report.rejected[0].reason
+    assert report.rejected[1].reason == \
+        "no field of the space is named 'nope' (it has id, name, n)"
     assert conn.select("copy_kv").data == [[1, "a"], [3, "c", 3]]
 
 

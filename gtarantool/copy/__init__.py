@@ -575,7 +575,9 @@ def _normalise(run, index, row, names):
     if kind is dict:
         tup = _from_dict(row, names)
         if tup is None:
-            run.reject(index, row, "a key names no field of the space", False)
+            unknown = ", ".join(repr(k) for k in row if k not in names)
+            run.reject(index, row, "no field of the space is named %s (it has %s)"
+                       % (unknown, ", ".join(names) or "no format"), False)
         return tup
     if kind is list:
         return tuple(row)
