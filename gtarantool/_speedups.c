@@ -1056,9 +1056,15 @@ store(PyObject *waiter, PyObject *sync, const Header *h, const unsigned char *bo
     Py_INCREF(sink);
     if (checking && h->code == 0)   /* a success: its code is all that is kept */
         value = Py_NewRef(checked_reply);
-    else
+    else {
         value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
                               (unsigned long long)h->schema, (const char *)body, body_size);
+        /* Two ints and bytes: untracked, as the collector's first pass would
+         * untrack it, so that thousands of them keep the replies dict
+         * untracked too, out of every young collection's scan. */
+        if (value != NULL)
+            PyObject_GC_UnTrack(value);
+    }
     if (value == NULL)
         goto done;
     replies = sink_field((PyObject *)sink, sink->replies, "replies");

@@ -524,6 +524,27 @@ def test_a_checking_sinks_replies_go_to_its_owner_and_a_success_keeps_only_its_c
     assert checking.replies == {} and checking.outstanding == 0
 
 
+def test_a_sinks_replies_are_stored_untracked_and_keep_its_dict_untracked():
+    """A pipeline's replies (two ints and bytes each) are out of the cyclic
+    collector's lists from the start, as its first pass would leave them, so
+    that thousands of them waiting for ``results()`` keep the replies dict out
+    of every young collection's scan."""
+    import gc
+
+    sink = ReplySink()
+    sink.outstanding = 3
+    pending = {7: sink, 8: sink, 9: sink}
+    cutter = _speedups.ReplyCutter(pending, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    data = (_frame_for(7, b"\x81\x30\x91\x92\x01\xa1x")
+            + tarantool_frame(8, b"\x81\x31\xa3dup", code=0x8003) + _frame_for(9))
+    assert cutter.cut(data, 0, len(data), 1 << 20, [])[0] == len(data)
+    assert sink.replies == {7: (0, 1, b"\x81\x30\x91\x92\x01\xa1x"),
+                            8: (0x8003, 1, b"\x81\x31\xa3dup"), 9: (0, 1, b"\x80")}
+    assert not any(gc.is_tracked(v) for v in sink.replies.values())
+    assert not gc.is_tracked(sink.replies)
+
+
 def test_a_checking_sink_whose_owner_is_no_sink_fails_the_cut():
     checking = ReplySink()
     checking.owner = object()
