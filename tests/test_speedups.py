@@ -501,6 +501,17 @@ def test_the_sink_core_and_its_python_twin_hold_the_same_fields():
     assert _speedups.CHECKED == CHECKED
 
 
+# Replies to syncs 7 (a tuple), 8 (an error) and 9 (an empty body).
+THREE_REPLIES = (_frame_for(7, b"\x81\x30\x91\x92\x01\xa1x")
+                 + tarantool_frame(8, b"\x81\x31\xa3dup", code=0x8003) + _frame_for(9))
+
+
+def _cut_three_replies(pending, wake):
+    cutter = _speedups.ReplyCutter(pending, collections.deque(), msgpack.unpackb,
+                                   (True, False, None), Response, ReplySink, _Pushes)
+    return cutter.cut(THREE_REPLIES, 0, len(THREE_REPLIES), 1 << 20, wake)
+
+
 def test_a_checking_sinks_replies_go_to_its_owner_and_a_success_keeps_only_its_code():
     """A reply to a request registered under a checking sink: a success is
     stored as CHECKED in the owner's replies (no tuple, no body bytes), an
@@ -512,12 +523,8 @@ def test_a_checking_sinks_replies_go_to_its_owner_and_a_success_keeps_only_its_c
     checking = ReplySink(owner)
     owner.outstanding = 3
     pending = {7: checking, 8: checking, 9: owner}
-    cutter = _speedups.ReplyCutter(pending, collections.deque(), msgpack.unpackb,
-                                   (True, False, None), Response, ReplySink, _Pushes)
-    data = (_frame_for(7, b"\x81\x30\x91\x92\x01\xa1x")
-            + tarantool_frame(8, b"\x81\x31\xa3dup", code=0x8003) + _frame_for(9))
     wake = []
-    assert cutter.cut(data, 0, len(data), 1 << 20, wake) == (len(data), 2)
+    assert _cut_three_replies(pending, wake) == (len(THREE_REPLIES), 2)
     assert owner.replies == {7: CHECKED, 8: (0x8003, 1, b"\x81\x31\xa3dup"), 9: (0, 1, b"\x80")}
     assert owner.replies[7] is _speedups.CHECKED
     assert wake == [(owner, None)] and owner.outstanding == 0 and not pending
@@ -533,12 +540,7 @@ def test_a_sinks_replies_are_stored_untracked_and_keep_its_dict_untracked():
 
     sink = ReplySink()
     sink.outstanding = 3
-    pending = {7: sink, 8: sink, 9: sink}
-    cutter = _speedups.ReplyCutter(pending, collections.deque(), msgpack.unpackb,
-                                   (True, False, None), Response, ReplySink, _Pushes)
-    data = (_frame_for(7, b"\x81\x30\x91\x92\x01\xa1x")
-            + tarantool_frame(8, b"\x81\x31\xa3dup", code=0x8003) + _frame_for(9))
-    assert cutter.cut(data, 0, len(data), 1 << 20, [])[0] == len(data)
+    assert _cut_three_replies({7: sink, 8: sink, 9: sink}, [])[0] == len(THREE_REPLIES)
     assert sink.replies == {7: (0, 1, b"\x81\x30\x91\x92\x01\xa1x"),
                             8: (0x8003, 1, b"\x81\x31\xa3dup"), 9: (0, 1, b"\x80")}
     assert not any(gc.is_tracked(v) for v in sink.replies.values())
