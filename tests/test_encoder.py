@@ -339,9 +339,9 @@ def test_convert_lines_takes_the_strict_spelling_only():
     plan = ((0, bulk.KIND_UNSIGNED, False, None), (1, bulk.KIND_STRING, False, None),
             (2, bulk.KIND_NUMBER, True, None), (3, bulk.KIND_BOOLEAN, False, None))
     data = ("1,a,2,true\n18446744073709551615,é,1.5e3,Off\n+1,a,2,t\n1,a,,no\n"
-            "1,a, 2,y\n1,\"a\",2,y\n1,a,2\n\n1,a,1e400,f\n1,a,2,yes\n"
+            "1,a, 2,y\n1,\"a\",2,y\n1,a,2\n\n1,a,1e400,f\n1,a,2,yes\r\n"
             "\"1\",\"a,\nb\",\"\",n\n1,\"a\"\"b\",2,y\n1,a\"b,2,y\n1,\"a\"x,2,y\n"
-            "1,\"a,2,y\n1,a,2,y\r").encode()
+            "1,\"a,2,y\n1,a\r,2,y\r").encode()   # (a CRLF line end is taken, another CR not)
     got = compiled.encoder.convert_lines(data, 17, ",", '"', "", 5, plan)
     assert got == bulk.convert_lines(data, 17, ",", '"', "", 5, plan)
     assert got == [(1, "a", 2, True, None), (2**64 - 1, "é", 1500.0, False, None), None,
