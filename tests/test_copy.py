@@ -149,6 +149,24 @@ def test_bad_rows_and_duplicates_go_to_the_errors_file_and_exit_2(conn, server, 
     assert conn.select("copy_kv", 3).data[0][1] == "taken"
 
 
+def test_json_lines_that_are_neither_objects_nor_arrays_are_rejected(conn, server, tmp_path):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    src = tmp_path / "in.jsonl"
+    lines = [b'{"id": 1, "name": "a", "n": 1}\n', b"5\n", b'"text"\n', b"null\n",
+             b'[2, "b", 2]\n', b'{"id": 3,\n']
+    _write(src, lines, "wb")
+    errors = tmp_path / "errors.jsonl"
+    status, out = _run("from", src, "--space", "copy_kv", "--format", "jsonl", "--errors",
+                       errors, "--procs", 0, *_conn_args(server))
+    assert status == 2 and "6 rows read, 2 written, 4 rejected" in out, out
+    assert errors.read_bytes() == b"".join(lines[1:4] + lines[5:])
+    reasons = (tmp_path / "errors.jsonl.reasons").read_text().splitlines()
+    assert reasons[0] == "row 2: a JSON line must be an object (by field name) or an array " \
+        "(by column), not 5"
+    assert reasons[2].endswith("not None")
+    assert conn.select("copy_kv").data == [[1, "a", 1], [2, "b", 2]]
+
+
 def test_chunks_cut_quoted_lines_and_windows_across_blocks(conn, server, tmp_path, reader,
                                                           monkeypatch):
     """Small blocks (the feeder's reads): records spanning lines, --skip-rows and
@@ -349,6 +367,17 @@ def test_the_command_line_says_why_it_cannot_start(conn, server, tmp_path, capsy
     status, out = _run("from", src, "--space", "tester", "--password-file", tmp_path / "none",
                        "--procs", 0, *_conn_args(server))
     assert status == 1 and "cannot start: FileNotFoundError" in out, out
+    status, _ = _run("from", src, "--space", "tester", "--errors", tmp_path / "no" / "e.csv",
+                     *_conn_args(server))
+    assert status == 1
+    assert "cannot write the errors file %s" % (tmp_path / "no" / "e.csv") \
+        in capsys.readouterr().err
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    _write(src, ["id,name,name\n", "1,a,b\n"])
+    status, out = _run("from", src, "--space", "copy_kv", "--header", "--procs", 0,
+                       *_conn_args(server))
+    assert status == 1 and "more than one column is named name" in out, out
+    assert conn.select("copy_kv").data == []
     for bad, said in ((["--delimiter", ";;"], "--delimiter must be one character"),
                       (["--quote", ","], "--delimiter and --quote must differ"),
                       (["--procs", -1], "--procs must be at least 0, not -1"),

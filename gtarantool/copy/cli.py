@@ -365,8 +365,13 @@ class _Errors:
         if self.path is None or not rejected:
             return
         if self.rows is None:
-            self.rows = open(self.path, "wb")
-            self.reasons = open(self.path + ".reasons", "w", encoding="utf-8")
+            rows = open(self.path, "wb")
+            try:
+                self.reasons = open(self.path + ".reasons", "w", encoding="utf-8")
+            except OSError:
+                rows.close()
+                raise
+            self.rows = rows
             if self.header is not None:
                 self.rows.write(self.header)
         for index, raw, reason, applied in rejected:
@@ -544,6 +549,9 @@ def copy_from_file(args: argparse.Namespace) -> int:
         print("gtarantool-copy: cannot read %s: %s" % (args.file, exc.strerror or exc),
               file=sys.stderr)
         return EXIT_FATAL
+    if args.errors is not None and not _writable(args.errors):
+        print("gtarantool-copy: cannot write the errors file %s" % args.errors, file=sys.stderr)
+        return EXIT_FATAL
     counted = _Counted(stream)
     columns, header = _header(counted, args)
     options = _options(args, columns)
@@ -571,7 +579,11 @@ def copy_from_file(args: argparse.Namespace) -> int:
         chunk_no, rows, written, rejected, done, failed, _cpu = detail
         totals["rows"] += rows
         totals["written"] += written
-        errors.add(rejected)
+        try:
+            errors.add(rejected)
+        except OSError as exc:   # (the chunk is not settled: a resume sends it again)
+            fatal.append("cannot write the errors file %s: %s" % (args.errors, exc))
+            return
         settled[chunk_no] = done
         if failed is not None:
             fatal.append(failed)
@@ -613,6 +625,14 @@ def copy_from_file(args: argparse.Namespace) -> int:
     if fatal:
         return EXIT_FATAL
     return EXIT_REJECTED if errors.count else EXIT_OK
+
+
+def _writable(path: str) -> bool:
+    """Whether ``path`` can be created or written (checked before anything starts:
+    the errors file is opened at the first rejected row)."""
+    if os.path.exists(path):
+        return os.path.isfile(path) and os.access(path, os.W_OK)
+    return os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)
 
 
 class _Counted:

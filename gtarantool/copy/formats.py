@@ -252,6 +252,9 @@ class Converter:
         if unknown:
             raise ValueError("no field named %s in the space (it has %s)"
                              % (", ".join(unknown), ", ".join(names)))
+        twice = sorted({c for c in columns if list(columns).count(c) > 1})
+        if twice:
+            raise ValueError("more than one column is named %s" % ", ".join(twice))
         self.columns = list(columns)
         self._slots = [names.index(c) for c in columns]
         missing = [f.name for f in fields if f.name not in columns and not f.nullable]
@@ -321,8 +324,11 @@ class Converter:
         if type(record) is dict:
             record = self._from_object(record)
             null = None
-        else:
+        elif type(record) is list:
             null = self.null
+        else:   # (a JSON line that is a number, a string, true or null)
+            raise BadRow("a JSON line must be an object (by field name) or an array "
+                         "(by column), not %s" % _show(record))
         if len(record) != len(self._plan):
             raise BadRow("%d columns where %d were expected (%s)"
                          % (len(record), len(self._plan), ", ".join(self.columns)))
