@@ -337,6 +337,9 @@ def test_unknown_space_and_mode_are_refused(conn):
         copy_from(conn, "copy_nothing", [(1,)])
     with pytest.raises(ValueError, match="mode"):
         copy_from(conn, "tester", [(1,)], mode="merge")
+    for page in (0, -1, 1.5):   # (a page of 0 read nothing, again and again)
+        with pytest.raises(ValueError, match="page must be a positive int"):
+            next(copy_to(conn, "tester", page=page))
 
 
 def test_the_command_line_says_why_it_cannot_start(conn, server, tmp_path, capsys):

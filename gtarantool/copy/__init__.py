@@ -625,14 +625,16 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     :param key: the start key (None: the whole index).
     :param iterator: ``ALL``/``GE``/``GT``/``LE``/``LT``/``EQ``/``REQ`` (default:
         ``EQ`` with a key, ``ALL`` without).
-    :param page: tuples per select.
+    :param page: tuples per select (at least 1).
     :returns: an iterator of tuples (lists, as the connection decodes them).
-    :raises ValueError: an unknown space or index, or (before 2.11) a
-        BITS or spatial iterator.
+    :raises ValueError: (when iterated) a page below 1, an unknown space or
+        index, or (before 2.11) a BITS or spatial iterator.
     """
     from gtarantool.errors import FeatureNotSupported
     from gtarantool.protocol.codec import iterator_code
 
+    if type(page) is not int or page < 1:   # (a page of 0 would read nothing, forever)
+        raise ValueError("page must be a positive int, not %r" % (page,))
     info = space_info(target, space)
     it = iterator_code(iterator if iterator is not None else ("EQ" if key else "ALL"))
     for open_reader in _Destination.of(target).readers():
