@@ -143,9 +143,15 @@ class Connection(RequestMethods, tarantool.Connection):
                 isinstance(request_timeout, (int, float)) and request_timeout > 0):
             raise ConfigurationError("request_timeout must be a positive number of "
                                      "seconds or None, not %r" % (request_timeout,))
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ConfigurationError("max_in_flight must be a positive integer, not %r"
-                                     % (max_in_flight,))
+        if connection_timeout is not None and not (
+                isinstance(connection_timeout, (int, float)) and connection_timeout > 0):
+            raise ConfigurationError("connection_timeout must be a positive number of "
+                                     "seconds or None, not %r" % (connection_timeout,))
+        for name, value in (("max_in_flight", max_in_flight),
+                            ("max_response_size", max_response_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError("%s must be a positive integer, not %r"
+                                         % (name, value))
         if kwargs.get("transport") == SSL_TRANSPORT:
             raise NotSupportedError("gtarantool does not support transport='ssl'")
         # Our fields first: tarantool.Connection.__init__ may connect.

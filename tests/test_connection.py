@@ -339,11 +339,17 @@ def test_connect_refused_is_network_error():
         gtarantool.connect("127.0.0.1", free_port())
 
 
-def test_bad_options():
-    with pytest.raises(tarantool.error.ConfigurationError):
-        gtarantool.connect("127.0.0.1", 1, request_timeout=-1)
-    with pytest.raises(tarantool.error.ConfigurationError):
-        gtarantool.connect("127.0.0.1", 1, max_in_flight=0)
+@pytest.mark.parametrize("option", [
+    {"request_timeout": -1}, {"request_timeout": 0}, {"max_in_flight": 0},
+    {"max_in_flight": 1.5},
+    # (a socket timeout of 0 is a non-blocking connect: "Operation now in progress")
+    {"connection_timeout": 0}, {"connection_timeout": float("nan")},
+    # (a reply limit of 0 failed the first reply with ProtocolError)
+    {"max_response_size": 0}])
+def test_bad_options(option):
+    name = next(iter(option))
+    with pytest.raises(tarantool.error.ConfigurationError, match=name + " must be a positive"):
+        gtarantool.connect("127.0.0.1", 1, **option)
 
 
 @pytest.mark.timing
