@@ -203,6 +203,17 @@ def parse_size(text):
     return int(text) if text.strip().isdigit() else text.strip()
 
 
+def positive_int(text):
+    """An argparse type: an int of at least 1 (a count of runs, rows, requests)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % (text,))
+    return value
+
+
 def add_arguments(parser, driver=True):
     """Add every run option to ``parser``; ``driver=False`` for ``bench.compare``."""
     d = Config()

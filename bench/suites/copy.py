@@ -50,6 +50,7 @@ import time
 import msgpack
 
 import gtarantool
+from bench.core.config import positive_int
 from gtarantool.copy import copy_from
 from gtarantool.testing.server import TarantoolServer, binary_version
 
@@ -370,8 +371,9 @@ def demo(args):
 def main(argv=None):
     global _STEAL_START
     p = argparse.ArgumentParser(prog="python -m bench.copy", description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=100000, help="rows per run (default 100000)")
-    p.add_argument("--runs", type=int, default=3, help="interleaved runs (default 3)")
+    p.add_argument("--rows", type=positive_int, default=100000,
+                   help="rows per run (default 100000)")
+    p.add_argument("--runs", type=positive_int, default=3, help="interleaved runs (default 3)")
     p.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES),
                    metavar="S,S", help="row shapes: %s (default all)" % ", ".join(SHAPES))
     p.add_argument("--procs", type=int, default=1, help="the command line's worker processes")

@@ -32,7 +32,7 @@ import sys
 import time
 
 from bench import drivers
-from bench.core.config import Config
+from bench.core.config import Config, positive_int
 from bench.core.workloads import Phase
 from bench.suites import perf
 from bench.targets import open_target
@@ -246,12 +246,12 @@ def verdict(m, levels):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="interleaved runs (default 5)")
-    parser.add_argument("--ops", type=int, default=20_000,
+    parser.add_argument("--runs", type=positive_int, default=5, help="interleaved runs (default 5)")
+    parser.add_argument("--ops", type=positive_int, default=20_000,
                         help="requests per phase and run at G > 1 (default %(default)s)")
-    parser.add_argument("--ops-at-1", type=int, default=10_000,
+    parser.add_argument("--ops-at-1", type=positive_int, default=10_000,
                         help="requests per phase and run at G = 1 (default %(default)s)")
-    parser.add_argument("--min-rounds", type=int, default=5,
+    parser.add_argument("--min-rounds", type=positive_int, default=5,
                         help="at least this many requests per greenlet (default %(default)s)")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)),
                         help="concurrency levels (default %(default)s)")
@@ -263,7 +263,10 @@ def main(argv=None):
                         help="server WAL mode (default %(default)s)")
     parser.add_argument("--json", help="write every run and the medians to this file")
     args = parser.parse_args(argv)
-    args.levels = sorted({int(level) for level in args.levels.split(",")})
+    try:
+        args.levels = sorted({positive_int(level) for level in args.levels.split(",")})
+    except argparse.ArgumentTypeError as exc:
+        parser.error("--levels: %s" % exc)
     args.drivers = args.drivers.split(",")
     for name in args.drivers:
         if name not in ("gtarantool", NOLEAD, "asynctnt", "sync") \

@@ -1,5 +1,7 @@
 """python -m bench.copy on a tiny load: every kind of every shape (inserts, selects), the demo."""
-from bench.suites import copy
+import pytest
+
+from bench.suites import copy, sweep
 
 
 def test_bench_copy_prints_every_kind_against_the_raw_socket(capsys):
@@ -26,3 +28,12 @@ def test_the_demo_imports_the_generated_file_and_prints_the_summary(capsys):
     out = capsys.readouterr().out
     assert "3000 rows" in out
     assert "3,000 rows read, 3,000 written, 0 rejected" in out and "peak RSS" in out
+
+
+def test_counts_below_one_are_refused_before_any_server_starts(capsys):
+    for main, argv in ((copy.main, ["--runs", "0"]), (copy.main, ["--rows", "-5"]),
+                       (sweep.main, ["--runs", "0"]), (sweep.main, ["--levels", "0,10"])):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2   # (argparse's usage error)
+        assert "expected a positive integer" in capsys.readouterr().err
