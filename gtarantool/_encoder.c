@@ -23,8 +23,11 @@
  * and use protocol.py's Python join. */
 #error "needs Python 3.11 or later (PyFloat_Pack8)"
 #endif
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #define MAX_DEPTH 64
 #define MAX_PARTS 8
@@ -359,6 +362,244 @@ done:
     return result;
 }
 
+/* -- Gather: a batch whose long values stay where they are ------------------
+ *
+ * encode_batch(..., gather=N) leaves out of the bytes it encodes the contents
+ * of each str or bytes field of a row that is N bytes or longer: their
+ * headers are written, the contents are written from the objects themselves
+ * by writev (pieces of the encoded bytes between them), so that a bulk load
+ * of large rows does not copy each value once more before the kernel does.
+ * A Gather holds an export of the bytearray it was encoded in (which cannot
+ * be resized meanwhile) and a reference to each object whose contents it
+ * sends; str and bytes are immutable.  write(fd) writes what it can from
+ * where it stopped; len() is what is left; tobytes() is the whole, as
+ * encode_batch without gather gives it. */
+
+#ifdef IOV_MAX
+#define GATHER_IOV (IOV_MAX < 1024 ? IOV_MAX : 1024)
+#else
+#define GATHER_IOV 16
+#endif
+
+typedef struct {
+    Py_ssize_t at;              /* where in the encoded bytes its contents go */
+    const char *data;
+    Py_ssize_t size;
+    PyObject *owner;            /* the str or bytes holding them */
+} Piece;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer arena;            /* the encoded bytes (an export of the bytearray) */
+    Piece *pieces;
+    Py_ssize_t npieces;
+    Py_ssize_t total, sent;     /* bytes on the wire; written so far */
+    /* where writing stopped: the next piece not wholly written, the encoded
+     * bytes written, the bytes of that piece written */
+    Py_ssize_t next, arena_at, piece_at;
+} Gather;
+
+/* The rest, from where writing stopped, as at most `max` iovecs. */
+static int
+gather_fill(const Gather *g, struct iovec *iov, int max)
+{
+    char *base = (char *)g->arena.buf;
+    Py_ssize_t k = g->next, a = g->arena_at, off = g->piece_at;
+    int n = 0;
+
+    while (n < max) {
+        if (k < g->npieces) {
+            const Piece *piece = &g->pieces[k];
+            if (a < piece->at) {
+                iov[n].iov_base = base + a;
+                iov[n++].iov_len = (size_t)(piece->at - a);
+                a = piece->at;
+                continue;
+            }
+            iov[n].iov_base = (void *)(piece->data + off);
+            iov[n++].iov_len = (size_t)(piece->size - off);
+            off = 0;
+            k++;
+            continue;
+        }
+        if (a < g->arena.len) {
+            iov[n].iov_base = base + a;
+            iov[n++].iov_len = (size_t)(g->arena.len - a);
+        }
+        break;
+    }
+    return n;
+}
+
+static void
+gather_advance(Gather *g, Py_ssize_t w)
+{
+    g->sent += w;
+    while (w > 0) {
+        if (g->next < g->npieces) {
+            const Piece *piece = &g->pieces[g->next];
+            Py_ssize_t step;
+            if (g->arena_at < piece->at) {
+                step = Py_MIN(w, piece->at - g->arena_at);
+                g->arena_at += step;
+                w -= step;
+                continue;
+            }
+            step = Py_MIN(w, piece->size - g->piece_at);
+            g->piece_at += step;
+            w -= step;
+            if (g->piece_at == piece->size) {
+                g->piece_at = 0;
+                g->next++;
+            }
+            continue;
+        }
+        g->arena_at += w;
+        w = 0;
+    }
+}
+
+static PyObject *
+Gather_write(Gather *self, PyObject *fd_obj)
+{
+    struct iovec iov[GATHER_IOV];
+    int fd = PyObject_AsFileDescriptor(fd_obj), n;
+
+    if (fd < 0)
+        return NULL;
+    n = gather_fill(self, iov, GATHER_IOV);
+    if (n == 0)
+        return PyLong_FromLong(0);
+    for (;;) {
+        ssize_t w = writev(fd, iov, n);
+        if (w >= 0) {
+            gather_advance(self, (Py_ssize_t)w);
+            return PyLong_FromSsize_t((Py_ssize_t)w);
+        }
+        if (errno != EINTR)
+            return PyErr_SetFromErrno(PyExc_OSError);   /* EAGAIN: BlockingIOError */
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+}
+
+static PyObject *
+Gather_tobytes(Gather *self, PyObject *unused)
+{
+    PyObject *result = PyBytes_FromStringAndSize(NULL, self->total);
+    char *p, *base = (char *)self->arena.buf;
+    Py_ssize_t k, a = 0;
+
+    if (result == NULL)
+        return NULL;
+    p = PyBytes_AS_STRING(result);
+    for (k = 0; k < self->npieces; k++) {
+        const Piece *piece = &self->pieces[k];
+        memcpy(p, base + a, piece->at - a);
+        p += piece->at - a;
+        a = piece->at;
+        memcpy(p, piece->data, piece->size);
+        p += piece->size;
+    }
+    memcpy(p, base + a, self->arena.len - a);
+    return result;
+}
+
+static Py_ssize_t
+Gather_length(Gather *self)
+{
+    return self->total - self->sent;
+}
+
+static void
+Gather_dealloc(Gather *self)
+{
+    Py_ssize_t k;
+
+    for (k = 0; k < self->npieces; k++)
+        Py_XDECREF(self->pieces[k].owner);
+    PyMem_Free(self->pieces);
+    if (self->arena.obj != NULL)
+        PyBuffer_Release(&self->arena);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Gather_methods[] = {
+    {"write", (PyCFunction)Gather_write, METH_O,
+     "write(fd) -> int: one writev of what is left (at most 1,024 pieces); raises "
+     "BlockingIOError when the socket takes nothing"},
+    {"tobytes", (PyCFunction)Gather_tobytes, METH_NOARGS,
+     "tobytes() -> bytes: the whole batch, as encode_batch without gather encodes it"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PySequenceMethods Gather_as_sequence = {
+    .sq_length = (lenfunc)Gather_length,
+};
+
+static PyTypeObject GatherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gtarantool._encoder.Gather",
+    .tp_basicsize = sizeof(Gather),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A batch of requests whose long values are written from their objects "
+              "(see _encoder.c); len(): the bytes not written yet.",
+    .tp_dealloc = (destructor)Gather_dealloc,
+    .tp_methods = Gather_methods,
+    .tp_as_sequence = &Gather_as_sequence,
+};
+
+/* Whether `item` (a row's field) is sent from where it is: the size of its
+ * contents, or 0. */
+static Py_ssize_t
+gathered(const BodyEncoder *self, PyObject *item, Py_ssize_t from, const char **data)
+{
+    Py_ssize_t n;
+
+    if (Py_TYPE(item) == &PyUnicode_Type) {
+        *data = utf8(item, &n);   /* (sized() made sure it has one) */
+        return *data != NULL && n >= from ? n : 0;
+    }
+    if (Py_TYPE(item) == &PyBytes_Type && PyBytes_GET_SIZE(item) >= from) {
+        *data = PyBytes_AS_STRING(item);
+        return PyBytes_GET_SIZE(item);
+    }
+    return 0;
+}
+
+/* A row (a list or a tuple sized() accepted) with its long fields' contents
+ * left out, each recorded in g->pieces (with `base` the encoded bytes' start). */
+static unsigned char *
+put_gathered(const BodyEncoder *self, unsigned char *p, PyObject *row, Py_ssize_t from,
+             Gather *g, const unsigned char *base)
+{
+    PyObject **items = PySequence_Fast_ITEMS(row);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(row), i;
+
+    p = put_header(p, n, 0x90, 16, 0, 0xdb);
+    for (i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t size = gathered(self, items[i], from, &data);
+        Piece *piece;
+        if (size == 0) {
+            p = put(self, p, items[i]);
+            continue;
+        }
+        if (Py_TYPE(items[i]) == &PyUnicode_Type)
+            p = put_header(p, size, 0xa0, 32, self->use_bin_type, 0xd9);
+        else if (self->use_bin_type)
+            p = put_header(p, size, 0, 0, 1, 0xc4);
+        else
+            p = put_header(p, size, 0xa0, 32, 0, 0xd9);
+        piece = &g->pieces[g->npieces++];
+        piece->at = p - base;
+        piece->data = data;
+        piece->size = size;
+        piece->owner = Py_NewRef(items[i]);
+    }
+    return p;
+}
+
 /* -- encode_batch: many whole requests in one bytes object ------------------
  *
  * encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None)
@@ -534,15 +775,16 @@ static PyObject *
 BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"code", "prefix", "rows", "first_sync", "suffix", "assign", "out",
-                             NULL};
+                             "gather", NULL};
     int code;
     PyObject *prefix, *rows_arg, *first_obj, *suffix = Py_None, *assign = NULL, *out = Py_None;
     PyObject *rows = NULL, *assign_fast = NULL, *result = NULL;
     PyObject **packed = NULL;
-    Py_ssize_t *sizes = NULL, n = 0, i, total = 0;
+    Py_ssize_t *sizes = NULL, n = 0, i, total = 0, from = 0, left_out = 0, npieces = 0;
     unsigned long long first_sync;
     unsigned char *p;
     Batch b = {0};
+    Gather *g = NULL;
     int declined = 0;
 
     if (self->pack == NULL) {
@@ -550,10 +792,14 @@ BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
                         "BodyEncoder object was not initialised (its __init__ was not called)");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO|OOO:encode_batch", kwlist, &code,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO|OOOn:encode_batch", kwlist, &code,
                                      &prefix, &rows_arg, &first_obj, &suffix,
-                                     &assign, &out))
+                                     &assign, &out, &from))
         return NULL;
+    if (from < 0) {
+        PyErr_SetString(PyExc_ValueError, "encode_batch(): gather must be >= 0");
+        return NULL;
+    }
     if (out != Py_None && !PyByteArray_CheckExact(out)) {
         PyErr_SetString(PyExc_TypeError, "encode_batch(): out must be a bytearray or None");
         return NULL;
@@ -652,6 +898,74 @@ BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
         }
         total += REQUEST_HEADER_SIZE + sizes[i];
     }
+    if (from > 0 && packed == NULL && b.suffix == NULL) {
+        /* the long fields, whose contents a Gather sends from the rows */
+        for (i = 0; i < n; i++) {
+            PyObject *row = PyTuple_GET_ITEM(rows, i), **items;
+            Py_ssize_t k, width;
+            if (!PyList_CheckExact(row) && !PyTuple_CheckExact(row))
+                continue;   /* (a row of another type is encoded as it is) */
+            items = PySequence_Fast_ITEMS(row);
+            width = PySequence_Fast_GET_SIZE(row);
+            for (k = 0; k < width; k++) {
+                const char *data;
+                Py_ssize_t size = gathered(self, items[k], from, &data);
+                left_out += size;
+                npieces += size > 0;
+            }
+        }
+    }
+    if (npieces > 0) {
+        g = PyObject_New(Gather, &GatherType);
+        if (g == NULL)
+            goto done;
+        g->arena.obj = NULL;
+        g->npieces = 0;
+        g->pieces = PyMem_New(Piece, npieces);
+        g->total = total;
+        g->sent = g->next = g->arena_at = g->piece_at = 0;
+        if (g->pieces == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (out == Py_None) {
+            out = PyByteArray_FromStringAndSize(NULL, 0);
+        } else if (((PyByteArrayObject *)out)->ob_exports > 0) {
+            /* (a Gather may still write from it: a resize to the same size
+             * would succeed and overwrite what it has yet to write) */
+            PyErr_SetString(PyExc_BufferError,
+                            "encode_batch(): out is still exported (a batch being written?)");
+            goto done;
+        } else {
+            Py_INCREF(out);
+        }
+        if (out == NULL)
+            goto done;
+        total -= left_out;
+        if (PyByteArray_Resize(out, total) < 0) {
+            Py_DECREF(out);
+            goto done;
+        }
+        p = (unsigned char *)PyByteArray_AS_STRING(out);
+        for (i = 0; i < n; i++) {
+            p = put_request_header(p, sizes[i], b.code, (uint64_t)(first_sync + i));
+            p = put_raw(p, prefix);
+            PyObject *row = PyTuple_GET_ITEM(rows, i);
+            if (PyList_CheckExact(row) || PyTuple_CheckExact(row))
+                p = put_gathered(self, p, row, from, g,
+                                 (unsigned char *)PyByteArray_AS_STRING(out));
+            else
+                p = put(self, p, row);
+        }
+        /* held by the Gather: no resize while it may still write from it */
+        i = PyObject_GetBuffer(out, &g->arena, PyBUF_SIMPLE);
+        Py_DECREF(out);
+        if (i < 0)
+            goto done;
+        result = (PyObject *)g;
+        g = NULL;
+        goto done;
+    }
     if (out == Py_None) {
         result = PyBytes_FromStringAndSize(NULL, total);
         if (result == NULL)
@@ -683,6 +997,7 @@ BodyEncoder_encode_batch(BodyEncoder *self, PyObject *args, PyObject *kwds)
         }
     }
 done:
+    Py_XDECREF(g);
     if (packed != NULL) {
         for (i = 0; i < 2 * n; i++)
             Py_XDECREF(packed[i]);
@@ -744,8 +1059,8 @@ static PyMethodDef BodyEncoder_methods[] = {
      "join(raw, obj, raw, obj, ...) -> raw + pack(obj) + raw + pack(obj) + ... (bytes)"},
     {"encode_batch", (PyCFunction)(void (*)(void))BodyEncoder_encode_batch,
      METH_VARARGS | METH_KEYWORDS,
-     "encode_batch(code, prefix, rows, first_sync, suffix=None, assign=()) -> bytes: "
-     "a whole request per row (protocol.bulk.encode_batch)"},
+     "encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None, gather=0) "
+     "-> bytes, out or a Gather: a whole request per row (protocol.bulk.encode_batch)"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -1282,12 +1597,13 @@ PyInit__encoder(void)
 {
     PyObject *module;
 
-    if (PyType_Ready(&BodyEncoderType) < 0)
+    if (PyType_Ready(&BodyEncoderType) < 0 || PyType_Ready(&GatherType) < 0)
         return NULL;
     module = PyModule_Create(&encoder_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "BodyEncoder", (PyObject *)&BodyEncoderType) < 0) {
+    if (PyModule_AddObjectRef(module, "BodyEncoder", (PyObject *)&BodyEncoderType) < 0
+            || PyModule_AddObjectRef(module, "Gather", (PyObject *)&GatherType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

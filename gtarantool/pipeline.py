@@ -167,13 +167,17 @@ class Pipeline(ConnectionRequestMethods):
             collections.deque(itertools.islice(syncs, count - 1), maxlen=0)
         return first
 
-    def send_frames(self, frames: bytes, first_sync: int, count: int,
+    def send_frames(self, frames: Any, first_sync: int, count: int,
                     check_only: bool = False) -> int:
         """Queue ``count`` whole requests encoded already, with the syncs
         ``first_sync`` .. ``first_sync + count - 1`` (from :meth:`take_syncs`),
         after what is queued: the bulk path, with no per-request work here.
         Their results are :meth:`failures`' (or :meth:`results`') like any
         other request's.
+
+        :param frames: what ``Encoder.encode_batch`` returned: bytes, a
+            bytearray (not to be changed until every reply is in) or a
+            ``Gather``.
 
         :param check_only: keep only whether each succeeded: the reader keeps
             nothing of a success's reply (an insert's carries the whole tuple

@@ -74,6 +74,9 @@ RECV_SIZE = 256 * 1024
 # A piece of the write buffer this large (a batch of whole requests from
 # send_frames) is written alone, not copied into one piece with the rest.
 LARGE_PIECE = 64 * 1024
+# A batch whose long values are written from the rows (encode_batch(...,
+# gather=N), in C): written alone by its own writev, never joined.
+_Gather = compiled.encoder.Gather if compiled.encoder is not None else None
 _RawReply = compiled.speedups.RawReply if compiled.speedups is not None else None
 # Requests that a batch of woken callers sends at a time: one write at the end
 # of a batch of 1,000 would leave the server idle while they all ran.
@@ -277,7 +280,7 @@ class Transport(_State):
     __slots__ = ("_sock", "_token", "_process", "_pid", "_decoder", "max_in_flight", "error",
                  "_abandoned", "_wakeup", "_sending", "_read_watcher", "_write_watcher",
                  "_rview", "_need", "_cutter", "on_event", "on_fail", "_writer", "draining",
-                 "__weakref__")
+                 "_gathers", "__weakref__")
 
     # The Python request, for what the C one hands back (see TransportState).
     request_general = TransportState.request
@@ -303,6 +306,7 @@ class Transport(_State):
         self._flush_due = False
         self._abandoned = set()           # syncs whose caller gave up (timeout, kill)
         self._wbuf = []                   # frames to send, two pieces per request
+        self._gathers = 0                 # Gathers queued in _wbuf, at most (see _take)
         self._wakeup = Event()            # the writer's: something to send
         self._sending = False             # the writer is sending the front of _wbuf
         self._fd = sock.fileno()          # callers' own sends and the reader use it directly
@@ -444,6 +448,8 @@ class Transport(_State):
         if not buf:
             self._wakeup.set()
         buf += (frames, b"")
+        if type(frames) is _Gather:
+            self._gathers += 1
         self.stats.requests += count - 1   # (the writer counts the pair as one)
 
     def _wait_for_room(self):
@@ -569,12 +575,10 @@ class Transport(_State):
         if self._process != self._token():
             self._inherited()
             return
-        queued = len(buf)
-        if not buf[1] and len(buf[0]) >= LARGE_PIECE:
-            queued = 2   # a batch of whole requests: written as it is, alone (as the writer does)
-        data = _joined(buf, queued)
+        data, queued = self._take()
+        size = len(data)
         try:
-            sent = os.write(self._fd, data)
+            sent = data.write(self._fd) if type(data) is _Gather else os.write(self._fd, data)
         except BlockingIOError:
             sent = 0
         except OSError:   # the writer meets it again and fails the transport
@@ -585,16 +589,20 @@ class Transport(_State):
         if sent:
             stats.send_calls += 1
             stats.bytes_out += sent
-        if sent == len(data):
+        if sent == size:
             stats.requests += queued // 2
             del buf[:queued]
             if buf:   # (what was queued behind a large piece)
                 self._wakeup.set()
             return
         # The rest as one piece, ahead of anything queued later; the writer
-        # counts it as one request.  (A view, not a copy, of a large one.)
+        # counts it as one request.  (A view, not a copy, of a large one; a
+        # Gather goes on from where it stopped.)
         stats.requests += queued // 2 - 1
-        rest = memoryview(data)[sent:] if len(data) - sent >= LARGE_PIECE else data[sent:]
+        if type(data) is _Gather:
+            rest = data
+        else:
+            rest = memoryview(data)[sent:] if size - sent >= LARGE_PIECE else data[sent:]
         buf[:queued] = (rest, b"")
         self._wakeup.set()
 
@@ -609,14 +617,12 @@ class Transport(_State):
                 wakeup.wait()
                 wakeup.clear()
                 while buf:
-                    queued = len(buf)
-                    if not buf[1] and len(buf[0]) >= LARGE_PIECE:
-                        queued = 2   # a batch of whole requests: written as it is, alone
+                    data, queued = self._take()
                     stats.requests += queued // 2
                     in_flight = len(self._pending)   # the most there are: all sent, none answered
                     if in_flight > stats.max_in_flight:
                         stats.max_in_flight = in_flight
-                    data = _joined(buf, queued)
+                    size = len(data)
                     # Left in buf until sent: a caller that finds buf empty sends
                     # itself, and must not do so in the middle of this batch,
                     # nor flush.
@@ -625,26 +631,49 @@ class Transport(_State):
                     self._sending = False
                     del buf[:queued]
                     stats.send_calls += 1
-                    stats.bytes_out += len(data)
+                    stats.bytes_out += size
                     data = None   # (not held while asleep: a sender may reuse its buffer)
         except Exception as exc:  # noqa: BLE001 - any failure kills the transport
             self._fail(_network_error(exc, "write"), killer=self._writer)
 
+    def _take(self):
+        """``(data, entries)``: what to write next from the front of the write
+        buffer and how many of its entries that is.  A large piece or a Gather
+        alone; else the pieces up to the first Gather, joined.  (``_gathers``
+        counts the Gathers queued, or more: the buffer is searched only when
+        there may be one, and the count is reset when there is none.)"""
+        buf = self._wbuf
+        first = buf[0]
+        if not buf[1] and (type(first) is _Gather or len(first) >= LARGE_PIECE):
+            return first, 2
+        queued = len(buf)
+        if self._gathers:
+            for k in range(2, queued, 2):
+                if type(buf[k]) is _Gather:
+                    return _joined(buf, k), k
+            self._gathers = 0
+        return _joined(buf, queued), queued
+
     def _send_all(self, data):
         """The writer's blocking send: sock.sendall's loop, which looks at the
         process again after every wait (the writer may be waiting for room
-        when the process forks)."""
-        view = memoryview(data)
+        when the process forks).  A Gather writes from where it stopped."""
+        gather = type(data) is _Gather
+        view = data if gather else memoryview(data)
         while True:
             if self._process != self._token():
                 raise self._inherited()
             try:
-                sent = os.write(self._fd, view)
+                sent = view.write(self._fd) if gather else os.write(self._fd, view)
             except BlockingIOError:
                 sent = 0
-            if sent == len(view):
+            if gather:
+                if not len(view):
+                    return
+            elif sent == len(view):
                 return
-            view = view[sent:]
+            else:
+                view = view[sent:]
             if self._write_watcher is None:
                 self._write_watcher = self._hub.loop.io(self._fd, 2)
             self._hub.wait(self._write_watcher)

@@ -21,6 +21,7 @@ from tarantool.request import packer_factory
 
 from gtarantool import compiled
 from gtarantool.protocol import Encoder
+from tests import fuzz
 
 
 @pytest.fixture(autouse=True)
@@ -301,6 +302,59 @@ def test_encode_batch_into_a_reused_buffer_gives_the_same_bytes(use_bin_type):
         with pytest.raises(BufferError):
             encode(3, b"", [(1,)], 1, None, (), out)
         view.release()
+
+
+GATHER_ROWS = [
+    (1, "x" * 1500, b"y" * 700, "\u00e9" * 400, "short", [2, "z" * 2000], {"k": "v" * 900}),
+    [3, "a" * 40000],
+    (4, "b" * 100, b""),
+    (5, "c" * 65536, b"d" * 256),
+]
+
+
+@pytest.mark.parametrize("use_bin_type", [True, False])
+def test_encode_batch_gather_writes_the_same_bytes_from_the_rows(use_bin_type):
+    """``gather``: the contents of the long str and bytes fields of each row
+    (not nested ones) are written from the rows by writev; the bytes on the
+    wire are those of the batch without it, whatever the socket takes at a
+    time.  With no field that long, the encoded bytes as before."""
+    c_batch, python_batch = _batches(use_bin_type)
+    args = (2, b"\x82\x10\xcd\x02\x00\x21", GATHER_ROWS, 1 << 32, None, ())
+    expected = c_batch(*args)
+    assert python_batch(*args, bytearray(), 1024) == expected   # (the twin copies)
+    for gather in (1, 256, 1024, 65536):
+        out = bytearray()
+        batch = c_batch(*args, out, gather)
+        assert type(batch) is compiled.encoder.Gather and len(batch) == len(expected)
+        assert batch.tobytes() == expected
+        assert len(out) <= len(expected) - 65536   # (the long contents are not in it)
+        wire, writes = fuzz.written(batch)
+        assert wire == expected and writes > 1 and len(batch) == 0
+    plain = c_batch(2, b"\x82", [(1, "short")], 1, None, (), bytearray(), 1024)
+    assert type(plain) is bytearray
+    upsert = c_batch(9, b"\x82", GATHER_ROWS, 1, b"\x28", (1,), bytearray(), 1024)
+    assert type(upsert) is bytearray   # (an upsert's fields are copied: they appear twice)
+    for encode in (c_batch, python_batch):
+        with pytest.raises(ValueError, match="gather must be >= 0"):
+            encode(*args, None, -1)
+
+
+def test_a_gathers_buffer_is_not_encoded_into_while_it_may_write():
+    """A Gather holds its bytearray: encoding into it again, even to the same
+    size, raises BufferError until the Gather is gone."""
+    c_batch, _ = _batches(True)
+    args = (2, b"\x82", GATHER_ROWS, 1, None, ())
+    out = bytearray()
+    batch = c_batch(*args, out, 1024)
+    before = batch.tobytes()
+    for gather in (1024, 0):
+        with pytest.raises(BufferError, match="export"):
+            c_batch(*args, out, gather)
+    assert batch.tobytes() == before
+    del batch
+    assert type(c_batch(*args, out, 1024)) is compiled.encoder.Gather
+    with pytest.raises(TypeError):
+        compiled.encoder.Gather()
 
 
 def test_encode_batch_with_a_hook_that_changes_a_row():

@@ -67,6 +67,35 @@ def test_select_many_gives_each_key_what_select_gives_it(conn):
     assert all(results[i].conn is conn for i in places)
 
 
+def test_a_batch_sent_from_its_rows_keeps_its_place_among_other_requests(conn, reader):
+    """``send_frames`` of a batch whose long values are written from the rows
+    (a Gather, with the C encoder; bytes without it), 20 MB, more than the
+    socket takes at once: the requests queued before it go first, those after
+    it after, every byte as encoded."""
+    from gtarantool.protocol.constants import REQUEST_TYPE_REPLACE
+
+    base = 20_700_000
+    keys = range(base, base + 200)
+    longs = {k: "%d-" % k + "x" * 100_000 for k in keys}
+    with conn.pipeline() as p:
+        for k in keys:
+            p.replace("tester", (k, "before"))
+        encoder = p._encoder
+        prefix, suffix = encoder.batch_parts(REQUEST_TYPE_REPLACE, conn.space("tester").space_no)
+        first = p.take_syncs(len(keys))
+        frames = encoder.encode_batch(REQUEST_TYPE_REPLACE, prefix,
+                                      [(k, longs[k]) for k in keys], first, suffix, (),
+                                      bytearray(), 1024)
+        assert type(frames).__name__ == ("Gather" if reader == "c" else "bytearray")
+        p.send_frames(frames, first, len(keys))
+        for k in keys[100:]:
+            p.replace("tester", (k, "after"))
+    assert all(not isinstance(r, Exception) for r in p.results())
+    got = {t[0]: t[1] for t in conn.select("tester", base, iterator="GE", limit=200).data}
+    assert got == {k: longs[k] if k < base + 100 else "after" for k in keys}
+    conn.eval("for k = %d, %d do box.space.tester:delete{k} end" % (base, base + 199))
+
+
 def test_select_many_refuses_a_bad_key_and_queues_nothing(conn):
     with conn.pipeline() as p:
         p.ping()

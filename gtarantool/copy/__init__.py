@@ -224,17 +224,20 @@ def _transient(exc: BaseException, applied: Optional[bool]) -> bool:
 BATCH_BYTES = 2 << 20
 WINDOW_BYTES = 8 << 20
 FIRST_BATCH = 64   # rows, before their size is known
+# A str or bytes field this long is written from the row itself (writev, in C:
+# encode_batch's gather), not copied into the batch first.
+GATHER_FROM = 1024
 
 
 class _Batch:
     __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "frames", "size", "buckets")
 
-    def __init__(self, key, pipeline, indices, rows, unsent, frames=None):
+    def __init__(self, key, pipeline, indices, rows, unsent, frames=None, size=0):
         self.key, self.pipeline, self.indices, self.rows = key, pipeline, indices, rows
         self.buckets = None    # (a Router's copy) the rows' bucket ids
         self.unsent = unsent   # the error of a batch not queued (its rows are sent again)
         self.frames = frames   # the bytearray its requests were encoded in
-        self.size = 0 if frames is None else len(frames)
+        self.size = size       # their bytes on the wire
 
 
 class _Copy:
@@ -300,13 +303,18 @@ class _Copy:
         first = p.take_syncs(len(rows))
         out = self.buffers.pop() if self.buffers else bytearray()
         try:
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                          GATHER_FROM)
         except BufferError:   # (still viewed by a writer: not resized, a new one)
             out = bytearray()
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                          GATHER_FROM)
         except (TypeError, ValueError, OverflowError):
             indices, rows = self.encodable(encoder, prefix, suffix, indices, rows)
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out)
+            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                          GATHER_FROM)
+        # (``frames`` is ``out``, or a Gather that writes from it and the rows)
+        size = len(frames)
         unsent = []
         if rows:
             try:
@@ -315,8 +323,8 @@ class _Copy:
                 unsent.append(exc)
                 self.suspect = True
         if rows:
-            self.batch = max(1, min(self.max_batch, len(rows) * BATCH_BYTES // len(frames)))
-        batch = _Batch(key, p, indices, rows, unsent, frames)
+            self.batch = max(1, min(self.max_batch, len(rows) * BATCH_BYTES // size))
+        batch = _Batch(key, p, indices, rows, unsent, out, size)
         self.inflight.append(batch)
         self.in_flight_rows += len(indices)
         self.in_flight_bytes += batch.size

@@ -1,9 +1,9 @@
 """Many whole requests in one piece: the bulk path's encoding.
 
-``encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), out=None)``
-returns, as one bytes object (or in the bytearray ``out``), a request per row
-with consecutive syncs, the same bytes a pipeline sends for each (schema
-version 0).  It is the
+``encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), out=None,
+gather=0)`` returns, as one bytes object (or in the bytearray ``out``), a
+request per row with consecutive syncs, the same bytes a pipeline sends for
+each (schema version 0).  It is the
 specification of ``_encoder.BodyEncoder.encode_batch`` (the C version, which
 ``Encoder.encode_batch`` uses when it is built); both give byte-identical
 results and raise the same exceptions for rows the packer refuses.
@@ -11,7 +11,8 @@ results and raise the same exceptions for rows the packer refuses.
 from gtarantool.protocol.frames import request_header
 
 
-def encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), out=None):
+def encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), out=None,
+                 gather=0):
     """A request per row, framed, in one bytes object (or in ``out``).
 
     Request ``k`` (from 0) is the frame with code ``code`` and sync
@@ -31,8 +32,13 @@ def encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), o
         object: resized in place, so that a buffer reused from batch to batch
         keeps its memory (a fresh one of megabytes costs a page fault for
         every 4 KiB written).
-    :returns: bytes, or ``out``.
-    :raises ValueError: a code or field number out of range.
+    :param gather: (the C encoder) leave out the contents of each str or bytes
+        field of a row (not of an upsert) of at least this many bytes, to be
+        written from the row by ``Gather.write`` (0: never).  Here the bytes
+        are the same either way: this encoder copies them.
+    :returns: bytes, or ``out``; from the C encoder also a ``Gather``, whose
+        ``tobytes()`` is what this returns.
+    :raises ValueError: a code or field number out of range, a negative gather.
     :raises OverflowError: a sync beyond 64 bits.
     :raises TypeError: a row the packer cannot encode (its own error), or a
         prefix or suffix that is not bytes.
@@ -47,6 +53,8 @@ def encode_batch(pack, code, prefix, rows, first_sync, suffix=None, assign=(), o
         raise TypeError("encode_batch(): out must be a bytearray or None")
     if first_sync < 0 or first_sync >= 1 << 64:
         raise OverflowError("encode_batch(): first_sync beyond 64 bits")
+    if gather < 0:
+        raise ValueError("encode_batch(): gather must be >= 0")
     assign = tuple(assign)
     if any(type(f) is not int or f < 0 for f in assign):
         raise ValueError("encode_batch(): assign must hold field numbers (int >= 0)")

@@ -76,9 +76,11 @@ class Encoder:
     (map header, space, index, iterator...) is packed once and each call packs
     only the key, tuple or operations.  Field order is tarantool-python's.
 
-    ``encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None)``
-    frames a whole request per row in one bytes object (``protocol.bulk``;
-    in C under the same condition as ``join``).
+    ``encode_batch(code, prefix, rows, first_sync, suffix=None, assign=(), out=None,
+    gather=0)`` frames a whole request per row in one bytes object
+    (``protocol.bulk``; in C under the same condition as ``join``, where
+    ``gather`` may leave long values to be written from the rows: a
+    ``Gather``).
 
     ``join(raw, obj, raw, obj, ...)`` is ``raw + pack(obj) + raw + ...``: in
     C (``_encoder.c``) it makes a body in one piece, with one copy of its
