@@ -298,30 +298,14 @@ def test_a_write_waiting_for_a_master_is_sent_once_across_a_fork(cluster):
                              timeout=15)
         gevent.sleep(0.3)
         assert not write.ready()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            gevent.get_hub().exception_stream = None
-            try:
-                write.join(timeout=4)   # the child's hub runs: its copy of the call too
-                exc = write.exception
-                os.write(w, json.dumps([type(exc).__name__, getattr(exc, "applied", "-")]
-                                       if exc is not None else ["ok"]).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
+        child = _fork_while_waiting(write)   # the child's hub runs its copy of the call
         try:
             gevent.sleep(0.5)
             cluster.eval(shard.servers[0], "box.cfg{read_only = false}")
             write.get(timeout=10)
         finally:
-            in_thread = gevent.get_hub().threadpool.apply
-            in_thread(os.waitpid, (pid, 0))
-        gevent.os.make_nonblocking(r)
-        with gevent.Timeout(5):
-            child = json.loads(gevent.os.nb_read(r, 4096).decode())
-        os.close(r)
-        assert child == ["CopiedCall", False], child
+            report = child()
+        assert report == ["CopiedCall", False], report
         got = row(cluster, key)
         assert got is not None and got[2] == "once"
         # (kv_put counts every run, a second one failing on the key included.)
