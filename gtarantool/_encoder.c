@@ -221,6 +221,16 @@ put_header(unsigned char *p, Py_ssize_t n, unsigned char fix, Py_ssize_t fix_lim
     return put_be(p + 1, (uint64_t)n, 4);
 }
 
+/* The header of an exact str (its UTF-8 `n` bytes long) or bytes, before its contents. */
+static inline unsigned char *
+put_text_header(const BodyEncoder *self, unsigned char *p, PyObject *obj, Py_ssize_t n)
+{
+    if (Py_TYPE(obj) == &PyUnicode_Type || !self->use_bin_type)
+        return put_header(p, n, 0xa0, 32, Py_TYPE(obj) == &PyUnicode_Type && self->use_bin_type,
+                          0xd9);
+    return put_header(p, n, 0, 0, 1, 0xc4);
+}
+
 /* Writes `obj`, which sized() accepted, at `p`; returns where it ends. */
 static unsigned char *
 put(const BodyEncoder *self, unsigned char *p, PyObject *obj)
@@ -251,16 +261,13 @@ put(const BodyEncoder *self, unsigned char *p, PyObject *obj)
     }
     if (type == &PyUnicode_Type) {
         const char *data = utf8(obj, &n);
-        p = put_header(p, n, 0xa0, 32, self->use_bin_type, 0xd9);
+        p = put_text_header(self, p, obj, n);
         memcpy(p, data, n);
         return p + n;
     }
     if (type == &PyBytes_Type) {
         n = PyBytes_GET_SIZE(obj);
-        if (self->use_bin_type)
-            p = put_header(p, n, 0, 0, 1, 0xc4);
-        else
-            p = put_header(p, n, 0xa0, 32, 0, 0xd9);
+        p = put_text_header(self, p, obj, n);
         memcpy(p, PyBytes_AS_STRING(obj), n);
         return p + n;
     }
@@ -585,12 +592,7 @@ put_gathered(const BodyEncoder *self, unsigned char *p, PyObject *row, Py_ssize_
             p = put(self, p, items[i]);
             continue;
         }
-        if (Py_TYPE(items[i]) == &PyUnicode_Type)
-            p = put_header(p, size, 0xa0, 32, self->use_bin_type, 0xd9);
-        else if (self->use_bin_type)
-            p = put_header(p, size, 0, 0, 1, 0xc4);
-        else
-            p = put_header(p, size, 0xa0, 32, 0, 0xd9);
+        p = put_text_header(self, p, items[i], size);
         piece = &g->pieces[g->npieces++];
         piece->at = p - base;
         piece->data = data;
