@@ -112,7 +112,9 @@ static PyObject *hooks[N_HOOKS];   /* their interned names */
  *
  *     conn  _sync  _code  _body  _schema_version  _return_code  _data  _size
  *
- * (_size: the reply's bytes on the wire, set by the reader's fast paths).
+ * (_size: the reply's bytes on the wire, set by the reader's fast paths), and
+ * `data`, _data read-only: tarantool-python's property, read on nearly every
+ * reply, as a member (no Python call).
  * Anything else a response holds (an error's _return_message ...) is an
  * ordinary attribute of the Python class. */
 typedef struct {
@@ -132,6 +134,9 @@ static PyMemberDef ResponseCore_members[] = {
     RESPONSE_MEMBER("_return_code", return_code),
     RESPONSE_MEMBER("_data", data),
     RESPONSE_MEMBER("_size", size),
+    {"data", T_OBJECT_EX, offsetof(ResponseCore, data), READONLY,
+     "Contains the list of tuples for SELECT, REPLACE and DELETE requests and arbitrary "
+     "data for CALL."},
     {NULL}
 };
 
@@ -1030,6 +1035,34 @@ read_header(const unsigned char *p, const unsigned char *end, Header *h)
     return 1;
 }
 
+/* (code, schema version, body bytes): a reply as a pipeline's sink keeps it
+ * (new reference, or NULL with an exception set).  Two ints and bytes:
+ * untracked, as the collector's first pass would untrack it, so that
+ * thousands of them keep the replies dict untracked too, out of every young
+ * collection's scan. */
+static PyObject *
+reply_tuple(const Header *h, const unsigned char *body, Py_ssize_t body_size)
+{
+    PyObject *value = PyTuple_New(3), *item;
+
+    if (value == NULL)
+        return NULL;
+    PyObject_GC_UnTrack(value);
+    if ((item = PyLong_FromUnsignedLongLong(h->code)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(value, 0, item);
+    if ((item = PyLong_FromUnsignedLongLong(h->schema)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(value, 1, item);
+    if ((item = PyBytes_FromStringAndSize((const char *)body, body_size)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(value, 2, item);
+    return value;
+fail:
+    Py_DECREF(value);
+    return NULL;
+}
+
 /* Store the reply `h` for `waiter` (a SinkCore: a sink, or a checking one,
  * whose replies go to its owner): 1 when that was the last its sink awaited,
  * 0, or -1 with an exception set; *target: the sink that got it (a new
@@ -1057,13 +1090,7 @@ store(PyObject *waiter, PyObject *sync, const Header *h, const unsigned char *bo
     if (checking && h->code == 0)   /* a success: its code is all that is kept */
         value = Py_NewRef(checked_reply);
     else {
-        value = Py_BuildValue("(KKy#)", (unsigned long long)h->code,
-                              (unsigned long long)h->schema, (const char *)body, body_size);
-        /* Two ints and bytes: untracked, as the collector's first pass would
-         * untrack it, so that thousands of them keep the replies dict
-         * untracked too, out of every young collection's scan. */
-        if (value != NULL)
-            PyObject_GC_UnTrack(value);
+        value = reply_tuple(h, body, body_size);
     }
     if (value == NULL)
         goto done;

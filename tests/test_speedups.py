@@ -394,7 +394,16 @@ def test_a_transport_cores_fields_start_unset_and_hold_any_object():
 def test_the_response_core_and_its_python_twin_hold_the_same_fields():
     members = {name for name, value in vars(_speedups.ResponseCore).items()
                if type(value) is types.MemberDescriptorType}
-    assert members == set(ResponseFields.__slots__)
+    assert members == set(ResponseFields.__slots__) | {"data"}
+    # ``data`` reads ``_data`` and cannot be set, in both
+    for cls in (_speedups.ResponseCore, ResponseFields):
+        response = cls.__new__(cls)
+        with pytest.raises(AttributeError):
+            response.data
+        response._data = [[1]]
+        assert response.data == [[1]]
+        with pytest.raises(AttributeError):
+            response.data = []
     for cls in RESPONSE_CLASSES.values():
         assert issubclass(cls, _speedups.ResponseCore)
 

@@ -29,9 +29,12 @@ class ResponseFields:
     the package was built with a compiler, from this class otherwise (chosen
     once, here, at import); other attributes go to the instance dictionary.
     ``_size``: the reply's bytes on the wire, set by the reader on the OK
-    replies it builds (nearly every reply; unset otherwise)."""
+    replies it builds (nearly every reply; unset otherwise).  ``data``:
+    ``_data``, read-only (tarantool-python's property)."""
     __slots__ = ("conn", "_sync", "_code", "_body", "_schema_version", "_return_code",
                  "_data", "_size")
+
+    data = property(operator.attrgetter("_data"), doc=tarantool_response.Response.data.__doc__)
 
 
 if TYPE_CHECKING:   # (the checker reads the twin: the C module's stub is untyped)
@@ -43,9 +46,6 @@ else:
 class Response(_Fields, tarantool_response.Response):
     """tarantool-python's ``Response``, its fields in slots (cheaper to build than a dict)."""
     __slots__ = ()
-
-    # Read on nearly every reply: a getter in C instead of a Python function.
-    data = property(operator.attrgetter("_data"), doc=tarantool_response.Response.data.__doc__)
 
     @property
     def position(self):
