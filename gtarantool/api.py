@@ -80,12 +80,11 @@ class RequestMethods:
         callers look in ``_spaces`` first, this fills it."""
         conn = self._conn
         if self._encoder is None:   # never connected (connect_now=False): connect first
-            conn._ensure_connected()
+            conn._reach()
         if conn.schema is None and conn.fetch_schema:
             # Another greenlet's connect() is between its handshake and the schema
             # (authenticating): wait for it, since it holds the connection's lock.
-            with conn._lock:
-                pass
+            conn._wait_for_connect()
         if conn.schema is None:
             conn._schemaful_connection_check()
         if isinstance(space_name, str):
@@ -359,7 +358,7 @@ class RequestMethods:
         if not isinstance(text, str):
             raise TypeError("%s must be a str, not %s" % (what, type(text).__name__))
         if self._encoder is None:
-            self._conn._ensure_connected()
+            self._conn._reach()
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import sys
 import time
 import weakref
 from typing import Any, Callable, ContextManager, Optional, Tuple, Union
@@ -115,8 +116,8 @@ class Connection(RequestMethods, tarantool.Connection):
     :param connection_timeout: seconds for connecting and the greeting; 10 s
         by default rather than forever, so connecting to a frozen server fails
         instead of hanging.
-    :raises tarantool.error.ConfigurationError: a bad ``request_timeout`` or
-        ``max_in_flight``.
+    :raises tarantool.error.ConfigurationError: a bad ``request_timeout``,
+        ``connection_timeout``, ``max_in_flight`` or ``max_response_size``.
     :raises tarantool.error.NotSupportedError: ``transport='ssl'``.
     :raises tarantool.error.NetworkError: connecting failed (unless
         ``connect_now=False``).
@@ -149,9 +150,9 @@ class Connection(RequestMethods, tarantool.Connection):
                                      "seconds or None, not %r" % (connection_timeout,))
         for name, value in (("max_in_flight", max_in_flight),
                             ("max_response_size", max_response_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError("%s must be a positive integer, not %r"
-                                         % (name, value))
+            if not isinstance(value, int) or not 1 <= value <= sys.maxsize:
+                raise ConfigurationError("%s must be a positive integer up to %d, not %r"
+                                         % (name, sys.maxsize, value))
         if kwargs.get("transport") == SSL_TRANSPORT:
             raise NotSupportedError("gtarantool does not support transport='ssl'")
         # Our fields first: tarantool.Connection.__init__ may connect.
@@ -465,6 +466,56 @@ class Connection(RequestMethods, tarantool.Connection):
         finally:
             lock.release()
 
+    def _call_deadline(self) -> Optional[float]:
+        """The end (``time.monotonic()``) of a call starting now, by
+        ``request_timeout``; None without one.  A call of several steps
+        (connecting, then its requests) takes it once and hands it to each
+        step, so that one ``request_timeout`` bounds them all."""
+        timeout = self.request_timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _reach(self, deadline=None):
+        """The live transport, (re)connecting first: ``_ensure_connected``
+        for a call that needs the connection before it frames a request (a
+        space's schema, the server's features, a stream's session), bounded
+        by ``deadline`` (``_call_deadline()`` when None) as its requests are.
+
+        :raises gtarantool.RequestTimeout: the time ran out connecting
+            (``applied`` False: nothing was sent).
+        :raises tarantool.error.NetworkError: as ``_ensure_connected``.
+        """
+        transport = self._transport
+        if transport is not None and transport.error is None and self._owner == _get_ident():
+            return transport
+        if deadline is None:
+            deadline = self._call_deadline()
+            if deadline is None:
+                return self._ensure_connected()
+        timer = Timeout._start_new_or_dummy(max(0.0, deadline - time.monotonic()))
+        try:
+            return self._ensure_connected(deadline)
+        except Timeout as exc:
+            if exc is not timer:
+                raise
+            raise self._timed_out(exc, None) from None
+        finally:
+            timer.close()
+
+    def _wait_for_connect(self, deadline=None):
+        """Wait until no other greenlet is connecting (its ``connect()``
+        holds the lock from the handshake to the schema), by ``deadline``.
+
+        :raises gtarantool.RequestTimeout: it took longer (``applied`` False).
+        """
+        if deadline is None:
+            deadline = self._call_deadline()
+        lock = self._lock
+        if not lock.acquire(timeout=None if deadline is None
+                            else max(0.0, deadline - time.monotonic())):
+            raise not_sent(RequestTimeout("no connection within request_timeout=%ss: "
+                                          "still connecting" % (self.request_timeout,)))
+        lock.release()
+
     def _opt_reconnect(self):
         self._ensure_connected()
 
@@ -494,15 +545,15 @@ class Connection(RequestMethods, tarantool.Connection):
             self._ensure_connected()
             return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
         timer = Timeout._start_new_or_dummy(timeout)
-        sync = None
         try:
             self._ensure_connected(time.monotonic() + timeout)
-            sync = request.sync
             return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
         except Timeout as exc:
             if exc is not timer:
                 raise
-            raise self._timed_out(exc, sync) from None
+            # (a request's sync is set when it is framed, just before it goes
+            # to the transport: None, it was never handed over)
+            raise self._timed_out(exc, request.sync) from None
         finally:
             timer.close()
 
@@ -527,7 +578,7 @@ class Connection(RequestMethods, tarantool.Connection):
             return self._send_request_wo_reconnect(request, on_push, on_push_ctx, retries - 1)
 
     def _request(self, code, body, on_push=None, on_push_ctx=None, retries=SCHEMA_RETRIES,
-                 stream=None, response_class=Response):
+                 stream=None, response_class=Response, deadline=None):
         """Send request ``code`` with its encoded ``body``; return the server's reply.
 
         The one request path: every data method, a stream's requests
@@ -535,10 +586,12 @@ class Connection(RequestMethods, tarantool.Connection):
         ``_transport()`` says where it is sent) and the connection's own
         requests end here.  The common case (no stream, no timeout, an OK
         reply without push messages) is written out in this one frame; a
-        call with a ``request_timeout`` or in a stream goes on in ``_bounded``."""
+        call with a ``request_timeout`` or in a stream goes on in ``_bounded``
+        (``deadline``: the end of a call of several steps, ``_call_deadline()``'s;
+        None: ``request_timeout`` from now)."""
         if stream is not None or self.request_timeout is not None:
             return self._bounded(code, body, on_push, on_push_ctx, retries, stream,
-                                 response_class)
+                                 response_class, deadline)
         transport = self._transport
         if transport is None or transport.error is not None or self._owner != _get_ident():
             transport = self._ensure_connected()
@@ -563,13 +616,15 @@ class Connection(RequestMethods, tarantool.Connection):
             return self._request(code, body, on_push, on_push_ctx, retries - 1, stream,
                                  response_class)
 
-    def _bounded(self, code, body, on_push, on_push_ctx, retries, stream, response_class):
+    def _bounded(self, code, body, on_push, on_push_ctx, retries, stream, response_class,
+                 deadline=None):
         """``_request`` for a call in a stream or with a ``request_timeout``,
         which bounds the whole call: one timer and one deadline for the wait
         for a connection, the request, and any re-send (docs/guarantees.rst)."""
-        timeout = self.request_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        timer = Timeout._start_new_or_dummy(timeout)
+        if deadline is None:
+            deadline = self._call_deadline()
+        timer = Timeout._start_new_or_dummy(
+            None if deadline is None else max(0.0, deadline - time.monotonic()))
         sync = None
         refusal = None   # a refusal proven not applied, while its re-send waits
         try:

@@ -38,11 +38,12 @@ def server_version(conn):
     return "%d.%d.%d" % (version >> 16, (version >> 8) & 0xff, version & 0xff)
 
 
-def require(conn, feature):
+def require(conn, feature, deadline=None):
     """Raise FeatureNotSupported unless ``conn``'s server has ``feature``
-    (connecting first when it never connected)."""
+    (connecting first when it never connected, by ``deadline``: the call's
+    end, ``Connection._call_deadline()``; None: ``request_timeout`` from now)."""
     if not conn.connected or conn._transport is None:
-        conn._ensure_connected()
+        conn._reach(deadline)
     if feature not in (conn._server_features or ()):
         what, version = _NEEDS[feature]
         raise FeatureNotSupported("needs Tarantool %s+ (%s); server is %s"

@@ -93,29 +93,42 @@ class Pipeline(ConnectionRequestMethods):
 
     def _flush(self):
         """Hand the queued requests to the transport, reconnecting first if it
-        died.  Requests it could not hand over get the exception in their
-        places, and it is raised."""
+        died, within ``request_timeout`` (for a connection and for room in
+        ``max_in_flight``).  Requests it could not hand over get the exception
+        in their places (``RequestTimeout``, ``applied`` False, when the time
+        ran out), and it is raised."""
         requests, self._queued = self._queued, []
         conn = self._conn
         sink = self._sink
         syncs = list(itertools.islice(conn._syncs, len(requests)))
         start = len(sink.syncs)
+        deadline = conn._call_deadline()
+        timer = Timeout._start_new_or_dummy(conn.request_timeout)
         try:
-            self._send(requests, syncs, sink)
+            self._send(requests, syncs, sink, deadline)
         except BaseException as exc:
+            error = exc
+            if isinstance(exc, Timeout):   # (this one's, or one around it: wait()'s)
+                error = not_sent(RequestTimeout(
+                    "pipeline: no connection or no room to send within request_timeout=%ss"
+                    % conn.request_timeout))
             # The rest were not sent: they keep their places, failed with this
-            # (a timeout or kill: wait() fails them, as every unanswered one).
+            # (a kill: wait() fails them, as every unanswered one).
             unsent = syncs[len(sink.syncs) - start:]
             sink.syncs += unsent
-            if isinstance(exc, Exception):
+            if isinstance(error, Exception):
                 for sync in unsent:
-                    sink.replies[sync] = exc
+                    sink.replies[sync] = error
+            if exc is timer:
+                raise error from None
             raise
+        finally:
+            timer.close()
 
-    def _send(self, requests, syncs, sink):
+    def _send(self, requests, syncs, sink, deadline):
         stream = self._stream
         if stream is None:
-            self._conn._ensure_connected().send_many(requests, syncs, sink)
+            self._conn._ensure_connected(deadline).send_many(requests, syncs, sink)
         else:
             stream._transport().send_many(requests, syncs, sink, stream.stream_id)
 

@@ -86,10 +86,14 @@ class PreparedStatement:
         self._prepared_on = None   # weakref to the transport whose session has it
         self._prepare()
 
-    def _prepare(self):
+    def _prepare(self, deadline=None):
+        """Prepare on the connection's session, by ``deadline`` (the call's end)."""
         conn = self._conn
-        conn._ensure_connected()
-        resp = conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_SQL_TEXT: self.sql}))
+        if deadline is None:
+            deadline = conn._call_deadline()
+        conn._reach(deadline)
+        resp = conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_SQL_TEXT: self.sql}),
+                             deadline=deadline)
         body = resp._body
         self.stmt_id = body[IPROTO_STMT_ID]
         self.params_count = body.get(IPROTO_BIND_COUNT)
@@ -114,10 +118,12 @@ class PreparedStatement:
         if self.stmt_id is None:
             raise InterfaceError("the statement %r was unprepared" % (self.sql,))
         conn = self._conn
-        if self._prepared_on() is not conn._ensure_connected():
-            self._prepare()   # a new session: the old id names nothing there
+        deadline = conn._call_deadline()   # (one request_timeout for all its steps)
+        if self._prepared_on() is not conn._reach(deadline):
+            self._prepare(deadline)   # a new session: the old id names nothing there
         resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(
-            {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}))
+            {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}),
+            deadline=deadline)
         return as_execute_response(conn, resp)
 
     def unprepare(self) -> None:

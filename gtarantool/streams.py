@@ -102,9 +102,9 @@ class Stream(ConnectionRequestMethods):
         return tx
 
     def _request(self, code, body, on_push=None, on_push_ctx=None,
-                 response_class=Response):
+                 response_class=Response, deadline=None):
         return self._conn._request(code, body, on_push, on_push_ctx, stream=self,
-                                   response_class=response_class)
+                                   response_class=response_class, deadline=deadline)
 
     def pipeline(self) -> Pipeline:
         """A :class:`gtarantool.pipeline.Pipeline` whose requests go in this
@@ -129,10 +129,11 @@ class Stream(ConnectionRequestMethods):
             the stream's transaction, or could not be (re)established.
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
         """
+        deadline = self._conn._call_deadline()
         if self._conn._encoder is None:
-            self._conn._ensure_connected()
+            self._conn._reach(deadline)
         return self._request(REQUEST_TYPE_EXECUTE, sql.execute_body(self._conn, query, params),
-                             response_class=ResponseExecute)
+                             response_class=ResponseExecute, deadline=deadline)
 
     # -- transactions ---------------------------------------------------------
 
@@ -152,21 +153,22 @@ class Stream(ConnectionRequestMethods):
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
         """
         conn = self._conn
-        features.require(conn, features.TRANSACTIONS)
+        deadline = conn._call_deadline()   # (one request_timeout for all its steps)
+        features.require(conn, features.TRANSACTIONS, deadline)
         if self._tx is not None:
             raise InterfaceError("stream %d already has an open transaction" % self.stream_id)
         body: Dict[int, Any] = {}
         if isolation is not None:
             body[IPROTO_TXN_ISOLATION] = isolation_code(isolation)
         if timeout is not None:
-            if not isinstance(timeout, (int, float)) or timeout <= 0:
+            if not isinstance(timeout, (int, float)) or not timeout > 0:   # (NaN too)
                 raise ValueError("timeout must be a positive number of seconds, not %r"
                                  % (timeout,))
             body[IPROTO_TIMEOUT] = float(timeout)
-        transport = conn._ensure_connected()
+        transport = conn._reach(deadline)
         self._tx = transport   # its requests, BEGIN included, go to this session only
         try:
-            self._request(IPROTO_BEGIN, conn._encoder.pack(body))
+            self._request(IPROTO_BEGIN, conn._encoder.pack(body), deadline=deadline)
         except BaseException:
             self._tx = None
             raise

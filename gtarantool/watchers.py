@@ -274,8 +274,9 @@ def watch(conn: Any, key: str, callback: Callable[[str, Any], Any]) -> Watcher:
     :raises gtarantool.FeatureNotSupported: the server has no watchers (2.10+).
     :raises tarantool.error.NetworkError: the connection could not be (re)established.
     """
-    conn._ensure_connected()
-    features.require(conn, features.WATCHERS)
+    deadline = conn._call_deadline()
+    conn._reach(deadline)
+    features.require(conn, features.WATCHERS, deadline)
     return registry(conn).watch(key, callback)
 
 
@@ -304,7 +305,9 @@ def watch_once(conn: Any, key: str) -> Any:
     """
     if not isinstance(key, str):
         raise TypeError("a watcher's key must be a str, not %s" % type(key).__name__)
-    conn._ensure_connected()
-    features.require(conn, features.WATCH_ONCE)
-    data = conn._request(IPROTO_WATCH_ONCE, conn._encoder.pack({IPROTO_EVENT_KEY: key})).data
+    deadline = conn._call_deadline()   # (one request_timeout for all its steps)
+    conn._reach(deadline)
+    features.require(conn, features.WATCH_ONCE, deadline)
+    data = conn._request(IPROTO_WATCH_ONCE, conn._encoder.pack({IPROTO_EVENT_KEY: key}),
+                         deadline=deadline).data
     return data[0] if data else None

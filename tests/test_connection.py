@@ -345,7 +345,9 @@ def test_connect_refused_is_network_error():
     # (a socket timeout of 0 is a non-blocking connect: "Operation now in progress")
     {"connection_timeout": 0}, {"connection_timeout": float("nan")},
     # (a reply limit of 0 failed the first reply with ProtocolError)
-    {"max_response_size": 0}])
+    {"max_response_size": 0},
+    # (beyond what the C transport holds: every connect failed with OverflowError)
+    {"max_in_flight": 2 ** 63}, {"max_response_size": 2 ** 64}])
 def test_bad_options(option):
     name = next(iter(option))
     with pytest.raises(tarantool.error.ConfigurationError, match=name + " must be a positive"):

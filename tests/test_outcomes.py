@@ -122,6 +122,98 @@ def test_no_call_outlives_its_bound_when_the_server_stops(srv, options):
     assert max(durations) <= 2 + slack(0.5), max(durations)
 
 
+@pytest.mark.timing
+def test_a_request_object_timed_out_after_it_was_sent_may_have_been_applied(srv):
+    """SQL goes as a tarantool-python Request object, whose sync is set when it
+    is framed: a timeout after that is not "before the request was sent"."""
+    conn = connect(srv, request_timeout=0.5)
+    srv.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout) as err:
+            conn.execute("INSERT INTO \"kv\" VALUES ('sql-stalled', 1)")
+        assert time.monotonic() - started <= 0.5 + slack(0.5)
+        assert applied(err.value) is None
+    finally:
+        srv.signal(signal.SIGCONT)
+    gevent.sleep(0.2)
+    assert conn.select("kv", "sql-stalled").data == [["sql-stalled", 1]]   # it did run
+    conn.close()
+
+
+@pytest.mark.timing
+def test_calls_that_connect_before_they_send_end_within_request_timeout(srv):
+    """A call that needs the connection before it frames its request (the
+    schema, the server's features, a stream's session, a prepared statement's
+    session, a pipeline's batch) reconnects within the call's
+    ``request_timeout``, like any request: a server that accepts and never
+    greets ends it there, applied False, not after connection_timeout times
+    the attempts."""
+    conn = connect(srv, request_timeout=0.5, connection_timeout=5, reconnect_max_attempts=1)
+    statement = conn.prepare("SELECT ? AS x")
+    never = gtarantool.Connection(srv.host, srv.port, user=USER, password=PASSWORD,
+                                  connect_now=False, request_timeout=0.5,
+                                  connection_timeout=5, reconnect_max_attempts=1)
+
+    def pipeline_batch():
+        p = conn.pipeline()
+        for i in range(300):   # (the 256th hands a batch over)
+            p.insert("kv", ("pipelined-%d" % i, i))
+
+    calls = {
+        "prepare": lambda: conn.prepare("SELECT 2"),
+        "prepared execute": lambda: statement.execute([1]),
+        "stream begin": lambda: conn.stream().begin(),
+        "stream execute": lambda: conn.stream().execute("SELECT 1"),
+        "watch_once": lambda: conn.watch_once("box.status"),
+        "watch": lambda: conn.watch("box.status", lambda key, value: None),
+        "pipeline batch": pipeline_batch,
+        "first select": lambda: never.select("kv", "x"),
+        "first call": lambda: never.call("echo", 1),
+        "first insert by id": lambda: never.insert(999, ("x", 1)),
+    }
+    try:
+        for name, call in calls.items():
+            conn.close()
+            srv.signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(RequestTimeout) as err:
+                    gevent.with_timeout(20, call)
+                took = time.monotonic() - started
+            finally:
+                srv.signal(signal.SIGCONT)
+            assert took <= 0.5 + slack(0.5), (name, took)
+            assert applied(err.value) is False, (name, err.value)
+    finally:
+        never.close()
+        conn.close()
+
+
+@pytest.mark.timing
+def test_a_pipeline_waiting_for_room_ends_within_request_timeout(srv):
+    """A pipeline's batch waits for room in ``max_in_flight`` within
+    ``request_timeout``; the requests it could not hand over hold a
+    RequestTimeout, applied False."""
+    conn = connect(srv, request_timeout=0.5, max_in_flight=10)
+    conn.ping()
+    srv.signal(signal.SIGSTOP)
+    try:
+        p = conn.pipeline()
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout) as err:
+            gevent.with_timeout(20, lambda: [p.insert("kv", ("room-%d" % i, i))
+                                             for i in range(300)])
+        assert time.monotonic() - started <= 0.5 + slack(0.5)
+        assert applied(err.value) is False
+    finally:
+        srv.signal(signal.SIGCONT)
+    outcomes = [applied(r) for r in p.results()]
+    assert outcomes[:10] == [None] * 10 or all(o is not False for o in outcomes[:10])
+    assert outcomes[10:256] == [False] * 246   # (never handed over)
+    conn.close()
+
+
 # -- graceful restarts -------------------------------------------------------------
 
 

@@ -129,6 +129,13 @@ def test_bad_arguments_fail_clearly():
         gtarantool.ConnectionPool([{"host": "127.0.0.1", "port": 0}], connect_now=False)
     with pytest.raises(tarantool.error.ConfigurationError, match="wait_timeout"):
         gtarantool.ConnectionPool([{"host": "127.0.0.1", "port": 1}], wait_timeout=-1)
+    for bad in ("localhost", "127.0.0.1:", "127.0.0.1:http"):   # (was a ValueError from int())
+        with pytest.raises(tarantool.error.ConfigurationError, match="host:port"):
+            gtarantool.ConnectionPool([bad], connect_now=False)
+    pool = gtarantool.ConnectionPool(["127.0.0.1:1"])   # (down: retried, the pool open)
+    with pytest.raises(tarantool.error.ConfigurationError, match="host:port"):
+        pool.add("nocolon")
+    pool.close()
 
 
 def test_least_in_flight_picks_the_idlest_of_the_role():

@@ -186,8 +186,9 @@ def test_transaction_times_out_on_the_server(mconn):
     assert mconn.select("tester").data == []
     s.begin()   # the stream is usable again
     s.rollback()
-    with pytest.raises(ValueError):
-        s.begin(timeout=0)
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError):
+            s.begin(timeout=bad)
 
 
 @needs_streams

@@ -235,7 +235,10 @@ class ConnectionPool(_PoolBase):
 
     def _new_instance(self, addr):
         if isinstance(addr, str):
-            host, _, port = addr.rpartition(":")
+            host, colon, port = addr.rpartition(":")
+            if not colon or not port.isdigit():
+                raise ConfigurationError("an address must be \"host:port\" (a port number), "
+                                         "not %r" % (addr,))
             addr = {"host": host or "127.0.0.1", "port": int(port)}
         addr, error = prepare_address(addr)
         if addr is None:
