@@ -3,6 +3,8 @@ import argparse
 import json
 import sys
 
+import tarantool.error
+
 from bench import drivers
 from bench.core import config as options
 from bench.core import plot, report
@@ -31,6 +33,9 @@ def main(argv=None):
     except (SetupError, runner.BenchError) as exc:
         print("bench: %s" % exc, file=sys.stderr)
         return 1
+    except tarantool.error.NetworkError as exc:   # (the server went away between phases)
+        print("bench: lost the server: %s" % exc, file=sys.stderr)
+        return 1
     print(report.final(results))
     module = drivers.missing(config.driver)
     if module:
@@ -39,6 +44,12 @@ def main(argv=None):
     if config.profile:
         print(profiling.summary(config))
     write_outputs(config, results)
+    failed = [p["name"] for p in results["phases"]
+              if p["ops"] and sum(p["errors"].values()) >= p["ops"]]
+    if failed:   # (the figures above are of errors, not of work done)
+        print("bench: every request of %s failed (see the errors column)"
+              % ", ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -382,12 +382,15 @@ def test_the_command_line_says_why_it_cannot_start(conn, server, tmp_path, capsy
     assert status == 1 and "more than one column is named name" in out, out
     assert conn.select("copy_kv").data == []
     for bad, said in ((["--delimiter", ";;"], "--delimiter must be one character"),
-                      (["--quote", ","], "--delimiter and --quote must differ"),
+                      (["--quote", ","], r"the delimiter \(','\) and --quote must differ"),
                       (["--procs", -1], "--procs must be at least 0, not -1"),
-                      (["--rate", "nan"], "--rate must be positive, not nan")):
+                      (["--rate", "nan"], "--rate must be positive and finite, not nan"),
+                      (["--rate", "inf"], "--rate must be positive and finite, not inf")):
         with pytest.raises(SystemExit, match=said):
             _run("from", src, "--space", "tester", "--delimiter", ",", *bad,
                  *_conn_args(server))
+    with pytest.raises(SystemExit, match="delimiter .* and --quote must differ"):
+        _run("from", src, "--space", "tester", "--quote", ",", *_conn_args(server))   # (default)
 
 
 # -- interrupted imports ------------------------------------------------------------------

@@ -5,6 +5,7 @@
 """
 import argparse
 import dataclasses
+import math
 import os
 from typing import Dict, Optional
 
@@ -89,17 +90,18 @@ class Config:
                                                 and not self.mix.get("tx")),
              "--insert-order hashed is for a mix or a preset without tx (a transaction "
              "writes records of consecutive keys)"),
-            (self.rate is None or self.rate > 0, "rate must be > 0"),
+            (self.rate is None or 0 < self.rate < math.inf, "rate must be > 0 and finite"),
             (self.arrivals in ARRIVALS, "arrivals must be one of %s" % ", ".join(ARRIVALS)),
             (self.tx_size >= 1 and self.scan >= 1 and self.page >= 1,
              "tx size, scan and page must be >= 1"),
             (self.keys >= 0, "records must be >= 0"),
-            (self.client_work >= 0, "client work must be >= 0"),
+            (0 <= self.client_work < math.inf, "client work must be >= 0 and finite"),
             (self.wal in WAL_MODES, "wal must be one of %s" % ", ".join(WAL_MODES)),
             (self.procs >= 1 and self.greenlets >= 1, "procs and greenlets must be >= 1"),
             (self.ops >= 1, "ops must be >= 1"),
-            (self.duration is None or self.duration > 0, "duration must be > 0"),
-            (self.warmup >= 0, "warm-up must be >= 0"),
+            (self.duration is None or 0 < self.duration < math.inf,
+             "duration must be > 0 and finite"),
+            (0 <= self.warmup < math.inf, "warm-up must be >= 0 and finite"),
             (not self.warmup or self.workload != "phases",
              "--warmup is for a mix or a preset (a run phase), not for 'phases'"),
             (not self.pool or self.driver == "gtarantool", "--pool drives gtarantool only"),

@@ -14,6 +14,7 @@ and ``--plot`` (latency against rate) write the steps.
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
 import time
@@ -28,6 +29,7 @@ from bench.targets import SetupError, open_target
 KEEP_UP = openloop.KEEP_UP   # a step holds only when it achieved this share of its schedule
 CLIENT_BOUND_CPU = 0.85     # a worker process this busy (of one core) limits the step itself
 MAX_ERRORS = 0.1            # percent of a step's requests that may fail (--max-errors)
+MAX_RATE = 10_000_000       # ops/s: the staircase stops above it
 SAMPLES = 100               # a step runs until its judged percentile rests on this many
                             # requests beyond it: SAMPLES / (1 - q) requests in all
 CONFIRMATIONS = 3           # confirmation runs of one search at most
@@ -192,7 +194,7 @@ def _busy(step):
 
 
 def search(measure, slo, start=1000.0, factor=2.0, precision=0.05, budget=None,
-           clock=time.monotonic, max_rate=10_000_000, on_step=None, max_errors=MAX_ERRORS,
+           clock=time.monotonic, max_rate=MAX_RATE, on_step=None, max_errors=MAX_ERRORS,
            confirm=True):
     """Find the highest rate whose step meets ``slo``, confirmed by a second run at it.
 
@@ -343,11 +345,12 @@ def verdict(best, slo, steps=()):
     slos = _listed(slo)
     bound = bounding(best, steps)
     if best is None:
-        why = "; ".join(bound.reasons) if bound is not None else "no step ran"
+        if not steps:
+            return "capacity: none: no step ran (SLO %s)" % ", ".join(map(str, slos))
         line = "capacity: none: every rate tried broke the SLO (%s)" % ", ".join(
             map(str, slos))
         if bound is not None:
-            line += "; at {:,.0f} ops/s: {}".format(bound.rate, why)
+            line += "; at {:,.0f} ops/s: {}".format(bound.rate, "; ".join(bound.reasons))
         if bound is not None and bound.client_bound:
             line += "; add -p"
         return line
@@ -563,13 +566,16 @@ def main(argv=None):
     # each step four times, once per operation.
     parser.set_defaults(workload="mix", warmup=WARMUP)
     args = parser.parse_args(argv)
-    if not (args.start > 0 and args.factor > 1 and 0 < args.precision < 1 and args.step > 0
-            and args.samples >= 0):
-        parser.error("need --start > 0, --factor > 1, 0 < --precision < 1, --step > 0 "
-                     "and --samples >= 0")
+    if not (0 < args.start <= MAX_RATE and 1 < args.factor < math.inf
+            and 0 < args.precision < 1 and 0 < args.step < math.inf
+            and 0 <= args.samples < math.inf and 0 < args.budget < math.inf):
+        parser.error("need 0 < --start <= %d, and finite: --factor > 1, 0 < --precision < 1, "
+                     "--step > 0, --samples >= 0 and --budget > 0" % MAX_RATE)
     slo_sets = group_slos(args.slo or [parse_slo("p99=2ms")])
     names = [n.strip() for n in args.drivers.split(",") if n.strip()] if args.drivers \
         else [args.driver]
+    if not names:
+        parser.error("--drivers names no driver")
     try:
         configs = [options.from_args(args, driver=name, rate=args.start, duration=args.step,
                                      quiet=True, json=None, plot=None,

@@ -377,11 +377,14 @@ def main(argv=None):
     p.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES),
                    metavar="S,S", help="row shapes: %s (default all)" % ", ".join(SHAPES))
     p.add_argument("--procs", type=int, default=1, help="the command line's worker processes")
-    p.add_argument("--demo", type=int, default=None, metavar="N",
+    p.add_argument("--demo", type=positive_int, default=None, metavar="N",
                    help="import a generated N-row customers file with the command line")
     p.add_argument("--demo-procs", type=lambda s: [int(x) for x in s.split(",")],
                    default=[max(1, (os.cpu_count() or 2) - 1)], metavar="P,P")
     args = p.parse_args(argv)
+    if args.procs < 0 or min(args.demo_procs) < 0:
+        p.error("--procs and --demo-procs must be at least 0 "
+                "(0: the import's own process works the rows)")
     unknown = set(args.shapes) - set(SHAPES)
     if unknown:
         p.error("unknown shapes %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(SHAPES)))

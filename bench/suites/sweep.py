@@ -258,7 +258,8 @@ def main(argv=None):
     parser.add_argument("--drivers", default="gtarantool,asynctnt,sync",
                         help="comma-separated (default %%(default)s; also %s: gtarantool "
                              "without the lead request of a small batch)" % NOLEAD)
-    parser.add_argument("--size", type=int, default=1536, help="payload bytes (default 1536)")
+    parser.add_argument("--size", type=positive_int, default=1536,
+                        help="payload bytes (default 1536)")
     parser.add_argument("--wal", default="write", choices=("write", "none"),
                         help="server WAL mode (default %(default)s)")
     parser.add_argument("--json", help="write every run and the medians to this file")

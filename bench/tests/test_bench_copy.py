@@ -32,6 +32,7 @@ def test_the_demo_imports_the_generated_file_and_prints_the_summary(capsys):
 
 def test_counts_below_one_are_refused_before_any_server_starts(capsys):
     for main, argv in ((copy.main, ["--runs", "0"]), (copy.main, ["--rows", "-5"]),
+                       (copy.main, ["--demo", "0"]), (sweep.main, ["--size", "0"]),
                        (sweep.main, ["--runs", "0"]), (sweep.main, ["--levels", "0,10"])):
         with pytest.raises(SystemExit) as exit_:
             main(argv)

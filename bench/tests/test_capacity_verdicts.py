@@ -85,3 +85,32 @@ def test_an_open_loop_records_service_time_by_interval_and_counts_gc(server, tmp
     phase = results["phases"][-1]
     assert len(phase["client_gc_collections"]) == 3
     assert len(phase["client_cpu_by_process"]) == 1
+
+
+def test_options_no_search_can_take_are_usage_errors(capsys):
+    """Before a server starts: an infinite value (a rate or a duration no run
+    ends), an empty driver list, a budget of no time or a start beyond the
+    staircase's top (no step would run, and "every rate broke" would be a lie)."""
+    import pytest
+
+    for argv in (["--step", "inf"], ["--samples", "inf"], ["--budget", "0"],
+                 ["--budget", "-1"], ["--start", "inf"], ["--start", "2e7"],
+                 ["--drivers", ","]):
+        with pytest.raises(SystemExit) as exit_:
+            capacity_main(argv)
+        assert exit_.value.code == 2, argv   # (argparse's usage error)
+        assert "error:" in capsys.readouterr().err
+    for bad in ({"rate": float("inf")}, {"duration": float("inf")},
+                {"warmup": float("inf"), "workload": "mix"}, {"client_work": float("inf")}):
+        with pytest.raises(ValueError, match="finite"):
+            Config(**bad)
+
+
+def test_a_run_where_every_request_failed_exits_1(server, capsys):
+    code = bench_main([
+        "--host", server.host, "--port", str(server.port), "--user", "test",
+        "--password", "secret", "--workload", "mix", "--mix", "call=100",
+        "--call", "no_such_function_here", "--records", "10", "--greenlets", "4",
+        "--duration", "0.5", "-q"])
+    assert code == 1
+    assert "every request of run failed" in capsys.readouterr().err

@@ -20,6 +20,7 @@ import codecs
 import csv
 import gc
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -816,7 +817,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.command == "from":
         positive += ["chunk", "max_in_flight", "rate", "progress_interval"]
         at_least_0 += ["procs", "skip_rows", "max_rows", "retry_timeout"]
-    for names, good, what in ((positive, lambda v: v > 0, "positive"),
+    for names, good, what in ((positive, lambda v: 0 < v < math.inf, "positive and finite"),
                               (at_least_0, lambda v: v >= 0, "at least 0")):
         for name in names:
             value = getattr(args, name)
@@ -828,8 +829,10 @@ def _check(args: argparse.Namespace) -> None:
         if value is not None and (len(value) != 1 or value in "\r\n"):
             raise SystemExit("gtarantool-copy: %s must be one character (not a line end), "
                              "not %r" % (option(name), value))
-    if args.delimiter is not None and args.delimiter == args.quote:
-        raise SystemExit("gtarantool-copy: --delimiter and --quote must differ")
+    delimiter = args.delimiter or ("\t" if args.format == "tsv" else ",")
+    if delimiter == args.quote:   # (the default delimiter too: every row would split wrong)
+        raise SystemExit("gtarantool-copy: the delimiter (%r) and --quote must differ"
+                         % (delimiter,))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
