@@ -27,6 +27,7 @@ from bench.core.workloads import check
 
 EARLY = 0.001   # seconds: the timers' granularity (libev, libuv)
 KEEP_UP = 0.95  # a run kept up when it achieved this share of its scheduled rate
+DRAIN = 10.0    # seconds at least that a backlog left when the schedule ends is sent for
 
 
 class Schedule:
@@ -95,7 +96,10 @@ class OpenPhase:
     ``(op, key, intended)`` in intended order until either runs out, then None.
 
     ``late_at_end`` counts the requests taken after the schedule's last intended time:
-    the backlog the run had when its schedule ended."""
+    the backlog the run had when its schedule ended.  That backlog is sent for at most
+    ``DRAIN`` seconds or the schedule's own length, whichever is longer (a server that
+    died would otherwise keep the run going for as long as failing the backlog takes);
+    ``dropped_at_end`` counts the requests still unsent then."""
 
     def __init__(self, phase, schedule, clock=time.monotonic):
         self.phase = phase
@@ -106,27 +110,36 @@ class OpenPhase:
         self._times = None
         self.taken = 0
         self.late_at_end = 0
+        self.dropped_at_end = 0
+        self._drained_by = None
         self.take = self._take
 
     def start(self, duration=None):
         """Start the schedule now (its duration is the schedule's own)."""
-        self._times = self.schedule.begin(self._clock())
+        now = self._clock()
+        self._times = self.schedule.begin(now)
+        self._drained_by = self.schedule.end + max(DRAIN, self.schedule.end - now)
 
     def _take(self):
         intended = next(self._times, None)
         if intended is None:
             return None
+        now = self._clock()
+        if now > self._drained_by:   # this one and the rest are not sent
+            self.dropped_at_end += 1 + sum(1 for _ in self._times)
+            return None
         item = next(self._items, None)
         if item is None:
             return None
         self.taken += 1
-        if self._clock() > self.schedule.end:
+        if now > self.schedule.end:
             self.late_at_end += 1
         return item[0], item[1], intended
 
     def figures(self):
         """What the worker reports about the schedule."""
         return {"scheduled": self.taken, "late_at_end": self.late_at_end,
+                "dropped_at_end": self.dropped_at_end,
                 "schedule_start": self.schedule.start, "schedule_end": self.schedule.end,
                 "period_end": self.schedule.period_end, "worker_rate": self.schedule.rate}
 
@@ -343,14 +356,16 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
         achieved += sum(p["counts"].values()) / sending
         scheduled_rate += f["scheduled"] / period
     backlog = sum(f["late_at_end"] for f in figures)
+    dropped = sum(f.get("dropped_at_end", 0) for f in figures)
     lag = max(p.get("max_lag", 0.0) for p in parts)
     open_loop = {
         "target_rate": rate, "arrivals": arrivals, "achieved_rate": achieved or None,
         "scheduled_rate": scheduled_rate or None,
         "scheduled": sum(f["scheduled"] for f in figures), "backlog_at_end": backlog,
+        "dropped_at_end": dropped,
         "max_send_lag_ms": lag * 1000,
         # Kept up: (nearly) every request left on time and the schedule's rate was reached.
-        "kept_up": backlog <= max(1, 0.001 * ops) and scheduled_rate > 0
+        "kept_up": backlog <= max(1, 0.001 * ops) and not dropped and scheduled_rate > 0
         and achieved >= KEEP_UP * scheduled_rate,
     }
     return open_loop, latency_ms(everything), {op: latency_ms(h) for op, h in hists.items()}

@@ -136,6 +136,9 @@ def open_loop_lines(results):
             note = ("kept up" if loop["kept_up"] else
                     "could not keep up: backlog %s at the end, sends up to %.1f ms late"
                     % (_n(loop["backlog_at_end"]), loop["max_send_lag_ms"]))
+            if loop.get("dropped_at_end"):
+                note += "; %s never sent (the backlog's time ran out)" % _n(
+                    loop["dropped_at_end"])
             target, achieved = _n(loop["target_rate"]), _n(loop["achieved_rate"])
         else:
             note, target, achieved = "", "", _n(f["ops_per_sec"])

@@ -49,3 +49,23 @@ def test_percentile_of_buckets():
     assert percentile({1000: 98, 5000: 1, 9000: 1}, 99) == 5.0
     assert percentile({1000: 98, 5000: 1, 9000: 1}, 50) == 1.0
     assert percentile({}, 99) is None
+
+
+def test_a_backlog_is_sent_for_a_bounded_time_after_the_schedule():
+    """A server that died leaves every request failing slowly: the backlog left at the
+    schedule's end is sent for at most DRAIN seconds (or the schedule's length), and
+    what is left then is counted, not sent."""
+    from bench.core.openloop import DRAIN, OpenPhase
+    from bench.core.workloads import Phase
+
+    now = [100.0]
+    phase = OpenPhase(Phase("run", (("select", k) for k in range(10 ** 6))),
+                      Schedule(100, 1, 0, duration=2.0), clock=lambda: now[0])
+    phase.start()
+    assert phase.take()[:2] == ("select", 0)
+    now[0] = 102.5                      # the schedule ended: late, still sent
+    assert phase.take() is not None and phase.late_at_end == 1
+    now[0] = 102.0 + DRAIN + 0.1        # the drain's time is over
+    assert phase.take() is None
+    assert phase.taken == 2 and phase.dropped_at_end == 198
+    assert phase.take() is None and phase.figures()["dropped_at_end"] == 198
