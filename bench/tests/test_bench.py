@@ -370,3 +370,39 @@ def test_a_worker_that_fails_before_a_phase_ends_the_run_at_once():
     with pytest.raises(runner.BenchError, match="unknown operations upsert"):
         runner.run(config)
     assert time.monotonic() - started < runner.BARRIER_TIMEOUT / 4
+
+
+def test_sigterm_stops_the_throwaway_server():
+    """``timeout``, systemd and ``docker stop`` send SIGTERM: the run ends as an
+    interrupt does, and the server it started (in a session of its own) goes too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.Popen([sys.executable, "-m", "bench", "--workload", "mix", "--records",
+                            "100", "--duration", "60", "-q"], cwd=root,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    servers = []
+    try:
+        deadline = time.monotonic() + 60
+        while not servers:   # the run has started its server
+            assert time.monotonic() < deadline and run.poll() is None, run.communicate()
+            time.sleep(0.2)
+            servers = [p for p in psutil.Process(run.pid).children(recursive=True)
+                       if "tarantool" in p.name()]
+        time.sleep(1)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 130 and "interrupted" in err, err
+        gone, alive = psutil.wait_procs(servers, timeout=10)
+        assert not alive
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for server in servers:   # (left behind: the test failed)
+            if server.is_running():
+                server.kill()
