@@ -194,6 +194,11 @@ def test_skip_and_max_rows_take_a_window(conn, server, tmp_path):
                        "--max-rows", 25, "--chunk", 7, "--procs", 0, *_conn_args(server))
     assert status == 0 and "rows 1-35 settled" in out
     assert [t[0] for t in conn.select("copy_kv").data] == list(range(10, 35))
+    # beyond the end: said, not "rows 1-1000 settled"
+    status, out = _run("from", src, "--space", "copy_kv", "--format", "tsv", "--skip-rows", 1000,
+                       "--procs", 0, *_conn_args(server))
+    assert status == 0 and "rows 1-100 settled" in out, out
+    assert "the input has 100 rows: --skip-rows 1000 skipped them all" in out
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])

@@ -249,11 +249,13 @@ def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> No
 
 # -- the feeder ----------------------------------------------------------------------------
 
-def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, List[Any], int]]:
+def _chunks(stream: Any, args: argparse.Namespace,
+            short: List[int]) -> Iterator[Tuple[int, int, List[Any], int]]:
     """(chunk number, index of its first row, its records as pieces of bytes, their count)
     after --skip-rows, up to --max-rows, no faster than --rate.  The file is
     read in blocks of whole records (formats.blocks) and cut at record ends:
-    the feeder parses nothing."""
+    the feeder parses nothing.  ``short`` gets the input's count of records
+    when it ends before --skip-rows does."""
     size = args.chunk
     if args.rate:
         size = max(1, min(size, int(args.rate // 20) or 1))
@@ -301,6 +303,8 @@ def _chunks(stream: Any, args: argparse.Namespace) -> Iterator[Tuple[int, int, L
         if args.rate:
             _pace(started, fed, args.rate)
         yield chunk_no, index, pieces, in_chunk
+    if n < skip:
+        short.append(n)
 
 
 def _pace(started: float, fed: int, rate: float) -> None:
@@ -569,6 +573,7 @@ def copy_from_file(args: argparse.Namespace) -> int:
     errors = _Errors(args.errors, header)
     progress = Progress(sys.stderr, total, args.progress_interval)
     chunks: Dict[int, Tuple[int, int]] = {}      # chunk -> (first row, rows)
+    short: List[int] = []                        # the input's rows, when --skip-rows passed them
     settled: Dict[int, int] = {}                 # chunk -> rows settled from its start
     totals = {"rows": 0, "written": 0}
     fatal: List[str] = []
@@ -590,7 +595,7 @@ def copy_from_file(args: argparse.Namespace) -> int:
             fatal.append(failed)
 
     try:
-        for chunk in _chunks(counted, args):
+        for chunk in _chunks(counted, args, short):
             chunks[chunk[0]] = (chunk[1], chunk[3])
             pipe = workers.free()
             while pipe is None:
@@ -615,7 +620,7 @@ def copy_from_file(args: argparse.Namespace) -> int:
         workers.close()
         errors.close()
         progress.done()
-    resume = args.skip_rows
+    resume = short[0] if short else args.skip_rows
     for chunk_no in sorted(chunks):
         first, rows = chunks[chunk_no]
         done = settled.get(chunk_no, 0)
@@ -690,7 +695,10 @@ def _summary(args: argparse.Namespace, totals: Dict[str, int], errors: _Errors,
                else "no row settled"))
     if fatal:
         line += "; stopped: %s" % (fatal[0],)
-    if resume < args.skip_rows + totals["rows"] or fatal:
+    if resume < args.skip_rows and not totals["rows"] and not fatal:
+        line += "; the input has %d rows: --skip-rows %d skipped them all" % (
+            resume, args.skip_rows)
+    elif resume < args.skip_rows + totals["rows"] or fatal:
         line += "; resume with --skip-rows %d" % resume
     print(line, flush=True)
 
