@@ -1199,7 +1199,8 @@ digits_value(const char *s, Py_ssize_t n, int signed_)
     return PyLong_FromLongLong(v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v);
 }
 
-/* float(text) for text of [0-9.eE+-] only, when finite; else NO. */
+/* float(text) for text of [0-9.eE+-] only, when finite; else NO (inf and nan
+ * are the Python converter's). */
 static PyObject *
 float_value(const char *s, Py_ssize_t n)
 {

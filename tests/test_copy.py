@@ -47,10 +47,13 @@ def _space(conn, name, fields, nullable=()):
 def _typed_rows(n):
     rows = []
     for k in range(n):
-        row = [k, -k * 1000, k + 0.5 if k % 2 else k, k / 3, "text %d, \"quoted\"\nline" % k,
+        # (doubles: the infinities too; any: a string that reads as JSON stays a string)
+        row = [k, -k * 1000, k + 0.5 if k % 2 else k,
+               (float("inf"), float("-inf"))[k % 2] if k % 7 == 3 else k / 3,
+               "text %d, \"quoted\"\nline" % k,
                k % 2 == 0, decimal.Decimal("%d.%03d" % (k, k % 1000)), uuid.uuid4(),
                bytes([k % 256, 0, 255]), {"k": k, "nested": [1, "two"]}, [k, "a", None],
-               "free" if k % 3 else k]
+               ("free", "[1, 2]", k)[k % 3]]
         if VERSION >= (2, 10):
             row.append(Datetime(year=2024, month=1 + k % 12, day=1 + k % 28, hour=k % 24,
                                 minute=5, sec=k % 60, nsec=k * 1000, tzoffset=180))

@@ -107,8 +107,9 @@ class Worker:
         self.options = options
         self.target = open_target(spec)
         self.info = space_info(self.target, options["space"])
-        self.converter = Converter(self.info.fields, options["columns"], options["null"])
         self.fmt = options["format"]
+        self.converter = Converter(self.info.fields, options["columns"], options["null"],
+                                   json=self.fmt == "jsonl")
         self.csv = dialect(self.fmt, options["delimiter"], options["quote"])
         self.csv.pop("lineterminator")
 

@@ -74,8 +74,9 @@ def _int(text):
 
 
 def _float(text):
+    # (inf, -inf and nan too: a double holds them, and an export writes them so)
     try:
-        return _finite(float(text))
+        return float(text)
     except ValueError:
         raise ValueError("not a number") from None
 
@@ -109,12 +110,6 @@ def _double(v):
     if type(v) is int or type(v) is float:
         return float(v)
     return _float(v) if type(v) is str else _no(v, "a double")
-
-
-def _finite(f):
-    if f != f or f in (float("inf"), float("-inf")):
-        raise ValueError("not a finite number")
-    return f
 
 
 def _string(v):
@@ -206,6 +201,10 @@ def _any(v):
     return v
 
 
+def _itself(v):
+    return v
+
+
 def _no(v, what):
     raise ValueError("%s is not %s" % (type(v).__name__, what))
 
@@ -239,13 +238,17 @@ class Converter:
         and JSONL arrays), or None: the format's fields in order.  A JSONL
         object is matched by its keys.
     :param null: the CSV/TSV text that means null (in a nullable field).
+    :param json: the records are JSON values (JSONL), not text: only a JSON
+        null is null, and a string is a string (in an ``any`` field too, where
+        CSV/TSV text that is JSON is read as JSON).
     """
 
     def __init__(self, fields: Sequence[Field], columns: Optional[Sequence[str]] = None,
-                 null: str = "") -> None:
+                 null: str = "", json: bool = False) -> None:
         names = [f.name for f in fields]
         self.fields = list(fields)
         self.null = null
+        self.json = json
         if columns is None:
             columns = names
         unknown = [c for c in columns if c not in names]
@@ -264,6 +267,9 @@ class Converter:
         self._width = max(self._slots) + 1 if self._slots else 0
         self._plan = [(slot, fields[slot], CONVERTERS.get(fields[slot].type, _any))
                       for slot in self._slots]
+        if json:
+            self._plan = [(slot, field, _itself if convert is _any else convert)
+                          for slot, field, convert in self._plan]
         self._text_row = self._compile()
         # The common types by a plan, in C where it is built (protocol.bulk: the twin).
         self.plan = tuple((slot, bulk.KINDS.get(field.type, bulk.KIND_CALL), field.nullable,
@@ -313,7 +319,7 @@ class Converter:
 
         :raises BadRow: the reason it cannot be converted.
         """
-        if type(record) is list and len(record) == len(self._plan):
+        if type(record) is list and len(record) == len(self._plan) and not self.json:
             try:
                 return self._text_row(record)
             except Exception:   # noqa: BLE001 - the general path below says why
@@ -325,7 +331,7 @@ class Converter:
             record = self._from_object(record)
             null = None
         elif type(record) is list:
-            null = self.null
+            null = None if self.json else self.null
         else:   # (a JSON line that is a number, a string, true or null)
             raise BadRow("a JSON line must be an object (by field name) or an array "
                          "(by column), not %s" % _show(record))
