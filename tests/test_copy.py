@@ -900,3 +900,9 @@ def test_the_plan_gives_what_row_gives(reader):
                 taken += 1
                 assert repr(t) == repr(conv.row(record)), line
     assert 0 < taken < 2 * len(lines)
+
+
+def test_an_export_of_a_type_no_format_writes_is_refused():
+    from gtarantool.copy.formats import Exporter
+    with pytest.raises(ValueError, match=r"no format writes d \(interval\)"):
+        Exporter([Field("id", "unsigned"), Field("d", "interval")])

@@ -33,6 +33,7 @@ __all__ = ["FORMATS", "BadRow", "Block", "Converter", "Exporter", "Field", "bloc
            "parse", "records", "split_records"]
 
 FORMATS = ("csv", "tsv", "jsonl")
+UNWRITTEN = frozenset(("interval",))   # field types an export refuses
 
 
 class BadRow(ValueError):
@@ -407,9 +408,14 @@ class Exporter:
     :param fields: the space's format.
     :param fmt: ``csv``, ``tsv`` or ``jsonl``.
     :param null: the text written for null in CSV/TSV.
+    :raises ValueError: a field of a type no format writes (``interval``).
     """
 
     def __init__(self, fields: Sequence[Field], fmt: str = "csv", null: str = "") -> None:
+        unwritten = ["%s (%s)" % (f.name, f.type) for f in fields if f.type in UNWRITTEN]
+        if unwritten:
+            raise ValueError("no format writes %s: no text form of it is read back"
+                             % ", ".join(unwritten))
         self.fields, self.fmt, self.null = list(fields), fmt, null
         self._text = [_text(f.type) for f in fields]
         self._native = [_native(f.type) for f in fields]
