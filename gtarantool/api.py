@@ -89,6 +89,7 @@ class RequestMethods:
             conn._schemaful_connection_check()
         if isinstance(space_name, str):
             space_no = conn.schema.get_space(space_name).sid
+            conn._resolutions.note(conn.schema_version, space_no, space_name)
         elif isinstance(space_name, int):
             space_no = space_name
         else:
@@ -101,7 +102,9 @@ class RequestMethods:
         if found is None:
             index_no = index
             if isinstance(index, str):
-                index_no = self._conn.schema.get_index(space.space_no, index).iid
+                conn = self._conn
+                index_no = conn.schema.get_index(space.space_no, index).iid
+                conn._resolutions.note(conn.schema_version, (space.space_no, index_no), index)
             found = _cache(self._indexes, (space.space_no, index),
                            self._encoder.space(space.space_no, index_no))
         return found

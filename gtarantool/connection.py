@@ -50,6 +50,7 @@ from gtarantool.protocol.codec import BodyDecoder, Encoder
 from gtarantool.protocol.constants import IPROTO_GREETING_SIZE, REQUEST_TYPE_PING
 from gtarantool.protocol.frames import request_header
 from gtarantool.protocol.responses import RESPONSE_CLASSES, Response, make_response
+from gtarantool.resolved import Resolutions
 from gtarantool.sql import PreparedStatement
 from gtarantool.transport import (
     Draining,
@@ -79,7 +80,7 @@ _hub_reinit = None   # the process_token() of the process whose hub _adopt reini
 _ATTRIBUTES = (
     "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats",
     "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_process", "_packer",
-    "_encoder",
+    "_encoder", "_resolutions",
     "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
@@ -157,6 +158,7 @@ class Connection(RequestMethods, tarantool.Connection):
             raise NotSupportedError("gtarantool does not support transport='ssl'")
         # Our fields first: tarantool.Connection.__init__ may connect.
         self.request_timeout = request_timeout
+        self._resolutions = Resolutions()   # names the requests were encoded from
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.lazy_errors = bool(lazy_errors)
@@ -596,8 +598,9 @@ class Connection(RequestMethods, tarantool.Connection):
         if transport is None or transport.error is not None or self._owner != _get_ident():
             transport = self._ensure_connected()
         sync = next(self._syncs)
+        version = self.schema_version
         try:
-            value = transport.request(sync, code, self.schema_version, body)
+            value = transport.request(sync, code, version, body)
         except (InheritedSocket, Draining):
             # Not sent: forked (from C: no at-fork hook ran) since the last
             # request, now on this process's own socket; or in line on a
@@ -610,7 +613,7 @@ class Connection(RequestMethods, tarantool.Connection):
         try:
             return self._response(value, response_class, on_push, on_push_ctx)
         except DatabaseError as exc:
-            if not self._resend(exc, code, retries, stream, None):
+            if not self._resend(exc, code, retries, stream, None, body, version):
                 refused(exc, code)
                 raise
             return self._request(code, body, on_push, on_push_ctx, retries - 1, stream,
@@ -635,14 +638,16 @@ class Connection(RequestMethods, tarantool.Connection):
                             or self._owner != _get_ident()):
                         transport = self._ensure_connected(deadline)
                     sync = next(self._syncs)
+                    version = self.schema_version
                     frame_code, frame = code, body
                 else:
                     transport = stream._transport()
                     sync = next(self._syncs)
-                    frame_code, frame = None, request_header(code, sync, self.schema_version,
+                    version = self.schema_version
+                    frame_code, frame = None, request_header(code, sync, version,
                                                              len(body), stream.stream_id) + body
                 try:
-                    value = transport.request(sync, frame_code, self.schema_version, frame)
+                    value = transport.request(sync, frame_code, version, frame)
                 except (InheritedSocket, Draining):
                     if stream is not None:
                         raise
@@ -654,7 +659,7 @@ class Connection(RequestMethods, tarantool.Connection):
                     return self._response(value, response_class, on_push, on_push_ctx)
                 except DatabaseError as exc:
                     refusal = exc
-                    if not self._resend(exc, code, retries, stream, deadline):
+                    if not self._resend(exc, code, retries, stream, deadline, body, version):
                         refused(exc, code)
                         raise
                     refusal = None
@@ -679,17 +684,19 @@ class Connection(RequestMethods, tarantool.Connection):
         return RequestTimeout("no reply within request_timeout=%ss (sync %d); the request "
                               "may still execute on the server" % (self.request_timeout, sync))
 
-    def _resend(self, exc, code, retries, stream, deadline=None):
+    def _resend(self, exc, code, retries, stream, deadline=None, body=None, version=None):
         """Whether a request refused with ``exc`` before it ran is sent again
         (at most ``retries`` more times): after a schema change (error 109,
-        the schema reloaded first), or a write refused by a server still
-        becoming writable (``code``: the request type; not in a stream),
-        at most until ``deadline``."""
+        the schema reloaded first; its ``body``, encoded at schema
+        ``version``, only while the names it was encoded from still stand
+        for its ids), or a write refused by a server still becoming writable
+        (``code``: the request type; not in a stream), at most until
+        ``deadline``."""
         if not retries:
             return False
         if isinstance(exc, SchemaReloadException):
             self._reload_schema(exc.schema_version, process_token())
-            return True
+            return body is None or self._resolutions.still_named(self.schema, version, body)
         return stream is None and code is not None and self._graceful.resend(
             self, code, exc, deadline)
 

@@ -559,10 +559,11 @@ def test_space_recreated_under_the_same_name(server, conn, same_id):
             # which is the new space's.
             assert conn.insert("recreated", (2,)).data == [[2]]
         else:
-            # The retry still names the old id, which no space has ...
+            # The name stands for another id now: the request, encoded for the
+            # old one, is not sent again; the refusal (109) is the answer ...
             with pytest.raises(DatabaseError) as info:
                 conn.insert("recreated", (2,))
-            assert info.value.code == 36   # ER_NO_SUCH_SPACE
+            assert info.value.code == 109 and info.value.applied is False
         # ... and the next call resolves the name again.
         assert conn.insert("recreated", (3,)).data == [[3]]
         rows = admin.eval("return box.space.recreated:select()").data[0]

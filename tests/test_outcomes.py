@@ -79,6 +79,39 @@ def test_every_error_says_whether_its_request_was_applied(server):
     assert applied(ValueError()) is None
 
 
+def test_a_request_refused_for_a_schema_change_is_resent_only_to_what_it_named(srv):
+    """Error 109 makes the connection reload the schema and send the same bytes
+    again: only while the space (and index) names it was encoded from still
+    stand for its ids.  A space dropped and another created in its place
+    (taking its id) gets the refusal, applied False, not the row."""
+    admin = connect(srv)
+    conn = connect(srv)
+    try:
+        admin.eval("box.schema.space.create('named_x', {format = {{'id', 'unsigned'}}})"
+                   ":create_index('pk')")
+        conn.insert("named_x", (1,))                      # caches named_x -> its id
+        admin.eval("box.schema.space.create('unrelated'):create_index('pk')")
+        conn.insert("named_x", (2,))                      # 109, the same space: re-sent
+        x_id = admin.eval("return box.space.named_x.id").data[0]
+        admin.eval("box.space.named_x:drop() box.schema.space.create('named_y', {id = %d})"
+                   ":create_index('pk')" % x_id)
+        with pytest.raises(DatabaseError) as err:
+            conn.insert("named_x", (3,))
+        assert err.value.code == 109 and applied(err.value) is False
+        assert admin.select("named_y").data == []
+        # an index by name: another one took its id
+        admin.eval("box.space.named_y:create_index('by_a', {parts = {1, 'unsigned'}})")
+        assert conn.select("named_y", 1, index="by_a").data == []
+        admin.eval("box.space.named_y.index.by_a:drop() "
+                   "box.space.named_y:create_index('by_b', {parts = {1, 'unsigned'}})")
+        with pytest.raises(DatabaseError) as err:
+            conn.select("named_y", 1, index="by_a")
+        assert err.value.code == 109 and applied(err.value) is False
+    finally:
+        admin.close()
+        conn.close()
+
+
 # -- request_timeout bounds the whole call -----------------------------------------
 
 
