@@ -5,6 +5,7 @@ storage is waited out, reads go to another replica first, the bucket count is
 the cluster's, one search per unknown bucket, map_callrw over some buckets."""
 import json
 import os
+import signal
 import time
 
 import gevent
@@ -244,6 +245,75 @@ def test_one_search_per_unknown_bucket_however_many_wait(cluster):
         assert searches == [bucket_id]
         assert {g.value[0] for g in greenlets} == {cluster.shards[1].uuid}
     finally:
+        router.close()
+
+
+@needs_vshard
+def test_map_callrw_refused_by_one_master_after_another_ran_it_may_have_applied(cluster,
+                                                                                  router):
+    """The map goes to every master: one refusing it (its storage disabled
+    between the ref and the map) says nothing of the others, which ran it."""
+    shard = cluster.shards[1]
+    cluster.eval(shard.master, """
+        if rawget(_G, 'plain_call') == nil then plain_call = vshard.storage._call end
+        vshard.storage._call = function(op, ...)
+            local res = {plain_call(op, ...)}
+            if op == 'storage_ref' then vshard.storage.disable() end
+            return unpack(res, 1, table.maxn(res))
+        end""")
+    try:
+        before = [cluster.eval(s.master, "return calls")[0] for s in cluster.shards]
+        with pytest.raises(ShardingError) as info:
+            router.map_callrw("kv_get", (0, 0), timeout=2)
+        ran = [cluster.eval(s.master, "return calls")[0] - b
+               for s, b in zip(cluster.shards, before)]
+        assert ran == [1, 0]
+        assert info.value.applied is None
+    finally:
+        cluster.eval(shard.master, "vshard.storage._call = plain_call vshard.storage.enable()")
+
+
+@needs_vshard
+def test_map_callrw_and_calls_refuse_bad_arguments_before_sending(cluster, router):
+    before = [cluster.eval(s.master, "return calls")[0] for s in cluster.shards]
+    for bad in ("abc", {"k": 1}, 5):
+        with pytest.raises(TypeError, match="args must be a list or tuple"):
+            router.map_callrw("kv_get", bad)
+    bucket_id = bucket_of(cluster, 0)
+    for bad in (0, -1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match="positive, finite number of seconds"):
+            router.callrw(bucket_id, "kv_get", (bucket_id, 0), timeout=bad)
+        with pytest.raises(ValueError, match="positive, finite number of seconds"):
+            router.map_callrw("kv_get", (0, 0), timeout=bad)
+        with pytest.raises(ValueError, match="positive, finite number of seconds"):
+            router.route(bucket_id, timeout=bad)
+        with pytest.raises(ConfigurationError, match="positive, finite number of seconds"):
+            Router(cluster.cfg, user=cluster.user, password=cluster.password, timeout=bad)
+    assert [cluster.eval(s.master, "return calls")[0] for s in cluster.shards] == before
+
+
+@needs_vshard
+def test_close_ends_calls_waiting_for_a_bucket_search_at_once(cluster):
+    """A search waiting for a master that does not answer is the router's: close()
+    ends it, and every call waiting on it hears ConnectionClosed, applied False."""
+    shard = cluster.shards[1]
+    bucket_id = bucket_of(cluster, 1)
+    router = open_router(cluster, discovery_mode="off", timeout=8)
+    master = shard.master
+    master.signal(signal.SIGSTOP)   # the search waits for its bucket_stat
+    try:
+        calls = [gevent.spawn(router.callrw, bucket_id, "kv_get", (bucket_id, 0)),
+                 gevent.spawn(router.route, bucket_id)]
+        gevent.sleep(0.3)
+        started = time.monotonic()
+        router.close()
+        gevent.joinall(calls, timeout=5)
+        assert time.monotonic() - started < 1
+        for call in calls:
+            assert isinstance(call.exception, gtarantool.ConnectionClosed), call.exception
+            assert call.exception.applied is False
+    finally:
+        master.signal(signal.SIGCONT)
         router.close()
 
 

@@ -71,6 +71,16 @@ def _closed():
     return exc
 
 
+def _seconds(value, name="timeout"):
+    """``value`` when it is a positive, finite number of seconds; else ValueError
+    (gevent takes NaN for no timeout at all, and 0 or less for an expired one)."""
+    if type(value) is bool or not isinstance(value, (int, float)) \
+            or not 0 < value < float("inf"):
+        raise ValueError("%s must be a positive, finite number of seconds, not %r"
+                         % (name, value))
+    return value
+
+
 def count_mismatch(bucket_count, cluster_count, where="the cluster's storages have"):
     """The error of a router whose bucket_count is not the cluster's."""
     exc = ConfigurationError(
@@ -134,7 +144,10 @@ class Router:
                                      % (bucket_count,))
         if discovery_mode not in ("on", "once", "off"):
             raise ConfigurationError("discovery_mode must be 'on', 'once' or 'off'")
-        self.timeout = timeout
+        try:
+            self.timeout = _seconds(timeout)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         self.discovery_mode = discovery_mode
         self.zone, self.weights = zone, weights or {}
         self._varbinary = varbinary
@@ -419,6 +432,8 @@ class Router:
                 "%ss" % (bucket_id, max(self.timeout, CALL_TIMEOUT)), {"bucket_id": bucket_id}))
         except Exception as exc:
             search.set_exception(exc)
+        except gevent.GreenletExit:   # close() killed it: its waiters hear why, at once
+            search.set_exception(_closed())
         finally:
             if self._searches.get(bucket_id) is search:
                 del self._searches[bucket_id]
@@ -472,17 +487,18 @@ class Router:
         :param bucket_id: 1..bucket_count.
         :param timeout: seconds for the search (default: the router's ``timeout``).
         :returns: the :class:`Replicaset`.
-        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count.
+        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count, or
+            ``timeout`` is not a positive, finite number.
         :raises ShardingError: NO_ROUTE_TO_BUCKET, or UNREACHABLE_REPLICASET.
         :raises StorageError: a storage failed to say whether it holds the bucket.
         :raises gtarantool.RequestTimeout: no answer within ``timeout``.
         """
         self._usable()
         self._check(bucket_id)
+        timeout = self.timeout if timeout is None else _seconds(timeout)
         rs = self._routes[bucket_id]
         if rs is not None:
             return rs
-        timeout = self.timeout if timeout is None else timeout
         with Timeout(timeout, False):
             return self._search(bucket_id)
         exc = RequestTimeout("bucket %d was not found within %ss" % (bucket_id, timeout))
@@ -522,7 +538,8 @@ class Router:
         :param timeout: seconds for the whole call, moves of the bucket included
             (default: the router's ``timeout``).
         :returns: the function's first return value (as vshard's router).
-        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count.
+        :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count, or
+            ``timeout`` is not a positive, finite number.
         :raises TypeError: ``args`` is not a list or tuple.
         :raises StorageError: the function raised, or returned ``nil, err``
             (``applied`` None).
@@ -589,8 +606,7 @@ class Router:
             self._check(bucket_id)
         if type(args) is not tuple and not isinstance(args, (list, tuple)):
             raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
-        if timeout is None:
-            timeout = self.timeout
+        timeout = self.timeout if timeout is None else _seconds(timeout)
         token = process_token()   # a copy of this call in a forked child sends nothing
         timer = Timeout(timeout)
         timer.start()
@@ -650,10 +666,16 @@ class Router:
             when no function ran.
         :raises StorageError: the function failed on a master (``replicaset``).
         :raises gtarantool.RequestTimeout: a master did not answer within ``timeout``.
+        :raises TypeError: ``args`` is not a list or tuple.
+        :raises ValueError: ``timeout`` is not a positive, finite number.
+
+        Once the function was sent (the map stage), every error says it may
+        have run (``applied`` None): another master may have run it.
         """
         self._usable()
-        if timeout is None:
-            timeout = self.timeout
+        if not isinstance(args, (list, tuple)):
+            raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
+        timeout = self.timeout if timeout is None else _seconds(timeout)
         rid = next(self._ref_ids)
         token = process_token()
         deadline = time.monotonic() + timeout
@@ -679,8 +701,11 @@ class Router:
                                  list(args))
             return {rs_id: [value] for rs_id, value in results.items() if value is not None}
         except Exception as exc:
-            if not mapped and getattr(exc, "applied", None) is None:
-                exc.applied = False  # type: ignore[attr-defined]   # no function ran: the refs only
+            if not mapped:
+                if getattr(exc, "applied", None) is None:
+                    exc.applied = False  # type: ignore[attr-defined]   # the refs only ran
+            else:   # (one master's refusal says nothing of the others', which may have run it)
+                exc.applied = None  # type: ignore[attr-defined]
             if sent and process_token() == token:   # (a child's copy leaves them to the parent)
                 # Released in the background (owned by the router), so the rebalancer
                 # need not wait for the refs' timeout, nor the caller for the unrefs.
