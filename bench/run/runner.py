@@ -303,10 +303,13 @@ class _Run:
                 continue
             self.printed.add((name, second))
             ops, errors = self.ticks[name, second]
-            # The phase's first and last seconds are partial: a rate over the part it ran.
+            # The phase's first and last seconds are partial: a rate over the part it ran
+            # (at least a quarter second, unless the whole phase was shorter: a few
+            # requests in a sliver of a second make no rate).
             covered = min(second + 1, self.span[1]) - max(second, self.span[0])
+            floor = min(MIN_SAMPLE_INTERVAL, self.span[1] - self.span[0])
             line = report.second_line(second - math.floor(self.t0), phase, ops, errors,
-                                      max(covered, MIN_SAMPLE_INTERVAL),
+                                      max(covered, floor, 1e-9),
                                       self._server_rps(second))
             if (name, second) in self.open_ticks:
                 line += openloop.second_text(self.open_ticks[name, second])
