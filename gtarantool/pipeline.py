@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Tuple
 import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
+from tarantool.error import NetworkError
 
 from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout, not_sent
@@ -112,13 +113,14 @@ class Pipeline(ConnectionRequestMethods):
                 error = not_sent(RequestTimeout(
                     "pipeline: no connection or no room to send within request_timeout=%ss"
                     % conn.request_timeout))
-            # The rest were not sent: they keep their places, failed with this
-            # (a kill: wait() fails them, as every unanswered one).
+            elif not isinstance(exc, Exception):   # a kill: its requests still get an outcome
+                error = not_sent(NetworkError("pipeline: not sent: %s interrupted it"
+                                              % type(exc).__name__))
+            # The rest were not sent: they keep their places, failed with this.
             unsent = syncs[len(sink.syncs) - start:]
             sink.syncs += unsent
-            if isinstance(error, Exception):
-                for sync in unsent:
-                    sink.replies[sync] = error
+            for sync in unsent:
+                sink.replies[sync] = error
             if exc is timer:
                 raise error from None
             raise

@@ -11,9 +11,10 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
-from tarantool.error import InterfaceError
+from tarantool.error import DatabaseError, InterfaceError
 
 from gtarantool.protocol.constants import (
+    ER_WRONG_QUERY_ID,
     IPROTO_BIND_COUNT,
     IPROTO_BIND_METADATA,
     IPROTO_METADATA,
@@ -121,9 +122,19 @@ class PreparedStatement:
         deadline = conn._call_deadline()   # (one request_timeout for all its steps)
         if self._prepared_on() is not conn._reach(deadline):
             self._prepare(deadline)   # a new session: the old id names nothing there
-        resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(
-            {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}),
-            deadline=deadline)
+        body = {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}
+        try:
+            resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(body),
+                                 deadline=deadline)
+        except DatabaseError as exc:
+            # The same SQL prepared twice on a session shares one id: another
+            # statement's unprepare() removed it.  Refused unrun: prepare again.
+            if exc.code != ER_WRONG_QUERY_ID:
+                raise
+            self._prepare(deadline)
+            body[IPROTO_STMT_ID] = self.stmt_id
+            resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(body),
+                                 deadline=deadline)
         return as_execute_response(conn, resp)
 
     def unprepare(self) -> None:

@@ -23,7 +23,7 @@ from tarantool.error import InterfaceError, NetworkError
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
-from gtarantool.errors import not_sent
+from gtarantool.errors import applied, not_sent
 from gtarantool.pipeline import Pipeline
 from gtarantool.protocol.constants import (
     IPROTO_BEGIN,
@@ -169,8 +169,11 @@ class Stream(ConnectionRequestMethods):
         self._tx = transport   # its requests, BEGIN included, go to this session only
         try:
             self._request(IPROTO_BEGIN, conn._encoder.pack(body), deadline=deadline)
-        except BaseException:
-            self._tx = None
+        except BaseException as exc:
+            if applied(exc) is False:   # refused or never sent: nothing began
+                self._tx = None
+            else:   # it may have begun unanswered: roll it back, not waiting
+                self._abandon()
             raise
 
     def commit(self) -> None:
@@ -202,6 +205,24 @@ class Stream(ConnectionRequestMethods):
         finally:
             self._tx = None
 
+    def _abandon(self):
+        """End the transaction without waiting: a ROLLBACK whose reply nobody
+        awaits (its caller was killed or timed out, or its BEGIN went
+        unanswered), the stream free for the next one.  With no room to send
+        it now, or its session gone, the server rolls it back when the session
+        ends or the transaction times out."""
+        tx, self._tx = self._tx, None
+        if tx is None or tx.error is not None:
+            return
+        try:
+            sent = tx.send_detached(IPROTO_ROLLBACK, b"", next(self._conn._syncs),
+                                    self.stream_id)
+        except Exception:  # noqa: BLE001 - another process's socket: nothing to send there
+            sent = False
+        if not sent:
+            log.warning("stream %d: its transaction was abandoned without a rollback "
+                        "(the server ends it with the session or its timeout)", self.stream_id)
+
     def __repr__(self) -> str:
         return "<Stream %d%s>" % (self.stream_id, " in transaction" if self._tx else "")
 
@@ -210,7 +231,8 @@ class Stream(ConnectionRequestMethods):
 def transaction(conn: Any, isolation: Union[str, int, None] = None,
                 timeout: Optional[float] = None) -> Iterator[Stream]:
     """``Connection.transaction``: a new stream, begun on entry, committed on
-    normal exit, rolled back when the block raises (the exception goes on).
+    normal exit, rolled back when the block raises (the exception goes on;
+    killed or timed out by its caller, the rollback is sent without waiting).
 
     :param conn: the connection.
     :param isolation: as :meth:`Stream.begin`.
@@ -222,10 +244,13 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
     stream.begin(isolation, timeout)
     try:
         yield stream
-    except BaseException:
+    except Exception:
         try:
             stream.rollback()
         except Exception as exc:  # noqa: BLE001 - the block's exception matters more
             log.warning("rollback of stream %d failed: %s", stream.stream_id, exc)
+        raise
+    except BaseException:   # killed or timed out by its caller: it does not wait
+        stream._abandon()
         raise
     stream.commit()

@@ -422,6 +422,16 @@ class Transport(_State):
                 buf += (request_header(code, sync, 0, len(body), stream_id), body)
             start = stop
 
+    def send_detached(self, code, body, sync, stream_id=0):
+        """Queue one request whose reply nobody awaits (it is discarded when it
+        comes), when this transport is this process's, alive, not draining and
+        has room now: it never waits.  Returns whether it was queued."""
+        if (self._process != self._token() or self.error is not None or self.draining
+                or len(self._pending) >= self.max_in_flight):
+            return False
+        self.send_many([(code, body)], [sync], ReplySink(), stream_id)
+        return True
+
     def send_frames(self, frames, first_sync, count, sink):
         """Queue ``frames``, ``count`` whole requests encoded already (by
         ``Encoder.encode_batch``) with the syncs ``first_sync`` ..

@@ -296,7 +296,23 @@ def vshard(url):
     return out
 
 
-ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace", "imports")
+def url_options(url):
+    """Options in the --host URL take the connection's types; a bad one is said."""
+    sep = "&" if "?" in url else "?"
+    _, _, _, options = glocust.parse_host(
+        url + sep + "max_in_flight=10&lazy_errors=false&reconnect_max_attempts=2"
+        "&request_timeout=1.5&strategy=x")
+    bad = []
+    for extra in ("max_in_flight=ten", "lazy_errors=maybe", "request_timeout=soon"):
+        try:
+            glocust.parse_host(url + sep + extra)
+        except ValueError as exc:
+            bad.append(str(exc))
+    return {"options": options, "bad": bad}
+
+
+ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace", "imports",
+              "url_options")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ def test_lazy_connect_one_connection_per_process(cases):
     assert got["user"] == {"opened": 5, "server_connections": 5, "closed": True}
 
 
+def test_url_options_take_the_connections_types(cases):
+    got = cases["url_options"]
+    assert got["options"] == {"max_in_flight": 10, "lazy_errors": False,
+                              "reconnect_max_attempts": 2, "request_timeout": 1.5,
+                              "strategy": "x"}
+    assert got["bad"] == ["--host option max_in_flight='ten': expected an integer",
+                          "--host option lazy_errors='maybe': expected true or false",
+                          "--host option request_timeout='soon': expected a number"]
+
+
 def test_fork_child_opens_its_own_connection(cases):
     got = cases["fork"]
     assert got == {"child": {"same": False, "select": True, "opened": 1}, "parent_ok": True}

@@ -247,6 +247,27 @@ def test_a_pipeline_waiting_for_room_ends_within_request_timeout(srv):
     conn.close()
 
 
+def test_a_pipeline_killed_while_waiting_for_room_says_its_requests_were_not_sent(srv):
+    conn = connect(srv, max_in_flight=10)
+    conn.ping()
+    p = conn.pipeline()
+    srv.signal(signal.SIGSTOP)
+    try:
+        filler = gevent.spawn(lambda: [p.insert("kv", ("killed-%d" % i, i))
+                                       for i in range(300)])
+        gevent.sleep(0.3)
+        assert not filler.ready()   # (the 256th waits for room)
+        filler.kill()
+    finally:
+        srv.signal(signal.SIGCONT)
+    results = p.results()
+    assert len(results) == 256
+    unsent = [r for r in results[10:] if applied(r) is False]
+    assert len(unsent) == 246 and all(isinstance(r, NetworkError) for r in unsent)
+    assert len(p.failures()) == 246
+    conn.close()
+
+
 # -- graceful restarts -------------------------------------------------------------
 
 

@@ -60,6 +60,18 @@ def test_context_manager_unprepares(sql_conn):
     assert stmt_count(sql_conn) == before
 
 
+def test_the_same_sql_prepared_twice_survives_one_unprepare(sql_conn):
+    """A session gives the same SQL one id: one statement's unprepare() (a web
+    handler's ``with``) removed it for the other, whose execute() now prepares
+    again (the refusal, 211, ran nothing)."""
+    first = sql_conn.prepare("SELECT ? || 'x'")
+    second = sql_conn.prepare("SELECT ? || 'x'")
+    assert first.stmt_id == second.stmt_id
+    first.unprepare()
+    assert second.execute(["a"]).data == [["ax"]]
+    second.unprepare()
+
+
 def test_bad_input(sql_conn):
     with pytest.raises(DatabaseError, match="Syntax error|syntax error"):
         sql_conn.prepare("SELEKT 1")

@@ -298,3 +298,48 @@ def test_a_pipeline_in_a_transaction(mconn):
     assert [pipe.results()[i].data for i in places] == [[[1, "in the transaction"]],
                                                          [[2, "piped"]], []]
     s.rollback()
+
+
+@needs_streams
+def test_a_transaction_left_by_a_kill_or_a_timeout_is_rolled_back_without_waiting():
+    """Its caller timed out (gevent.Timeout) or killed inside transaction(), or
+    begin() unanswered within request_timeout: the call ends at once, a
+    ROLLBACK goes without waiting for its reply, and the stream starts afresh
+    (no row of the abandoned transaction, no "active transaction" refusal)."""
+    import signal
+    import time
+
+    srv = TarantoolServer(_lua(), cfg=MVCC)
+    srv.start()
+    try:
+        conn = connect(srv)
+        timed = connect(srv, request_timeout=0.3)
+        conn.ping()
+        timed.ping()
+        srv.signal(signal.SIGSTOP)
+        try:
+            def in_transaction():
+                with conn.transaction() as tx:
+                    tx.insert("tester", (71, "abandoned"))
+
+            started = time.monotonic()
+            with pytest.raises(gevent.Timeout):
+                with gevent.Timeout(0.3):
+                    in_transaction()
+            killed = gevent.spawn(in_transaction)
+            gevent.sleep(0.1)
+            killed.kill(timeout=2)
+            assert killed.dead
+            stream = timed.stream()
+            with pytest.raises(gtarantool.RequestTimeout):
+                stream.begin()
+            assert time.monotonic() - started < 2
+        finally:
+            srv.signal(signal.SIGCONT)
+        assert conn.select("tester", 71).data == []
+        stream.insert("tester", (72, "autocommitted"))   # not in the unanswered BEGIN's txn
+        assert conn.select("tester", 72).data == [[72, "autocommitted"]]
+        stream.begin()
+        stream.rollback()
+    finally:
+        srv.cleanup()

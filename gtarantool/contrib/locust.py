@@ -100,7 +100,9 @@ _passwords: Dict[str, str] = {}
 def parse_host(url):
     """``tarantool://[user[:password]@]host:port[,host:port...][?option=value&...]``
     -> ``(addresses, user, password, options)``; ``addresses`` is a list of
-    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers.  With a
+    ``(host, port)``; options named ``*_timeout`` or ``*_delay`` are numbers, the
+    connection's counts (``max_in_flight``...) integers, its switches
+    (``lazy_errors``...) true/false/1/0, others strings.  With a
     user and no password in the URL, the password is the one :func:`hide_password` took
     out of this URL in this process, else ``$TARANTOOL_PASSWORD``, else None."""
     if not url:
@@ -118,13 +120,33 @@ def parse_host(url):
         if not sep or not host or not port.isdigit():
             raise ValueError("expected host:port in --host %r, got %r" % (url, part))
         addresses.append((host.strip("[]"), int(port)))
-    options = {}
-    for key, value in urllib.parse.parse_qsl(parsed.query):
-        options[key] = float(value) if key.endswith(("_timeout", "_delay")) else value
+    options = {key: _option(key, value) for key, value in urllib.parse.parse_qsl(parsed.query)}
     user, password = urllib.parse.unquote(user) or None, urllib.parse.unquote(password) or None
     if user and not password:
         password = _passwords.get(url) or os.environ.get(PASSWORD_ENV) or None
     return addresses, user, password, options
+
+
+_COUNTS = frozenset(("max_in_flight", "max_response_size", "reconnect_max_attempts"))
+_SWITCHES = frozenset(("lazy_errors", "fetch_schema", "retry_reads", "connect_now"))
+_WORDS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
+def _option(key, value):
+    """A URL option's value as the connection takes it; ValueError says which."""
+    try:
+        if key.endswith(("_timeout", "_delay")):
+            return float(value)
+        if key in _COUNTS:
+            return int(value)
+        if key in _SWITCHES:
+            return _WORDS[value.lower()]
+    except (ValueError, KeyError):
+        raise ValueError("--host option %s=%r: expected %s" % (
+            key, value, "true or false" if key in _SWITCHES else
+            "an integer" if key in _COUNTS else "a number")) from None
+    return value
 
 
 def hide_password(url):
@@ -310,7 +332,8 @@ class TarantoolClient:
             else:
                 raise ValueError("connection_scope must be 'process' or 'user', not %r"
                                  % (user.connection_scope,))
-        except (NetworkError, ValueError, ConfigurationError) as exc:
+        except (NetworkError, ValueError, TypeError, ConfigurationError) as exc:
+            # (TypeError: an option the connection does not take)
             _stop_run(self._environment, url, exc)
             raise StopUser() from None
         self._conn = conn
