@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 from tarantool.error import DatabaseError, InterfaceError
 
+from gtarantool.errors import not_sent
 from gtarantool.protocol.constants import (
     ER_WRONG_QUERY_ID,
     IPROTO_BIND_COUNT,
@@ -117,7 +118,7 @@ class PreparedStatement:
         :raises tarantool.error.NetworkError: the connection could not be (re)established.
         """
         if self.stmt_id is None:
-            raise InterfaceError("the statement %r was unprepared" % (self.sql,))
+            raise not_sent(InterfaceError("the statement %r was unprepared" % (self.sql,)))
         conn = self._conn
         deadline = conn._call_deadline()   # (one request_timeout for all its steps)
         if self._prepared_on() is not conn._reach(deadline):

@@ -156,7 +156,8 @@ class Stream(ConnectionRequestMethods):
         deadline = conn._call_deadline()   # (one request_timeout for all its steps)
         features.require(conn, features.TRANSACTIONS, deadline)
         if self._tx is not None:
-            raise InterfaceError("stream %d already has an open transaction" % self.stream_id)
+            raise not_sent(InterfaceError("stream %d already has an open transaction"
+                                          % self.stream_id))
         body: Dict[int, Any] = {}
         if isolation is not None:
             body[IPROTO_TXN_ISOLATION] = isolation_code(isolation)

@@ -47,8 +47,9 @@ def test_prepare_and_execute(sql_conn):
     insert.unprepare()
     select.unprepare()
     assert stmt_count(sql_conn) == before
-    with pytest.raises(InterfaceError, match="unprepared"):
+    with pytest.raises(InterfaceError, match="unprepared") as err:
         insert.execute([10, "x"])
+    assert err.value.applied is False   # (nothing was sent)
     insert.unprepare()   # twice is harmless
 
 

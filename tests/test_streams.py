@@ -95,9 +95,10 @@ def test_commit_and_rollback(mconn):
     s.insert("tester", (2, "dropped"))
     s.rollback()
     assert mconn.select("tester", 2).data == []
-    with pytest.raises(InterfaceError, match="already has an open transaction"):
+    with pytest.raises(InterfaceError, match="already has an open transaction") as err:
         s.begin()
         s.begin()
+    assert err.value.applied is False
     s.rollback()
 
 
