@@ -162,7 +162,8 @@ class Stream(ConnectionRequestMethods):
         if isolation is not None:
             body[IPROTO_TXN_ISOLATION] = isolation_code(isolation)
         if timeout is not None:
-            if not isinstance(timeout, (int, float)) or not timeout > 0:   # (NaN too)
+            if type(timeout) is bool or not isinstance(timeout, (int, float)) \
+                    or not timeout > 0:   # (NaN too)
                 raise ValueError("timeout must be a positive number of seconds, not %r"
                                  % (timeout,))
             body[IPROTO_TIMEOUT] = float(timeout)

@@ -187,7 +187,7 @@ def test_transaction_times_out_on_the_server(mconn):
     assert mconn.select("tester").data == []
     s.begin()   # the stream is usable again
     s.rollback()
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), True):
         with pytest.raises(ValueError):
             s.begin(timeout=bad)
 
