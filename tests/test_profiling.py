@@ -95,3 +95,25 @@ def test_alias_module_gives_the_same_functions():
     from gtarantool.profiling import profile, profile_for
     assert profile is profiling.profile and profile_for is profiling.profile_for
     assert gtarantool.profiling.Profiler is profiling.Profiler
+
+
+def test_a_profile_that_cannot_be_written_is_refused_before_the_block(tmp_path):
+    from gtarantool.contrib.profiling import profile
+    ran = []
+    with pytest.raises(OSError, match="cannot write the profile"):
+        with profile(str(tmp_path / "no-such-dir" / "p.callgrind")):
+            ran.append(True)
+    assert not ran
+    with pytest.raises(OSError, match="cannot write the profile"):
+        with profile(str(tmp_path)):   # (a directory)
+            ran.append(True)
+    assert not ran
+
+
+def test_a_block_that_raises_keeps_its_exception(tmp_path):
+    from gtarantool.contrib.profiling import profile
+    path = tmp_path / "p.callgrind"
+    with pytest.raises(KeyError):
+        with profile(str(path)):
+            raise KeyError("the block's")
+    assert path.exists()

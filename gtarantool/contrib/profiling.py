@@ -155,14 +155,25 @@ def profile(path, clock="cpu", per_greenlet=False):
 
     :param path: the callgrind file to write.
     :param clock: ``"cpu"`` (CPU time per greenlet) or ``"wall"`` (time blocked included).
-    :param per_greenlet: also write one file per greenlet name beside ``path``."""
+    :param per_greenlet: also write one file per greenlet name beside ``path``.
+    :raises OSError: ``path``'s directory cannot be written (before the block
+        runs; a failure to save after a block that raised leaves its exception)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK) or os.path.isdir(path):
+        raise OSError("cannot write the profile %s" % (path,))
     profiler = Profiler(clock)
     profiler.start()
     try:
         yield profiler
-    finally:
+    except BaseException:
         profiler.stop()
-        profiler.save(path, per_greenlet)
+        try:
+            profiler.save(path, per_greenlet)
+        except OSError as exc:   # (the block's exception is the one to see)
+            sys.stderr.write("gtarantool.profiling: the profile was not saved: %s\n" % exc)
+        raise
+    profiler.stop()
+    profiler.save(path, per_greenlet)
 
 
 def profile_for(seconds, path, clock="cpu", per_greenlet=False):
