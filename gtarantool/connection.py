@@ -661,6 +661,8 @@ class Connection(RequestMethods, tarantool.Connection):
                     refusal = exc
                     if not self._resend(exc, code, retries, stream, deadline, body, version):
                         refused(exc, code)
+                        # (a pool re-sending it elsewhere ends there by the same time)
+                        exc.call_deadline = deadline
                         raise
                     refusal = None
                     retries -= 1

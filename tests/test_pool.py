@@ -590,6 +590,71 @@ def test_wait_timeout_waits_for_a_master_and_close_leaves_nothing(rs):
     assert all(i["connected"] is False for i in pool.info().values())
 
 
+def test_close_under_load_leaves_no_connection_reopened(rs):
+    """Writers keep calling while close() stops the instances one by one (each
+    stop yields): none of them may reopen a connection close() closed."""
+    pool = make_pool(rs, wait_timeout=5, request_timeout=2)
+    keys = iter(range(1_000_000, 2_000_000))
+    running = [True]
+
+    def writer():
+        while running[0]:
+            try:
+                pool.insert("tester", (next(keys), "load"))
+            except Exception:  # noqa: BLE001 - ConnectionClosed once closing
+                gevent.sleep(0.01)
+
+    writers = [gevent.spawn(writer) for _ in range(200)]
+    gevent.sleep(0.3)
+    pool.close()
+    gevent.sleep(0.2)
+    running[0] = False
+    gevent.joinall(writers, timeout=10)
+    gevent.sleep(0.5)
+    assert all(i["connected"] is False for i in pool.info().values()), pool.info()
+    assert all(i.conn.is_closed() for i in pool.pool.values())
+
+
+@pytest.mark.timing
+def test_a_rerouted_write_ends_within_its_request_timeout(rs):
+    """The old master refuses late (its thread busy 0.8 s) and the new one is
+    busy when the write comes to it: the re-sent write ends at the first
+    send's request_timeout, not a whole second one after the refusal."""
+    master, r1, _ = rs.servers
+    pool = make_pool(rs, wait_timeout=0, request_timeout=1.0)
+    busy = "local c = require('clock') local t = c.monotonic() " \
+           "while c.monotonic() - t < ... do end"
+    try:
+        pool.insert("tester", (1, "warm"))
+        with admin(r1) as conn:
+            conn.eval("box.cfg{read_only = false}")   # two writable for a moment
+        wait_until(lambda: sum(i["role"] == "master" for i in pool.info().values()) == 2)
+        old, new = admin(master), admin(r1)
+        refusing = gevent.spawn(old.eval, "box.cfg{read_only = true} " + busy, 0.8)
+        gevent.sleep(0.01)
+        took = []
+
+        def write(key):
+            started = time.monotonic()
+            try:
+                pool.insert("tester", (key, "x"))
+            except Exception as exc:  # noqa: BLE001 - its outcome is checked below
+                took.append((time.monotonic() - started, exc))
+            else:
+                took.append((time.monotonic() - started, None))
+
+        writes = [gevent.spawn(write, key) for key in range(100, 140)]
+        gevent.sleep(0.3)
+        stalled = gevent.spawn(new.eval, busy, 1.2)
+        gevent.joinall(writes + [refusing, stalled], timeout=20)
+        old.close()
+        new.close()
+        assert pool.rerouted_writes > 0
+        assert max(t for t, _ in took) <= 1.0 + slack(0.3), sorted(took, key=lambda t: -t[0])[:3]
+    finally:
+        pool.close()
+
+
 def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
     """The last member cannot bind its port: start() raises, and the master and
     the first replica, running by then, are stopped, not left behind."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Opt
 
 import gevent
 import gevent.event
+from gevent import Timeout
 from tarantool.connection_pool import InstanceState, Mode, Status
 from tarantool.const import (
     POOL_INSTANCE_RECONNECT_DELAY,
@@ -101,6 +102,26 @@ def _request_errors(method):
         method.__doc__ = (method.__doc__.rstrip() + "\n"
                           + _REQUEST_ERRORS.lstrip("\n").format(missing=missing))
     return method
+
+
+def _by(end, call, args, kwargs):
+    """``call(*args, **kwargs)``, a re-routed write, ended at ``end`` (the first
+    send's ``request_timeout``): a RequestTimeout then, ``applied`` False when
+    it was not written yet."""
+    timer = Timeout(max(0.0, end - time.monotonic()))
+    timer.start()
+    try:
+        return call(*args, **kwargs)
+    except Timeout as exc:
+        if exc is not timer:
+            raise
+        error = RequestTimeout("request_timeout ran out re-sending a write the old master "
+                               "refused; it may still execute on the new one")
+        if getattr(exc, "unsent", False):
+            error = not_sent(error)
+        raise error from None
+    finally:
+        timer.close()
 
 
 def _routed(method):
@@ -310,9 +331,13 @@ class ConnectionPool(_PoolBase):
         """Close every connection and kill (and join) every monitor greenlet;
         callers waiting for an instance get ConnectionClosed."""
         self._closed = True
-        for instance in list(self.pool.values()):
-            self._stop(instance)
+        instances = list(self.pool.values())
+        # Out of the rotation first: stopping one yields, and a caller routed to
+        # another meanwhile would find its connection closed and reopen it.
+        for instance in instances:
             self._set_state(instance, UNHEALTHY, None, None)
+        for instance in instances:
+            self._stop(instance)
         self._changed()
 
     def is_closed(self) -> bool:
@@ -431,11 +456,12 @@ class ConnectionPool(_PoolBase):
                 changed.wait(remaining)
                 check_process(token)
 
-    def _failed(self, instance, exc, mode, may_resend, method=None, deadline=None):
+    def _failed(self, instance, exc, mode, may_resend, method=None, deadline=None, end=None):
         """A request on ``instance`` raised ``exc`` (being handled): learn from it,
         then re-raise it, or return another instance to re-send a read to, or
-        ``(instance, deadline)`` for a write refused unapplied (re-routes end
-        at ``deadline``: ``wait_timeout`` after the first).  ``method``: the
+        ``(instance, deadline, end)`` for a write refused unapplied (re-routes
+        end at ``deadline``: ``wait_timeout`` after the first; the call at
+        ``end``, its ``request_timeout``'s, or None).  ``method``: the
         request's, when it is no data method's Route (which passes None)."""
         instance.errors += 1
         if not isinstance(exc, NetworkError):   # (a DatabaseError subclass)
@@ -446,7 +472,7 @@ class ConnectionPool(_PoolBase):
                     self._set_state(instance, HEALTHY, True, instance.box_status)
                 instance.wakeup.set()
             if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
-                return self._reroute_write(instance, exc, mode, deadline)
+                return self._reroute_write(instance, exc, mode, deadline, end)
             raise exc
         if isinstance(exc, (RequestTimeout, CopiedCall, InheritedSocket)):
             raise exc   # (the last two: a copy of the parent's caller, in a forked child)
@@ -464,13 +490,19 @@ class ConnectionPool(_PoolBase):
             raise exc
         return other
 
-    def _reroute_write(self, instance, exc, mode, deadline):
-        """``(instance, deadline)`` for a write ``instance`` refused with ``exc``
-        before applying it: the one holding the role now, waited for until
-        ``deadline`` (None: ``wait_timeout`` from now, the first re-route);
-        else ``exc`` is raised."""
+    def _reroute_write(self, instance, exc, mode, deadline, end=None):
+        """``(instance, deadline, end)`` for a write ``instance`` refused with
+        ``exc`` before applying it: the one holding the role now, waited for
+        until ``deadline`` (None: ``wait_timeout`` from now, the first
+        re-route), no later than the call's ``end`` (its ``request_timeout``,
+        which the connection's refusal carries as ``call_deadline``); else
+        ``exc`` is raised."""
         if deadline is None:
             deadline = time.monotonic() + self.wait_timeout
+        ends = [t for t in (end, getattr(exc, "call_deadline", None)) if t is not None]
+        end = min(ends) if ends else None
+        if end is not None:
+            deadline = min(deadline, end)
         try:
             other = self._wait_for(mode, deadline)
         except PoolTopologyError:
@@ -481,7 +513,7 @@ class ConnectionPool(_PoolBase):
         self.rerouted_writes += 1
         monitoring.emit(monitoring.WriteReroutedEvent, instance.name, to=other.name,
                         code=getattr(exc, "code", None))
-        return other, deadline
+        return other, deadline, end
 
     @staticmethod
     def _drained(instance):
@@ -491,18 +523,20 @@ class ConnectionPool(_PoolBase):
     def _send(self, target, mode, method, args, kwargs, may_resend):
         """Send on ``target`` (an instance, or ``(instance, deadline)`` from
         ``_failed``), and again where ``_failed`` says, in a loop: re-routes
-        of a write end at their deadline."""
-        deadline = None
+        of a write end at their deadline, the re-sent write by its call's end."""
+        deadline = end = None
         while True:
             if type(target) is tuple:
-                target, deadline = target
+                target, deadline, end = target
             instance = target
             instance.in_flight += 1
             instance.requests += 1
             try:
-                return getattr(instance.conn, method)(*args, **kwargs)
+                if end is None:
+                    return getattr(instance.conn, method)(*args, **kwargs)
+                return _by(end, getattr(instance.conn, method), args, kwargs)
             except Exception as exc:
-                target = self._failed(instance, exc, mode, may_resend, method, deadline)
+                target = self._failed(instance, exc, mode, may_resend, method, deadline, end)
             finally:
                 instance.in_flight -= 1
                 if instance.drained is not None:
