@@ -493,15 +493,8 @@ class Connection(RequestMethods, tarantool.Connection):
             deadline = self._call_deadline()
             if deadline is None:
                 return self._ensure_connected()
-        timer = Timeout._start_new_or_dummy(max(0.0, deadline - time.monotonic()))
-        try:
-            return self._ensure_connected(deadline)
-        except Timeout as exc:
-            if exc is not timer:
-                raise
-            raise self._timed_out(exc, None) from None
-        finally:
-            timer.close()
+        return self._timed(max(0.0, deadline - time.monotonic()), None,
+                           self._ensure_connected, deadline)
 
     def _wait_for_connect(self, deadline=None):
         """Wait until no other greenlet is connecting (its ``connect()``
@@ -624,10 +617,12 @@ class Connection(RequestMethods, tarantool.Connection):
         """``_request`` for a call in a stream or with a ``request_timeout``,
         which bounds the whole call: one timer and one deadline for the wait
         for a connection, the request, and any re-send (docs/guarantees.rst)."""
-        if deadline is None:
-            deadline = self._call_deadline()
-        timer = Timeout._start_new_or_dummy(
-            None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if deadline is None:   # (the usual call: one clock read)
+            timeout = self.request_timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
+        else:
+            timeout = max(0.0, deadline - time.monotonic())
+        timer = Timeout._start_new_or_dummy(timeout)
         sync = None
         refusal = None   # a refusal proven not applied, while its re-send waits
         try:
@@ -704,9 +699,15 @@ class Connection(RequestMethods, tarantool.Connection):
 
     def _wait(self, transport, sync, code, body):
         """Send one request and wait for its reply, at most ``request_timeout``."""
-        timer = Timeout._start_new_or_dummy(self.request_timeout)
+        return self._timed(self.request_timeout, sync, transport.request, sync, code,
+                           self.schema_version, body)
+
+    def _timed(self, seconds, sync, call, *args):
+        """``call(*args)`` within ``seconds`` (None: no limit); when they run
+        out, the ``RequestTimeout`` of the request ``sync`` (None: not sent)."""
+        timer = Timeout._start_new_or_dummy(seconds)
         try:
-            return transport.request(sync, code, self.schema_version, body)
+            return call(*args)
         except Timeout as exc:
             if exc is not timer:
                 raise
