@@ -114,12 +114,15 @@ static PyObject *hooks[N_HOOKS];   /* their interned names */
  *
  * (_size: the reply's bytes on the wire, set by the reader's fast paths), and
  * `data`, _data read-only: tarantool-python's property, read on nearly every
- * reply, as a member (no Python call).
+ * reply, as a member (no Python call).  A body that is only {IPROTO_DATA:
+ * rows} (nearly every reply's) is kept as `rows`, and _body makes the map
+ * when first read: most callers read data, never the body.
  * Anything else a response holds (an error's _return_message ...) is an
  * ordinary attribute of the Python class. */
 typedef struct {
     PyObject_HEAD
     PyObject *conn, *sync, *code, *body, *schema_version, *return_code, *data, *size;
+    PyObject *rows;   /* the body's one value, while body is NULL (see above) */
 } ResponseCore;
 
 #define RESPONSE_MEMBER(name, field) \
@@ -129,7 +132,6 @@ static PyMemberDef ResponseCore_members[] = {
     RESPONSE_MEMBER("conn", conn),
     RESPONSE_MEMBER("_sync", sync),
     RESPONSE_MEMBER("_code", code),
-    RESPONSE_MEMBER("_body", body),
     RESPONSE_MEMBER("_schema_version", schema_version),
     RESPONSE_MEMBER("_return_code", return_code),
     RESPONSE_MEMBER("_data", data),
@@ -151,6 +153,7 @@ ResponseCore_traverse(ResponseCore *self, visitproc visit, void *arg)
     Py_VISIT(self->return_code);
     Py_VISIT(self->data);
     Py_VISIT(self->size);
+    Py_VISIT(self->rows);
     return 0;
 }
 
@@ -165,8 +168,49 @@ ResponseCore_clear(ResponseCore *self)
     Py_CLEAR(self->return_code);
     Py_CLEAR(self->data);
     Py_CLEAR(self->size);
+    Py_CLEAR(self->rows);
     return 0;
 }
+
+/* _body: the body map, made from `rows` when first read */
+static PyObject *
+ResponseCore_get_body(ResponseCore *self, void *closure)
+{
+    if (self->body == NULL && self->rows != NULL) {
+        PyObject *body = PyDict_New();
+
+        if (body == NULL || PyDict_SetItem(body, data_key, self->rows) < 0) {
+            Py_XDECREF(body);
+            return NULL;
+        }
+        self->body = body;
+        Py_CLEAR(self->rows);
+    }
+    if (self->body == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '_body'",
+                     Py_TYPE(self)->tp_name);
+        return NULL;
+    }
+    return Py_NewRef(self->body);
+}
+
+static int
+ResponseCore_set_body(ResponseCore *self, PyObject *value, void *closure)
+{
+    if (value == NULL && self->body == NULL && self->rows == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '_body'",
+                     Py_TYPE(self)->tp_name);
+        return -1;
+    }
+    Py_CLEAR(self->rows);
+    Py_XSETREF(self->body, Py_XNewRef(value));
+    return 0;
+}
+
+static PyGetSetDef ResponseCore_getset[] = {
+    {"_body", (getter)ResponseCore_get_body, (setter)ResponseCore_set_body, NULL, NULL},
+    {NULL}
+};
 
 static void
 ResponseCore_dealloc(ResponseCore *self)
@@ -185,6 +229,7 @@ static PyTypeObject ResponseCoreType = {
               "protocol.responses.Response derives from it.",
     .tp_new = PyType_GenericNew,
     .tp_members = ResponseCore_members,
+    .tp_getset = ResponseCore_getset,
     .tp_traverse = (traverseproc)ResponseCore_traverse,
     .tp_clear = (inquiry)ResponseCore_clear,
     .tp_dealloc = (destructor)ResponseCore_dealloc,
@@ -851,13 +896,36 @@ check_response_type(PyObject *type)
     return 0;
 }
 
-/* protocol.ok_response, without conn (the caller sets it); `size`, the
- * frame's bytes, goes to _size when there is one (else unset). */
+/* An OK reply's body when it is the map {IPROTO_DATA: rows}, nearly every
+ * reply's: rows (new reference), decoded as unpack_body decodes them; else
+ * NULL, no error set (the body goes the general way, which says what fails). */
+static PyObject *
+data_only(const Decoding *d, const unsigned char *start, Py_ssize_t size)
+{
+    PyObject *rows;
+
+    if (size < 3 || start[0] != 0x81 || start[1] != IPROTO_DATA)
+        return NULL;
+    {
+        Reader r = {start + 2, start + size, PyObject_IsTrue(d->use_list),
+                    PyObject_IsTrue(d->raw), 0, NULL, NULL, 0};
+        rows = r.use_list < 0 || r.raw < 0 ? NULL : read_object(&r, 1);
+        if (rows != NULL && r.p == r.end)
+            return rows;
+    }
+    Py_XDECREF(rows);
+    PyErr_Clear();
+    return NULL;
+}
+
+/* protocol.ok_response, without conn (the caller sets it), for the decoded
+ * `body` map, or (body NULL) for a body that is {IPROTO_DATA: rows}; `size`,
+ * the frame's bytes, goes to _size when there is one (else unset). */
 static PyObject *
 ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
-            PyObject *size)
+            PyObject *rows, PyObject *size)
 {
-    PyObject *resp, *rows, *data;
+    PyObject *resp, *data;
 
     resp = d->response_type->tp_new(d->response_type, empty_tuple, NULL);
     if (resp == NULL)
@@ -867,9 +935,11 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
                      d->response_type->tp_name, Py_TYPE(resp)->tp_name);
         goto fail;
     }
-    rows = PyDict_GetItemWithError(body, data_key);   /* borrowed */
-    if (rows == NULL && PyErr_Occurred())
-        goto fail;
+    if (body != NULL) {
+        rows = PyDict_GetItemWithError(body, data_key);   /* borrowed */
+        if (rows == NULL && PyErr_Occurred())
+            goto fail;
+    }
     if (rows == NULL) {
         data = Py_NewRef(Py_None);
     } else if (PyList_Check(rows) || PyTuple_Check(rows)) {
@@ -889,7 +959,10 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
         Py_XSETREF(r->data, data);
         Py_XSETREF(r->sync, Py_NewRef(sync));
         Py_XSETREF(r->code, Py_NewRef(zero));
-        Py_XSETREF(r->body, Py_NewRef(body));
+        if (body != NULL)
+            Py_XSETREF(r->body, Py_NewRef(body));
+        else
+            Py_XSETREF(r->rows, Py_NewRef(rows));
         Py_XSETREF(r->schema_version, Py_NewRef(schema));
         Py_XSETREF(r->return_code, Py_NewRef(zero));
         if (size != NULL)
@@ -1144,15 +1217,29 @@ reply_size(ReplyCutter *self, const Header *h)
     return Py_NewRef(self->size);
 }
 
-/* An OK reply as its caller gets it: the response object for a body that is a
- * map, else the tuple (sync, 0, schema version, body or the exception decoding
- * it raised, None). */
+/* An OK reply's body, `n` bytes at `start`, as its caller gets it: the
+ * response object for a body that is a map, else the tuple (sync, 0, schema
+ * version, body or the exception decoding it raised, None). */
 static PyObject *
-ok_reply(ReplyCutter *self, PyObject *sync, PyObject *schema, PyObject *size, PyObject *body)
+ok_reply(ReplyCutter *self, PyObject *sync, PyObject *schema, PyObject *size,
+         const unsigned char *start, Py_ssize_t n)
 {
+    PyObject *rows = data_only(&self->decoding, start, n), *body, *value;
+
+    if (rows != NULL) {
+        value = ok_response(&self->decoding, sync, schema, NULL, rows, size);
+        Py_DECREF(rows);
+        return value;
+    }
+    body = decode_body(&self->decoding, start, n, 0);
+    if (body == NULL)
+        return NULL;
     if (PyDict_CheckExact(body))
-        return ok_response(&self->decoding, sync, schema, body, size);
-    return PyTuple_Pack(5, sync, zero, schema, body, Py_None);
+        value = ok_response(&self->decoding, sync, schema, body, NULL, size);
+    else
+        value = PyTuple_Pack(5, sync, zero, schema, body, Py_None);
+    Py_DECREF(body);
+    return value;
 }
 
 /* Queue the reply `h` (whose waiter is already popped); `defer`: an OK reply
@@ -1173,21 +1260,15 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
         self->schema_value = h->schema;
     }
     schema = Py_NewRef(self->schema);
-    if (h->code >= IPROTO_TYPE_ERROR || (defer && h->code == 0))
-        /* an error's decoded when read: most callers test only the code */
-        body = PyBytes_FromStringAndSize((const char *)start, body_size);
-    else
-        body = decode_body(&self->decoding, start, body_size, 0);
-    if (body == NULL)
-        goto done;
     if (h->code == 0) {
         size = reply_size(self, h);
         if (size == NULL)
             goto done;
         if (defer) {
-            RawReply *raw = PyObject_New(RawReply, &RawReplyType);
+            RawReply *raw;
 
-            if (raw == NULL)
+            if ((body = PyBytes_FromStringAndSize((const char *)start, body_size)) == NULL
+                    || (raw = PyObject_New(RawReply, &RawReplyType)) == NULL)
                 goto done;
             raw->sync = Py_NewRef(sync);
             raw->schema = Py_NewRef(schema);
@@ -1195,9 +1276,16 @@ take(ReplyCutter *self, PyObject *waiter, PyObject *sync, const Header *h,
             raw->body = Py_NewRef(body);
             value = (PyObject *)raw;
         } else {
-            value = ok_reply(self, sync, schema, size, body);
+            value = ok_reply(self, sync, schema, size, start, body_size);
         }
     } else {
+        if (h->code >= IPROTO_TYPE_ERROR)
+            /* an error's decoded when read: most callers test only the code */
+            body = PyBytes_FromStringAndSize((const char *)start, body_size);
+        else
+            body = decode_body(&self->decoding, start, body_size, 0);
+        if (body == NULL)
+            goto done;
         code = PyLong_FromUnsignedLongLong(h->code);
         if (code == NULL)
             goto done;
@@ -1410,15 +1498,9 @@ static PyObject *
 finish(ReplyCutter *self, PyObject *raw)
 {
     RawReply *r = (RawReply *)raw;
-    PyObject *body, *value;
 
-    body = decode_body(&self->decoding, (const unsigned char *)PyBytes_AS_STRING(r->body),
-                       PyBytes_GET_SIZE(r->body), 0);
-    if (body == NULL)
-        return NULL;
-    value = ok_reply(self, r->sync, r->schema, r->size, body);
-    Py_DECREF(body);
-    return value;
+    return ok_reply(self, r->sync, r->schema, r->size,
+                    (const unsigned char *)PyBytes_AS_STRING(r->body), PyBytes_GET_SIZE(r->body));
 }
 
 static PyObject *
@@ -2589,25 +2671,30 @@ responses(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 && PyBytes_CheckExact(PyTuple_GET_ITEM(value, 2))
                 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 2)) > 0
                 && is_zero(PyTuple_GET_ITEM(value, 0))) {
-            PyObject *bytes = PyTuple_GET_ITEM(value, 2);
-            PyObject *body = decode_body(&d, (const unsigned char *)PyBytes_AS_STRING(bytes),
-                                         PyBytes_GET_SIZE(bytes), 0);
-            if (body == NULL) {
+            PyObject *bytes = PyTuple_GET_ITEM(value, 2), *schema = PyTuple_GET_ITEM(value, 1);
+            const unsigned char *start = (const unsigned char *)PyBytes_AS_STRING(bytes);
+            PyObject *rows = data_only(&d, start, PyBytes_GET_SIZE(bytes)), *body;
+            int failed;
+
+            if (rows != NULL) {
+                result = ok_response(&d, sync, schema, NULL, rows, NULL);
+                Py_DECREF(rows);
+                failed = result == NULL;
+            } else {
+                body = decode_body(&d, start, PyBytes_GET_SIZE(bytes), 0);
+                failed = body == NULL;
+                if (body != NULL && PyDict_CheckExact(body)) {
+                    result = ok_response(&d, sync, schema, body, NULL, NULL);
+                    failed = result == NULL;
+                }
+                Py_XDECREF(body);   /* an error or not a map: the general way says which */
+            }
+            if (failed) {
                 Py_DECREF(value);
                 goto error;
             }
-            if (PyDict_CheckExact(body)) {
-                result = ok_response(&d, sync, PyTuple_GET_ITEM(value, 1), body, NULL);
-                if (result != NULL)
-                    Py_XSETREF(((ResponseCore *)result)->conn, Py_NewRef(conn));
-                Py_DECREF(body);
-                if (result == NULL) {
-                    Py_DECREF(value);
-                    goto error;
-                }
-            } else {
-                Py_DECREF(body);   /* an error or not a map: the general way says which */
-            }
+            if (result != NULL)
+                Py_XSETREF(((ResponseCore *)result)->conn, Py_NewRef(conn));
         }
         if (result == NULL)
             result = PyObject_CallFunctionObjArgs(general, sync, value, NULL);

@@ -209,6 +209,24 @@ def test_response_is_sequence(conn):
     assert r.return_code == 0 and r.sync > 0
 
 
+def test_a_responses_body_is_the_map_tarantool_python_holds(conn, ref):
+    """A reply whose body is only its data keeps the rows and makes the map
+    when it is first read: the same map each time, holding the data list
+    itself, equal to tarantool-python's; set or deleted like any field."""
+    conn.replace("tester", (3_000_001, "body", 1))
+    with conn.pipeline() as p:
+        p.select("tester", 3_000_001)
+    for r in (conn.select("tester", 3_000_001), p.results()[0]):
+        theirs = ref.select("tester", 3_000_001)
+        assert r.body is r._body and r._body == theirs.body == {0x30: [[3_000_001, "body", 1]]}
+        assert r._body[0x30] is r.data
+        r._body = {1: 2}
+        assert r.body == {1: 2} and r.data == [[3_000_001, "body", 1]]
+        del r._body
+        with pytest.raises(AttributeError):
+            r.body
+
+
 def test_server_error_reaches_only_the_caller(conn):
     results = {}
 

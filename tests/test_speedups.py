@@ -393,8 +393,21 @@ def test_a_transport_cores_fields_start_unset_and_hold_any_object():
 
 def test_the_response_core_and_its_python_twin_hold_the_same_fields():
     members = {name for name, value in vars(_speedups.ResponseCore).items()
-               if type(value) is types.MemberDescriptorType}
+               if type(value) in (types.MemberDescriptorType, types.GetSetDescriptorType)}
     assert members == set(ResponseFields.__slots__) | {"data"}
+    # ``_body`` starts unset, holds any object and can be deleted, as a slot
+    for cls in (_speedups.ResponseCore, ResponseFields):
+        response = cls.__new__(cls)
+        with pytest.raises(AttributeError, match="_body"):
+            response._body
+        value = object()
+        response._body = value
+        assert response._body is value
+        del response._body
+        with pytest.raises(AttributeError, match="_body"):
+            response._body
+        with pytest.raises(AttributeError, match="_body"):
+            del response._body
     # ``data`` reads ``_data`` and cannot be set, in both
     for cls in (_speedups.ResponseCore, ResponseFields):
         response = cls.__new__(cls)
