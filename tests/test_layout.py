@@ -179,3 +179,27 @@ def test_the_pool_and_the_router_are_imported_when_first_named():
                          check=True).stdout.split()
     assert out == ["[]", "gtarantool.pool.connection_pool", "gtarantool.sharding.router", "RW",
                    "True", "False"]
+
+
+# ``pip install gtarantool`` fetches PyPI's gtarantool, another project.
+PIP_FROM_PYPI = re.compile(r"""pip install\s+(-\S+\s+)*['"]?gtarantool\b""")
+
+
+def _texts_users_read():
+    for pattern in ("README.rst", "CONTRIBUTING.rst", "docs/*.rst", "examples/**/*.py",
+                    "gtarantool/**/*.py", "bench/**/*.py"):
+        yield from glob.glob(os.path.join(ROOT, pattern), recursive=True)
+
+
+def test_no_text_installs_pypis_gtarantool():
+    """What the docs, the messages and the examples tell a user to install is
+    this checkout (``pip install .``, ``'.[extra]'``), never ``gtarantool`` by
+    name, but where the README and the install guide say it is not this one."""
+    found = []
+    for path in _texts_users_read():
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if PIP_FROM_PYPI.search(line) and "not this project" not in line:
+                    found.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number,
+                                                line.strip()))
+    assert not found, "\n".join(found)

@@ -86,7 +86,8 @@ def instrument(sampler="env", span_exporter=None, metric_reader=None):
 
         from gtarantool.contrib.opentelemetry import GtarantoolInstrumentor
     except ImportError as exc:
-        raise SystemExit("--otel needs gtarantool[otel] and opentelemetry-sdk: %s" % exc)
+        raise SystemExit("--otel needs the otel extra and the SDK (in a checkout: "
+                         "pip install '.[otel]' opentelemetry-sdk): %s" % exc)
     if sampler not in SAMPLERS:
         raise SystemExit("--otel %s: expected one of %s" % (sampler, ", ".join(SAMPLERS)))
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {

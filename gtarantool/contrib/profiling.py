@@ -1,4 +1,5 @@
-"""Greenlet-aware profiles for kcachegrind, built on yappi (``pip install 'gtarantool[profile]'``).
+"""Greenlet-aware profiles for kcachegrind, built on yappi (``pip install yappi``,
+or the ``profile`` extra).
 
 yappi runs with greenlet contexts and traces builtins (``socket.recv``, ``greenlet.switch``
 ...), without which time in C calls and switches skews the call tree.  With the CPU clock
@@ -28,8 +29,8 @@ from collections import defaultdict, namedtuple
 from greenlet import getcurrent
 
 CLOCKS = ("cpu", "wall")
-INSTALL_HINT = ("gtarantool.profiling needs yappi: pip install 'gtarantool[profile]' "
-                "(or pip install yappi)")
+INSTALL_HINT = ("gtarantool.profiling needs yappi: pip install yappi (in a checkout, "
+                "pip install '.[profile]' adds it)")
 
 GreenletCost = namedtuple("GreenletCost", "name greenlets seconds switches")
 
