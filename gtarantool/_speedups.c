@@ -940,7 +940,7 @@ ok_response(const Decoding *d, PyObject *sync, PyObject *schema, PyObject *body,
         if (rows == NULL && PyErr_Occurred())
             goto fail;
     }
-    if (rows == NULL) {
+    if (rows == NULL || rows == Py_None) {   /* (tarantool-python's: no data) */
         data = Py_NewRef(Py_None);
     } else if (PyList_Check(rows) || PyTuple_Check(rows)) {
         data = Py_NewRef(rows);

@@ -293,6 +293,34 @@ def test_responses_goes_through_the_syncs_it_was_given_while_an_ext_hook_clears_
         (int("1" * 31), 1, ["ext"]), (int("1" * 31) + 1, 2, [7])]
 
 
+@pytest.mark.parametrize("body", [
+    {0x30: [[1, "a"]]}, {0x30: []}, {0x30: None}, {0x30: 5}, {0x30: "s"}, {0x30: {"k": 1}},
+    {0x30: None, 0x31: 2}, {0x30: [1], 0x31: 2}, {0x31: 2}, {}, {0x30: [b"\xff"]}])
+def test_an_ok_replys_data_and_body_are_the_python_specifications(body):
+    """An OK reply's response from the C paths (a pipeline's ``responses``, the
+    reader's ``cut`` for a caller) holds the data and body that
+    ``protocol.responses`` (tarantool-python's rules) gives it: no data is
+    None, a lone value is a list of it, the body map is the whole body."""
+    from gtarantool.protocol.codec import BodyDecoder
+    from gtarantool.protocol.responses import responses
+    decoder = BodyDecoder()
+    packed = msgpack.packb(body)
+    spec = responses(None, decoder, [7], {7: (0, 1, packed)}, fast=False)[0]
+    piped = _speedups.responses(None, [7], {7: (0, 1, packed)}, msgpack.unpackb, decoder.options,
+                                Response, lambda sync, value: (sync, value))[0]
+    ready = collections.deque()
+    cutter = _speedups.ReplyCutter({7: "caller"}, ready, msgpack.unpackb, decoder.options,
+                                   Response, ReplySink, _Pushes)
+    frame = _frame_for(7, packed)
+    cutter.cut(frame, 0, len(frame), 1 << 20, [])
+    (caller, cut), = ready
+    for got in (piped, cut):
+        assert (got._data, got.data, got._body) == (spec._data, spec.data, spec._body)
+        assert got._body is got.body and type(got._body) is dict
+        if got._data is not None and type(body[0x30]) is list:
+            assert got._body[0x30] is got._data
+
+
 @pytest.mark.parametrize("make", [
     lambda: _speedups.Requester.__new__(_speedups.Requester).request(1, 64, 0, b""),
     lambda: _speedups.ReplyCutter.__new__(_speedups.ReplyCutter).cut(
