@@ -112,6 +112,8 @@ def body(rng):
     if roll < 0.1:
         return value(rng)
     good = bytes([0x81, 0x30]) + bytes([0x90 | 2]) + value(rng) + value(rng)
+    if roll < 0.13:   # data that is not a list of tuples (nil, a scalar, a map)
+        return bytes([0x81, 0x30]) + rng.choice((b"\xc0", value(rng)))
     if roll < 0.15:
         return good[:rng.randrange(len(good))] or b"\xc1"
     if roll < 0.2:
