@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from tarantool.error import SchemaError
 from tarantool.utils import wrap_key
 
 from gtarantool import pagination
@@ -56,6 +57,16 @@ def _request_errors(method):
     return method
 
 
+def _named(lookup, *names):
+    """``lookup(*names)`` in the schema; its SchemaError (no such space or
+    index) says the request was not sent: ``applied`` False."""
+    try:
+        return lookup(*names)
+    except SchemaError as exc:
+        exc.applied = False
+        raise
+
+
 class RequestMethods:
     """insert, replace, select, update, upsert, delete, call, eval, ping.
 
@@ -88,7 +99,7 @@ class RequestMethods:
         if conn.schema is None:
             conn._schemaful_connection_check()
         if isinstance(space_name, str):
-            space_no = conn.schema.get_space(space_name).sid
+            space_no = _named(conn.schema.get_space, space_name).sid
             conn._resolutions.note(conn.schema_version, space_no, space_name)
         elif isinstance(space_name, int):
             space_no = space_name
@@ -103,7 +114,7 @@ class RequestMethods:
             index_no = index
             if isinstance(index, str):
                 conn = self._conn
-                index_no = conn.schema.get_index(space.space_no, index).iid
+                index_no = _named(conn.schema.get_index, space.space_no, index).iid
                 conn._resolutions.note(conn.schema_version, (space.space_no, index_no), index)
             found = _cache(self._indexes, (space.space_no, index),
                            self._encoder.space(space.space_no, index_no))

@@ -18,6 +18,7 @@ change does not make them fail with error 109.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import gc
 import itertools
@@ -45,6 +46,34 @@ from gtarantool.transport import CHECKED, ReplySink
 # are awaited), each batch followed by a yield, so the first replies come back
 # while we keep queueing.
 BATCH = 256
+
+
+class RequestCodes:
+    """A pipeline's request types by sync, for the errors its replies raise
+    (``errors.refused``: a single-statement request's refusal was not applied).
+    Kept per batch of consecutive syncs, nothing per request; a request sent
+    by ``send_frames`` without its ``code`` has None."""
+
+    __slots__ = ("_firsts", "_codes")
+
+    def __init__(self) -> None:
+        self._firsts: List[int] = []   # each batch's first sync, in order
+        self._codes: List[Any] = []    # its requests' types: a list, or (type, count)
+
+    def add(self, first: int, codes: Any) -> None:
+        # (not always after the last: take_syncs() may run before a flush)
+        k = bisect.bisect_right(self._firsts, first)
+        self._firsts.insert(k, first)
+        self._codes.insert(k, codes)
+
+    def __call__(self, sync: int) -> Optional[int]:
+        k = bisect.bisect_right(self._firsts, sync) - 1
+        if k < 0:
+            return None
+        codes, offset = self._codes[k], sync - self._firsts[k]
+        if type(codes) is tuple:
+            return codes[0] if offset < codes[1] else None
+        return codes[offset] if offset < len(codes) else None
 
 
 @contextmanager
@@ -80,6 +109,7 @@ class Pipeline(ConnectionRequestMethods):
         self._stream = stream       # a Stream whose requests these are, or None
         self._queued = []           # (code, body) of requests not handed over yet
         self._sink = ReplySink()    # syncs of those handed over, and their replies
+        self._codes = RequestCodes()   # their request types, which class an error reply
         # the checking sink of send_frames(check_only=True), made when first used
         self._checking: Optional[ReplySink] = None
 
@@ -102,6 +132,8 @@ class Pipeline(ConnectionRequestMethods):
         conn = self._conn
         sink = self._sink
         syncs = list(itertools.islice(conn._syncs, len(requests)))
+        if syncs:
+            self._codes.add(syncs[0], list(map(operator.itemgetter(0), requests)))
         start = len(sink.syncs)
         deadline = conn._call_deadline()
         timer = Timeout._start_new_or_dummy(conn.request_timeout)
@@ -167,7 +199,7 @@ class Pipeline(ConnectionRequestMethods):
             return range(start, start)
         first = self.take_syncs(len(keys))
         frames = self._encoder.encode_batch(REQUEST_TYPE_SELECT, space.select_prefix, keys, first)
-        start = self.send_frames(frames, first, len(keys))
+        start = self.send_frames(frames, first, len(keys), code=REQUEST_TYPE_SELECT)
         return range(start, start + len(keys))
 
     def take_syncs(self, count: int) -> int:
@@ -183,7 +215,7 @@ class Pipeline(ConnectionRequestMethods):
         return first
 
     def send_frames(self, frames: Any, first_sync: int, count: int,
-                    check_only: bool = False) -> int:
+                    check_only: bool = False, code: Optional[int] = None) -> int:
         """Queue ``count`` whole requests encoded already, with the syncs
         ``first_sync`` .. ``first_sync + count - 1`` (from :meth:`take_syncs`),
         after what is queued: the bulk path, with no per-request work here.
@@ -199,6 +231,10 @@ class Pipeline(ConnectionRequestMethods):
             back), so that :meth:`results` holds a Response without a body
             (``data`` None) in its place; a failure is kept and reported as
             any other's.
+        :param code: the requests' type, when they are all of one: an error
+            reply to a single-statement request (select, insert, replace,
+            update, delete, upsert) then says it was not applied (``applied``
+            False); without it, ``applied`` None.
 
         :returns: the place of the first of them in the results.
         :raises tarantool.error.NetworkError: the connection could not be
@@ -219,6 +255,8 @@ class Pipeline(ConnectionRequestMethods):
                 self._checking = ReplySink(sink)
             waiter = self._checking
         index = len(sink.syncs)
+        if code is not None:
+            self._codes.add(first_sync, (code, count))
         timeout = self._conn.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         timer = Timeout._start_new_or_dummy(timeout)
@@ -263,7 +301,7 @@ class Pipeline(ConnectionRequestMethods):
             return []
         places = {sync: k for k, sync in enumerate(self._sink.syncs)}
         bad.sort(key=places.__getitem__)
-        errors = responses(self._conn, self._conn._decoder, bad, replies)
+        errors = responses(self._conn, self._conn._decoder, bad, replies, code_of=self._codes)
         return [(places[sync], error) for sync, error in zip(bad, errors)
                 if isinstance(error, BaseException)]
 
@@ -330,7 +368,7 @@ class Pipeline(ConnectionRequestMethods):
             pass  # each unanswered request holds its RequestTimeout
         with _gc_paused():
             return responses(self._conn, self._conn._decoder, self._sink.syncs,
-                             self._sink.replies)
+                             self._sink.replies, code_of=self._codes)
 
     def __enter__(self) -> Pipeline:
         return self

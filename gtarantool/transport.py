@@ -1134,6 +1134,7 @@ def _wake_all(pairs):
 def _lost(message, errno_=errno.ECONNRESET):
     exc = NetworkError(message)
     exc.errno = errno_
+    exc.applied = None   # (the requests in flight may have run; an unsent one gets a copy)
     return exc
 
 

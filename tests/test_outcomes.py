@@ -14,7 +14,7 @@ import time
 import gevent
 import gevent.os
 import pytest
-from tarantool.error import DatabaseError, NetworkError
+from tarantool.error import DatabaseError, NetworkError, SchemaError
 
 import gtarantool
 from gtarantool import ConnectionClosed, RequestTimeout
@@ -77,6 +77,53 @@ def test_every_error_says_whether_its_request_was_applied(server):
         dead.replace("kv", ("x", 1))
     assert applied(err.value) is False
     assert applied(ValueError()) is None
+
+
+def test_a_pipelines_errors_say_whether_their_requests_were_applied(server):
+    """The exceptions a pipeline hands back carry ``applied`` as a call's do:
+    a single-statement request's refusal False (in ``results()`` and
+    ``failures()``, through the data methods, ``select_many`` and
+    ``send_frames(..., code=)``), a function's own error None, and None for a
+    batch whose type ``send_frames`` was not told."""
+    conn = connect(server)
+    try:
+        conn.replace("kv", ("p-dup", 1))
+        with conn.pipeline() as p:
+            p.insert("kv", ("p-dup", 2))
+            p.call("raise_error", "boom")
+            encoder = conn._encoder
+            prefix, suffix = encoder.batch_parts(2, conn.space("kv").space_no)
+            for code in (2, None):
+                first = p.take_syncs(1)
+                p.send_frames(encoder.encode_batch(2, prefix, [("p-dup", 3)], first), first, 1,
+                              code=code)
+        outcomes = [applied(r) if isinstance(r, Exception) else "ok" for r in p.results()]
+        assert outcomes == [False, None, False, None]
+        assert [r.applied for r in p.results()] == [False, None, False, None]
+        assert [(k, e.applied) for k, e in p.failures()] == [
+            (0, False), (1, None), (2, False), (3, None)]
+    finally:
+        conn.close()
+
+
+def test_a_lost_connections_and_an_unknown_names_errors_carry_applied(srv):
+    conn = connect(srv)
+    try:
+        with pytest.raises(SchemaError) as err:   # nothing sent
+            conn.insert("no-such-space", (1,))
+        assert err.value.applied is False
+        conn.eval("box.schema.space.create('named'):create_index('pk')")
+        with pytest.raises(DatabaseError) as err:
+            conn.select("named", 1, index="no-such-index")
+        assert err.value.applied is False
+        call = gevent.spawn(conn.eval, "require('fiber').sleep(10)")
+        gevent.sleep(0.2)
+        srv.kill()
+        with pytest.raises(NetworkError) as err:   # written, then the server died
+            call.get(timeout=5)
+        assert err.value.applied is None and "applied" in vars(err.value)
+    finally:
+        conn.close()
 
 
 def test_a_request_refused_for_a_schema_change_is_resent_only_to_what_it_named(srv):

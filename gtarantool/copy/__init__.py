@@ -318,7 +318,7 @@ class _Copy:
         unsent = []
         if rows:
             try:
-                p.send_frames(frames, first, len(rows), check_only=True)
+                p.send_frames(frames, first, len(rows), check_only=True, code=code)
             except NetworkError as exc:   # none sent: each row holds it, to be sent again
                 unsent.append(exc)
                 self.suspect = True

@@ -144,7 +144,7 @@ class RoutedCopy(_Copy):
             sync = p.take_syncs(1)
             try:
                 p.send_frames(request_header(REQUEST_TYPE_EVAL, sync, 0, len(body)) + body,
-                              sync, 1)
+                              sync, 1, code=REQUEST_TYPE_EVAL)
             except NetworkError as exc:   # not sent: its rows are sent again
                 unsent.append(exc)
                 self.suspect = True

@@ -11,7 +11,7 @@ from tarantool import response as tarantool_response
 from tarantool.error import DatabaseError, SchemaReloadException
 
 from gtarantool import compiled
-from gtarantool.errors import ProtocolError
+from gtarantool.errors import ProtocolError, refused
 from gtarantool.protocol.codec import box_error, error_body
 from gtarantool.protocol.constants import (
     ER_WRONG_SCHEMA_VERSION,
@@ -90,7 +90,7 @@ def ok_response(conn, sync, schema_version, body, cls=Response, code=0):
     return resp
 
 
-def responses(conn, decoder, syncs, replies, fast=True):
+def responses(conn, decoder, syncs, replies, fast=True, code_of=None):
     """The replies to ``syncs``, in order, as response objects (a pipeline's).
 
     ``replies`` maps each sync to ``(code, schema version, body bytes)`` or to
@@ -98,13 +98,16 @@ def responses(conn, decoder, syncs, replies, fast=True):
     exception it raises (an error reply, a body that does not decode).
     Bodies are decoded here, as ``decoder.decode`` would, without a call each
     (an error's when it is read: see ``make_response``).
+    ``code_of(sync)``: the request's type (or None), which classes the
+    ``DatabaseError`` of an error reply (``errors.refused``).
     (``decoder`` is None when nothing ever connected: then there is no reply.)"""
     options = decoder and decoder.options
     speedups = compiled.speedups
     if fast and speedups is not None and options is not None:   # OK replies in C, others here
         return speedups.responses(conn, syncs, replies, msgpack.unpackb, options, Response,
                                   lambda sync, value: responses(conn, decoder, [sync],
-                                                                {sync: value}, False)[0])
+                                                                {sync: value}, False,
+                                                                code_of)[0])
     use_list, raw, ext_hook = options or (None, None, None)
     unpackb = msgpack.unpackb
     out = []
@@ -129,6 +132,9 @@ def responses(conn, decoder, syncs, replies, fast=True):
                     value = ok_response(conn, sync, schema, body)
             except Exception as exc:  # noqa: BLE001 - returned in its place
                 value = exc.with_traceback(None)
+                if code >= REQUEST_TYPE_ERROR and code_of is not None \
+                        and isinstance(value, DatabaseError):
+                    refused(value, code_of(sync))
         append(value)
     return out
 
