@@ -262,6 +262,23 @@ def test_copy_from_takes_dicts_and_reports_each_refusal(conn):
     assert conn.select("copy_kv").data == [[1, "a"], [3, "c", 3]]
 
 
+@pytest.mark.skipif(VERSION < (2, 10), reason="decimal fields: Tarantool 2.10+")
+def test_decimals_are_written_as_they_are_or_rejected_with_the_reason(conn):
+    """A decimal of more than 38 digits, or with more digits of scale than the
+    packer keeps, is written exactly or rejected (the packer refuses the one
+    and would write the other rounded, or 0): never changed, never the end
+    of the copy; the rest of the batch is written once."""
+    _space(conn, "copy_dec", [("id", "unsigned"), ("v", "decimal")])
+    rows = [(1, decimal.Decimal("1.5")), (2, decimal.Decimal("1234567890" * 4 + "12")),
+            (3, decimal.Decimal("1E-40")), (4, decimal.Decimal("-2"))]
+    report = copy_from(conn, "copy_dec", rows)
+    rejected = {r.position for r in report.rejected}
+    assert rejected <= {1, 2} and report.settled == 4 and report.written == 4 - len(rejected)
+    assert all(r.applied is False and "38 digits" in r.reason for r in report.rejected)
+    assert conn.select("copy_dec").data == [list(row) for k, row in enumerate(rows)
+                                            if k not in rejected]
+
+
 @pytest.mark.usefixtures("reader")
 def test_a_duplicate_in_the_middle_of_a_batch_is_rejected_alone(server):
     """The replies of a batch are checked only (no body kept for a success):

@@ -25,11 +25,19 @@ import collections
 import functools
 import itertools
 import time
+import warnings
+from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import gevent
 from tarantool.connection_pool import Mode
-from tarantool.error import DatabaseError, NetworkError, NotSupportedError
+from tarantool.error import (
+    DatabaseError,
+    MsgpackError,
+    MsgpackWarning,
+    NetworkError,
+    NotSupportedError,
+)
 
 from gtarantool.copy.formats import Field
 from gtarantool.copy.report import CopyError, CopyReport, Rejected
@@ -229,6 +237,20 @@ FIRST_BATCH = 64   # rows, before their size is known
 GATHER_FROM = 1024
 
 
+# What the packer raises for a row it cannot encode, and what it only warns of
+# (a decimal with more digits of scale than Tarantool keeps, written rounded,
+# or 0): each rejects its row, with the reason.
+UNENCODABLE = (TypeError, ValueError, OverflowError, MsgpackError, MsgpackWarning)
+
+
+@contextmanager
+def lossless():
+    """Encoding within: the packer's warning of a value it would change raises."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MsgpackWarning)
+        yield
+
+
 class _Batch:
     __slots__ = ("key", "pipeline", "indices", "rows", "unsent", "frames", "size", "buckets")
 
@@ -302,17 +324,18 @@ class _Copy:
         prefix, suffix = encoder.batch_parts(code, self.space_id)
         first = p.take_syncs(len(rows))
         out = self.buffers.pop() if self.buffers else bytearray()
-        try:
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
-                                          GATHER_FROM)
-        except BufferError:   # (still viewed by a writer: not resized, a new one)
-            out = bytearray()
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
-                                          GATHER_FROM)
-        except (TypeError, ValueError, OverflowError):
-            indices, rows = self.encodable(encoder, prefix, suffix, indices, rows)
-            frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
-                                          GATHER_FROM)
+        with lossless():
+            try:
+                frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                              GATHER_FROM)
+            except BufferError:   # (still viewed by a writer: not resized, a new one)
+                out = bytearray()
+                frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                              GATHER_FROM)
+            except UNENCODABLE:
+                indices, rows = self.encodable(encoder, prefix, suffix, indices, rows)
+                frames = encoder.encode_batch(code, prefix, rows, first, suffix, rest, out,
+                                              GATHER_FROM)
         # (``frames`` is ``out``, or a Gather that writes from it and the rows)
         size = len(frames)
         unsent = []
@@ -344,8 +367,9 @@ class _Copy:
         good_i, good_r = [], []
         for index, row in zip(indices, rows):
             try:
-                encoder.encode_batch(self.code, prefix, (row,), 0, suffix, self.rest)
-            except (TypeError, ValueError, OverflowError) as exc:
+                with lossless():
+                    encoder.encode_batch(self.code, prefix, (row,), 0, suffix, self.rest)
+            except UNENCODABLE as exc:
                 self.reject(index, row, _reason(exc), False, exc)
                 continue
             good_i.append(index)

@@ -15,7 +15,15 @@ import time
 import gevent
 from tarantool.error import DatabaseError, NetworkError
 
-from gtarantool.copy import BATCH_BYTES, TRANSIENT_CODES, _Batch, _Copy, _reason
+from gtarantool.copy import (
+    BATCH_BYTES,
+    TRANSIENT_CODES,
+    UNENCODABLE,
+    _Batch,
+    _Copy,
+    _reason,
+    lossless,
+)
 from gtarantool.copy.report import CopyError
 from gtarantool.errors import RequestTimeout
 from gtarantool.protocol.constants import (
@@ -132,8 +140,9 @@ class RoutedCopy(_Copy):
                 2, IPROTO_EXPR, BUCKET_WRITE, IPROTO_TUPLE)
         args = [self.space_id, self.mode, self.rest, buckets, rows]
         try:
-            body = encoder.join(prefix, args)
-        except (TypeError, ValueError, OverflowError):
+            with lossless():
+                body = encoder.join(prefix, args)
+        except UNENCODABLE:
             bucket_of = dict(zip(indices, buckets))
             insert, suffix = encoder.batch_parts(self.code, self.space_id)
             indices, rows = self.encodable(encoder, insert, suffix, indices, rows)
