@@ -357,6 +357,20 @@ def test_copy_to_pages_through_a_non_unique_index(conn, page):
         conn.select("copy_kv", 2, index="by_n", iterator="LE").data
 
 
+@pytest.mark.parametrize("page", [1, 7, 1000])
+def test_copy_to_reads_a_hash_index_whole(conn, page):
+    """A HASH index has no position and no order: it is read in the hash's
+    order, each page after the last key read, every tuple once."""
+    conn.eval("if box.space.copy_hash then box.space.copy_hash:drop() end "
+              "box.schema.space.create('copy_hash'):create_index('pk', {type = 'hash'})")
+    conn.flush_schema()
+    copy_from(conn, "copy_hash", [(k, "v%d" % k) for k in range(50)])
+    assert sorted(copy_to(conn, "copy_hash", page=page)) == [[k, "v%d" % k] for k in range(50)]
+    assert list(copy_to(conn, "copy_hash", key=7, page=page)) == [[7, "v7"]]
+    with pytest.raises(ValueError, match="HASH index"):
+        list(copy_to(conn, "copy_hash", key=7, iterator="LE", page=page))
+
+
 def test_unknown_space_and_mode_are_refused(conn):
     with pytest.raises(ValueError, match="no space"):
         copy_from(conn, "copy_nothing", [(1,)])

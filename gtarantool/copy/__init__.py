@@ -670,7 +670,10 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     info = space_info(target, space)
     it = iterator_code(iterator if iterator is not None else ("EQ" if key else "ALL"))
     for open_reader in _Destination.of(target).readers():
-        iid, parts = _index(open_reader, info, index)
+        iid, parts, hashed = _index(open_reader, info, index)
+        if hashed:   # (no position and no order to continue by: after the last key read)
+            yield from _pages_by_key(open_reader, info.id, iid, parts, key, it, page, True)
+            continue
         try:
             yield from _pages_after(open_reader, info.id, iid, key, it, page)
         except FeatureNotSupported:
@@ -685,7 +688,7 @@ def _index(open_reader, info, index):
                           index=VINDEX_BY_NAME).data
     if not rows:
         raise ValueError("space %s has no index %r" % (info.name, index))
-    return rows[0][1], _parts(rows[0][5])
+    return rows[0][1], _parts(rows[0][5]), str(rows[0][3]).upper() == "HASH"
 
 
 def _pages_after(open_reader, space_id, iid, key, it, page):
@@ -706,12 +709,19 @@ _NEXT = {0: (5, True), 1: (4, True), 2: (5, False), 3: (4, False), 4: (4, False)
          5: (5, False), 6: (5, False)}
 
 
-def _pages_by_key(open_reader, space_id, iid, parts, key, it, page):
+def _pages_by_key(open_reader, space_id, iid, parts, key, it, page, hashed=False):
     """Pages from the last key read on, skipping the tuples of that key read
-    already (a non-unique index has several; the server orders them alike)."""
-    if it not in _NEXT:
+    already (a non-unique index has several; the server orders them alike).
+    ``hashed``: a HASH index (unique, in the hash's order), continued with GT
+    from the last key read."""
+    if hashed:
+        if it not in (0, 2, 6):   # EQ, ALL, GT: what a HASH index iterates
+            raise ValueError("a HASH index is read with ALL, EQ or GT, not iterator %r" % it)
+        nxt, prefix = 6, it == 0
+    elif it not in _NEXT:
         raise ValueError("iterator %r cannot be read page by page before Tarantool 2.11" % it)
-    nxt, prefix = _NEXT[it]
+    else:
+        nxt, prefix = _NEXT[it]
     if key is not None and not isinstance(key, (list, tuple)):
         key = [key]
     reply = _one_reply(open_reader, "select", space_id, key, index=iid, iterator=it, limit=page)
@@ -728,4 +738,4 @@ def _pages_by_key(open_reader, space_id, iid, parts, key, it, page):
         if len(data) < page:
             return
         reply = _one_reply(open_reader, "select", space_id, last, index=iid, iterator=nxt,
-                           offset=same, limit=page)
+                           offset=0 if hashed else same, limit=page)
