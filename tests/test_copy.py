@@ -357,6 +357,31 @@ def test_copy_to_pages_through_a_non_unique_index(conn, page):
         conn.select("copy_kv", 2, index="by_n", iterator="LE").data
 
 
+def test_rows_that_raise_midway_stop_the_copy_with_its_report(conn):
+    """An exception from the caller's rows ends copy_from with a CopyError
+    whose ``__cause__`` it is and whose report settles what was sent before
+    (written or rejected): skipping ``settled`` rows resumes the copy."""
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
+    conn.insert("copy_kv", (5, "taken", 0))
+
+    def rows():
+        for k in range(3000):
+            if k == 2500:
+                raise RuntimeError("the source broke")
+            yield (k, "r", k)
+
+    with pytest.raises(CopyError, match="the source broke") as err:
+        copy_from(conn, "copy_kv", rows(), batch=100)
+    report = err.value.report
+    assert isinstance(err.value.__cause__, RuntimeError)
+    assert [r.position for r in report.rejected] == [5]
+    assert 2000 <= report.settled <= 2500 and report.written == report.settled - 1
+    assert conn.eval("return box.space.copy_kv:len()").data[0] == report.settled
+    rest = copy_from(conn, "copy_kv", [(k, "r", k) for k in range(report.settled, 3000)],
+                     first=report.settled)
+    assert rest.written == 3000 - report.settled and not rest.rejected
+
+
 @pytest.mark.parametrize("page", [1, 7, 1000])
 def test_copy_to_reads_a_hash_index_whole(conn, page):
     """A HASH index has no position and no order: it is read in the hash's

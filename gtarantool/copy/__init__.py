@@ -521,8 +521,10 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     :raises ValueError: an unknown mode, space or field, or bucket options
         that do not fit the target.
     :raises CopyError: rows could not be written for ``retry_timeout`` (its
-        ``report.settled`` says how many rows to skip to resume), or a
-        Router's storage refused the EVAL for lack of privilege.
+        ``report.settled`` says how many rows to skip to resume), a
+        Router's storage refused the EVAL for lack of privilege, or ``rows``
+        raised while it was read (its ``__cause__``; the rows sent before are
+        settled first).
     :raises gtarantool.ConnectionClosed: ``CopiedCall`` (``applied`` False):
         this is a forked child's copy of a copy the parent began; the
         parent's goes on, nothing more is sent here.
@@ -542,10 +544,15 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     run = kind(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
     names = [f.name for f in info.fields]
     try:
-        if plan is None:
-            _copy_batches(run, rows, names, first)
-        else:
-            _copy_routed(run, rows, names, first, plan)
+        try:
+            if plan is None:
+                _copy_batches(run, rows, names, first)
+            else:
+                _copy_routed(run, rows, names, first, plan)
+        except _RowsRaised as exc:   # what was sent is settled first: the report says where
+            run.drain()
+            raise CopyError("copy stopped: reading the rows raised %s" % _reason(exc.__cause__),
+                            run._stopped()) from exc.__cause__
         run.drain()
     except CopyError as exc:
         exc.report.elapsed = time.perf_counter() - started
@@ -562,12 +569,22 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     return report
 
 
+class _RowsRaised(Exception):
+    """The caller's rows raised (the ``__cause__``) while they were read."""
+
+
 def _copy_batches(run, rows, names, first):
     """Rows to one destination, a batch at a time, no per-row bookkeeping."""
-    it = iter(rows)
+    try:
+        it = iter(rows)
+    except Exception as exc:
+        raise _RowsRaised() from exc
     index = first
     while True:
-        chunk = list(itertools.islice(it, run.batch))
+        try:
+            chunk = list(itertools.islice(it, run.batch))
+        except Exception as exc:   # (the rows of this batch read so far are not settled)
+            raise _RowsRaised() from exc
         if not chunk:
             return
         n = len(chunk)
@@ -587,7 +604,19 @@ def _copy_batches(run, rows, names, first):
 def _copy_routed(run, rows, names, first, plan):
     """Rows grouped per replica set by bucket, each group sent as it fills a batch."""
     router = run.dest.router
-    for index, row in enumerate(rows, first):
+    try:
+        it = iter(rows)
+    except Exception as exc:
+        raise _RowsRaised() from exc
+    index = first - 1
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _RowsRaised() from exc
+        index += 1
         row = _normalise(run, index, row, names)
         if row is None:
             continue
