@@ -4,6 +4,7 @@ import codecs
 import decimal
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from gtarantool.testing.cluster import ShardedCluster, vshard_missing
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import binary_version
 from tests.conftest import PASSWORD, USER, _lua
+from tests.timing import slack
 
 VERSION = binary_version()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -394,6 +396,26 @@ def test_copy_to_reads_a_hash_index_whole(conn, page):
     assert list(copy_to(conn, "copy_hash", key=7, page=page)) == [[7, "v7"]]
     with pytest.raises(ValueError, match="HASH index"):
         list(copy_to(conn, "copy_hash", key=7, iterator="LE", page=page))
+
+
+def test_copy_to_of_a_frozen_server_ends_within_its_timeout(fresh_server):
+    conn = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD)
+    try:
+        rows = copy_to(conn, "kv", page=1, timeout=0.5)
+        conn.replace("kv", ("frozen-1", 1))
+        conn.replace("kv", ("frozen-2", 2))
+        assert next(rows)[0] == "frozen-1"
+        os.kill(fresh_server.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            with pytest.raises(gtarantool.RequestTimeout):
+                list(rows)
+        finally:
+            os.kill(fresh_server.pid, signal.SIGCONT)
+        assert time.monotonic() - started < 0.5 + slack(1.0)
+    finally:
+        conn.close()
 
 
 def test_unknown_space_and_mode_are_refused(conn):

@@ -85,10 +85,14 @@ class SpaceInfo:
         raise ValueError("space %s has no field %r" % (self.name, name))
 
 
-def _one_reply(open_pipeline: Callable[[], Any], method: str, *args: Any, **kwargs: Any) -> Any:
-    p = open_pipeline()
-    getattr(p, method)(*args, **kwargs)
-    reply = p.results()[0]
+def _one_reply(open_pipeline: Callable[[], Any], method: str, *args: Any,
+               _within: Optional[float] = None, **kwargs: Any) -> Any:
+    """One request on a pipeline of its own, its reply; ``_within``: the
+    seconds it may take (None: as the connection's ``request_timeout``)."""
+    with gevent.Timeout(_within, RequestTimeout("no reply within %ss" % _within)):
+        p = open_pipeline()
+        getattr(p, method)(*args, **kwargs)
+        reply = p.results()[0]
     if isinstance(reply, BaseException):
         raise reply
     return reply
@@ -669,7 +673,7 @@ def _route(router, plan, row):
 
 def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
             key: Any = None, iterator: Union[str, int, None] = None,
-            page: int = 1000) -> Iterator[tuple]:
+            page: int = 1000, timeout: Optional[float] = None) -> Iterator[tuple]:
     """Every tuple of ``space`` (or of an index range), read in pages.
 
     Pages continue after the last tuple read: by position (``after``) on
@@ -687,9 +691,13 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     :param iterator: ``ALL``/``GE``/``GT``/``LE``/``LT``/``EQ``/``REQ`` (default:
         ``EQ`` with a key, ``ALL`` without).
     :param page: tuples per select (at least 1).
+    :param timeout: seconds a page may take (None: as long as the
+        connection's ``request_timeout`` lets it).
     :returns: an iterator of tuples (lists, as the connection decodes them).
     :raises ValueError: (when iterated) a page below 1, an unknown space or
         index, or (before 2.11) a BITS or spatial iterator.
+    :raises gtarantool.RequestTimeout: (when iterated) a page took longer
+        than ``timeout``.
     """
     from gtarantool.errors import FeatureNotSupported
     from gtarantool.protocol.codec import iterator_code
@@ -699,32 +707,32 @@ def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,
     info = space_info(target, space)
     it = iterator_code(iterator if iterator is not None else ("EQ" if key else "ALL"))
     for open_reader in _Destination.of(target).readers():
-        iid, parts, hashed = _index(open_reader, info, index)
+        read = functools.partial(_one_reply, open_reader, _within=timeout)
+        iid, parts, hashed = _index(read, info, index)
         if hashed:   # (no position and no order to continue by: after the last key read)
-            yield from _pages_by_key(open_reader, info.id, iid, parts, key, it, page, True)
+            yield from _pages_by_key(read, info.id, iid, parts, key, it, page, True)
             continue
         try:
-            yield from _pages_after(open_reader, info.id, iid, key, it, page)
+            yield from _pages_after(read, info.id, iid, key, it, page)
         except FeatureNotSupported:
-            yield from _pages_by_key(open_reader, info.id, iid, parts, key, it, page)
+            yield from _pages_by_key(read, info.id, iid, parts, key, it, page)
 
 
-def _index(open_reader, info, index):
+def _index(read, info, index):
     if isinstance(index, int):
-        rows = _one_reply(open_reader, "select", VINDEX, [info.id, index]).data
+        rows = read("select", VINDEX, [info.id, index]).data
     else:
-        rows = _one_reply(open_reader, "select", VINDEX, [info.id, index],
-                          index=VINDEX_BY_NAME).data
+        rows = read("select", VINDEX, [info.id, index], index=VINDEX_BY_NAME).data
     if not rows:
         raise ValueError("space %s has no index %r" % (info.name, index))
     return rows[0][1], _parts(rows[0][5]), str(rows[0][3]).upper() == "HASH"
 
 
-def _pages_after(open_reader, space_id, iid, key, it, page):
+def _pages_after(read, space_id, iid, key, it, page):
     after = None
     while True:
-        reply = _one_reply(open_reader, "select", space_id, key, index=iid, iterator=it,
-                           limit=page, fetch_pos=True, after=after)
+        reply = read("select", space_id, key, index=iid, iterator=it, limit=page,
+                     fetch_pos=True, after=after)
         data = reply.data
         yield from data
         if len(data) < page or reply.position is None:
@@ -738,7 +746,7 @@ _NEXT = {0: (5, True), 1: (4, True), 2: (5, False), 3: (4, False), 4: (4, False)
          5: (5, False), 6: (5, False)}
 
 
-def _pages_by_key(open_reader, space_id, iid, parts, key, it, page, hashed=False):
+def _pages_by_key(read, space_id, iid, parts, key, it, page, hashed=False):
     """Pages from the last key read on, skipping the tuples of that key read
     already (a non-unique index has several; the server orders them alike).
     ``hashed``: a HASH index (unique, in the hash's order), continued with GT
@@ -753,7 +761,7 @@ def _pages_by_key(open_reader, space_id, iid, parts, key, it, page, hashed=False
         nxt, prefix = _NEXT[it]
     if key is not None and not isinstance(key, (list, tuple)):
         key = [key]
-    reply = _one_reply(open_reader, "select", space_id, key, index=iid, iterator=it, limit=page)
+    reply = read("select", space_id, key, index=iid, iterator=it, limit=page)
     last, same = None, 0
     while True:
         data = reply.data
@@ -766,5 +774,5 @@ def _pages_by_key(open_reader, space_id, iid, parts, key, it, page, hashed=False
             yield tup
         if len(data) < page:
             return
-        reply = _one_reply(open_reader, "select", space_id, last, index=iid, iterator=nxt,
-                           offset=0 if hashed else same, limit=page)
+        reply = read("select", space_id, last, index=iid, iterator=nxt,
+                     offset=0 if hashed else same, limit=page)
