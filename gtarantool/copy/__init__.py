@@ -555,8 +555,9 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
                 _copy_routed(run, rows, names, first, plan)
         except _RowsRaised as exc:   # what was sent is settled first: the report says where
             run.drain()
-            raise CopyError("copy stopped: reading the rows raised %s" % _reason(exc.__cause__),
-                            run._stopped()) from exc.__cause__
+            cause = exc.__cause__ or exc
+            raise CopyError("copy stopped: reading the rows raised %s" % _reason(cause),
+                            run._stopped()) from cause
         run.drain()
     except CopyError as exc:
         exc.report.elapsed = time.perf_counter() - started
