@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import csv
 import gc
 import json
 import math
@@ -25,6 +24,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import resource
+import signal
 import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -45,6 +45,8 @@ from gtarantool.copy.formats import (
 EXIT_OK, EXIT_FATAL, EXIT_REJECTED = 0, 1, 2
 IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waiting
 BLOCK = 1 << 20             # bytes the feeder reads at a time (then to a record's end)
+CHUNK_BYTES = 4 << 20       # a chunk's most bytes (about: a block's rows at a time), so
+                            # that wide rows keep a worker's memory bounded too
 
 
 # -- the target ------------------------------------------------------------------------
@@ -137,7 +139,8 @@ class Worker:
             rows = self.converter.line_rows(data, n, self.csv["delimiter"],
                                             self.csv["quotechar"])
         if rows is None:
-            raws = split_records(data, self.fmt, self.options["quote"])
+            raws = split_records(data, self.fmt, self.options["quote"],
+                                 self.options["delimiter"])
             rows = [None] * len(raws)
             todo = range(len(raws))
         elif None in rows:
@@ -211,17 +214,51 @@ def _take(pipe: Any, spare: Optional[bytearray] = None
     return chunk_no, first, data, n
 
 
-def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+def _orphan_guard(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux): a worker
+    busy with a chunk, or waiting on a server for --retry-timeout, reads no
+    pipe that could tell it.  Elsewhere the pipe's end of file does, later."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:    # (it died before the prctl took)
+        os._exit(1)
+
+
+def _worker_main(pipe: Any, spec: Dict[str, Any], options: Dict[str, Any],
+                 inherited: Tuple[Any, ...] = (), parent: Optional[int] = None) -> None:
+    """A worker process: ``inherited``, what a forked child got of its parent's
+    open files and needs not (the parent's ends of the pipes: while one is open
+    here a pipe never ends, and a worker would outlive its parent)."""
+    # Ctrl-C reaches the whole process group: the parent stops the import and
+    # says where; a worker leaves when the parent says so (or is gone).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for f in inherited:
+        f.close()
+    if parent is not None:
+        _orphan_guard(parent)
+    try:
+        try:
+            worker = Worker(spec, options)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which stops
+            pipe.send(("failed", "%s: %s" % (type(exc).__name__, exc)))
+            return
+        pipe.send(("ready", None))
+        _work(pipe, worker)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass    # the parent is gone (the pipe ended or broke): nobody to answer
+
+
+def _work(pipe: Any, worker: Worker) -> None:
     import collections
 
     from gevent.socket import wait_read
 
-    try:
-        worker = Worker(spec, options)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which stops
-        pipe.send(("failed", "%s: %s" % (type(exc).__name__, exc)))
-        return
-    pipe.send(("ready", None))
     orders: Any = collections.deque()
     spare = None
     try:
@@ -265,10 +302,11 @@ def _chunks(stream: Any, args: argparse.Namespace,
     fed = 0
     pieces: List[Any] = []
     in_chunk = 0
+    in_bytes = 0
     index = 0
     chunk_no = 0
     n = 0   # records read
-    for block in blocks(stream, args.format, args.quote, BLOCK):
+    for block in blocks(stream, args.format, args.quote, BLOCK, args.delimiter):
         pos, left = 0, block.count
         if n < skip:
             k = min(skip - n, left)
@@ -277,6 +315,9 @@ def _chunks(stream: Any, args: argparse.Namespace,
             left -= k
         while left:
             take = min(size - in_chunk, left)
+            if take > 1:   # (as many as come to CHUNK_BYTES, by the block's average)
+                take = min(take, max(1, int((CHUNK_BYTES - in_bytes) * block.count
+                                            / max(1, len(block.data)))))
             if most is not None:
                 take = min(take, most - fed)
                 if take <= 0:
@@ -287,17 +328,18 @@ def _chunks(stream: Any, args: argparse.Namespace,
             # (views: a chunk goes to its worker piece by piece, never joined)
             pieces.append(memoryview(block.data)[pos:end] if pos or end < len(block.data)
                           else block.data)
+            in_bytes += end - pos
             pos = end
             n += take
             fed += take
             left -= take
             in_chunk += take
-            if in_chunk >= size:
+            if in_chunk >= size or in_bytes >= CHUNK_BYTES:
                 if args.rate:
                     _pace(started, fed, args.rate)
                 yield chunk_no, index, pieces, in_chunk
                 chunk_no += 1
-                pieces, in_chunk = [], 0
+                pieces, in_chunk, in_bytes = [], 0, 0
         if most is not None and fed >= most:
             break
     if in_chunk:
@@ -394,13 +436,13 @@ class _Errors:
 # -- from --------------------------------------------------------------------------------------
 
 def _header(stream: Any, args: argparse.Namespace) -> Tuple[Optional[List[str]], Optional[bytes]]:
-    if args.columns:
-        return [c.strip() for c in args.columns.split(",")], None
+    """The columns' fields (None: the format's), and the header line as it was."""
+    columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     if not args.header or args.format == "jsonl":
-        return None, None
-    raw = next(iter(records(stream, args.format, args.quote)), None)
-    if raw is None:
-        return None, None
+        return columns, None
+    raw = next(iter(records(stream, args.format, args.quote, args.delimiter)), None)
+    if raw is None or columns is not None:   # (--columns: the header's names are not read)
+        return columns, raw
     names = parse([raw], args.format, dialect(args.format, args.delimiter, args.quote))[0]
     if type(names) is BadRow:
         raise SystemExit("the header line is not %s: %s" % (args.format, names))
@@ -436,7 +478,8 @@ class _CannotStart(Exception):
 class _Pool:
     """The worker processes: each a pipe, its chunks in flight."""
 
-    def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any]) -> None:
+    def __init__(self, n: int, spec: Dict[str, Any], options: Dict[str, Any],
+                 inherited: Tuple[Any, ...] = ()) -> None:
         method = _start_method()
         ctx: Any = multiprocessing.get_context(method)
         self.pipes: List[Any] = []
@@ -450,7 +493,12 @@ class _Pool:
             gc.freeze()
         for _ in range(n):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(theirs, spec, options), daemon=True)
+            extra: Tuple[Any, ...] = ()
+            if method == "fork":
+                # (a spawned child inherits only its own end)
+                extra = (tuple(inherited) + tuple(self.pipes) + (ours,), os.getpid())
+            proc = ctx.Process(target=_worker_main, args=(theirs, spec, options) + extra,
+                               daemon=True)
             proc.start()
             theirs.close()
             self.pipes.append(ours)
@@ -475,15 +523,22 @@ class _Pool:
                 return pipe
         return None
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> Optional[str]:
+        """Hand a worker a chunk; what went wrong (the worker died), or None."""
         chunk_no, first, pieces, n = chunk
         self.held[pipe].append(chunk_no)
-        pipe.send((chunk_no, first, n, sum(map(len, pieces))))
-        fd = pipe.fileno()
-        for piece in pieces:   # (the pieces as they are: see _take)
-            view = memoryview(piece).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
+        try:
+            pipe.send((chunk_no, first, n, sum(map(len, pieces))))
+            fd = pipe.fileno()
+            for piece in pieces:   # (the pieces as they are: see _take)
+                view = memoryview(piece).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
+        except OSError:   # (its chunks are lost: unsettled)
+            self.pipes.remove(pipe)
+            del self.held[pipe]
+            return "a worker process died"
+        return None
 
     def busy(self) -> bool:
         return any(self.held.values())
@@ -500,13 +555,17 @@ class _Pool:
                 del self.held[pipe]
             yield kind, detail
 
-    def close(self) -> None:
+    def close(self, hurry: bool = False) -> None:
+        """Stop the workers: after their chunks, or (``hurry``: the import
+        stopped, their answers would not be read) now."""
         for pipe in self.pipes:
             try:
                 pipe.send(None)
             except OSError:
                 pass
         for proc in self.procs:
+            if hurry:
+                proc.kill()
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
@@ -523,10 +582,11 @@ class _Local:
     def free(self) -> Optional[Any]:
         return None if self.ready else self
 
-    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> None:
+    def send(self, pipe: Any, chunk: Tuple[int, int, List[Any], int]) -> Optional[str]:
         chunk_no, first, pieces, n = chunk
         self.ready.append(("chunk", (chunk_no,) + self.worker.chunk(first, b"".join(pieces),
                                                                    n)))
+        return None
 
     def busy(self) -> bool:
         return bool(self.ready)
@@ -535,7 +595,7 @@ class _Local:
         ready, self.ready = self.ready, []
         yield from ready
 
-    def close(self) -> None:
+    def close(self, hurry: bool = False) -> None:
         self.worker.close()
 
 
@@ -558,13 +618,22 @@ def copy_from_file(args: argparse.Namespace) -> int:
     if args.errors is not None and not _writable(args.errors):
         print("gtarantool-copy: cannot write the errors file %s" % args.errors, file=sys.stderr)
         return EXIT_FATAL
+    if args.errors is not None:
+        # (this run's rejections only: an old file would read as them)
+        try:
+            for path in (args.errors, args.errors + ".reasons"):
+                open(path, "wb").close()
+        except OSError as exc:
+            print("gtarantool-copy: cannot write the errors file %s: %s"
+                  % (args.errors, exc.strerror or exc), file=sys.stderr)
+            return EXIT_FATAL
     counted = _Counted(stream)
     columns, header = _header(counted, args)
     options = _options(args, columns)
     try:
         spec = target_spec(args)
-        workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(args.procs, spec,
-                                                                           options)
+        workers: Any = _Local(spec, options) if args.procs == 0 else _Pool(
+            args.procs, spec, options, () if stream is sys.stdin.buffer else (stream,))
     except Exception as exc:  # noqa: BLE001 - a fatal error, said once in the summary
         reason = str(exc) if isinstance(exc, _CannotStart) else "%s: %s" % (
             type(exc).__name__, exc)
@@ -591,10 +660,13 @@ def copy_from_file(args: argparse.Namespace) -> int:
         except OSError as exc:   # (the chunk is not settled: a resume sends it again)
             fatal.append("cannot write the errors file %s: %s" % (args.errors, exc))
             return
+        if failed is None:    # (every row written or rejected, whatever copy_from counts)
+            done = rows
         settled[chunk_no] = done
         if failed is not None:
             fatal.append(failed)
 
+    stopping = _Stopping()
     try:
         for chunk in _chunks(counted, args, short):
             chunks[chunk[0]] = (chunk[1], chunk[3])
@@ -609,7 +681,10 @@ def copy_from_file(args: argparse.Namespace) -> int:
                     break
             if fatal:
                 break
-            workers.send(pipe, chunk)
+            died = workers.send(pipe, chunk)
+            if died:
+                fatal.append(died)
+                break
         while workers.busy():
             for kind, detail in workers.results():
                 take(kind, detail)
@@ -617,10 +692,16 @@ def copy_from_file(args: argparse.Namespace) -> int:
                           counted.fraction(total))
     except KeyboardInterrupt:
         fatal.append("interrupted")
+    except _Terminated:
+        fatal.append("terminated (SIGTERM)")
     finally:
-        workers.close()
+        stopping.hold()
+        # (interrupted: the workers' answers would not be read; else they are idle)
+        workers.close(hurry=bool(fatal) and fatal[-1] in ("interrupted", "terminated (SIGTERM)"))
         errors.close()
         progress.done()
+    if stopping.held and not fatal:
+        fatal.append("terminated (SIGTERM)")
     resume = short[0] if short else args.skip_rows
     for chunk_no in sorted(chunks):
         first, rows = chunks[chunk_no]
@@ -629,9 +710,40 @@ def copy_from_file(args: argparse.Namespace) -> int:
         if done < rows:
             break
     _summary(args, totals, errors, time.monotonic() - started, resume, fatal)
+    stopping.restore()
     if fatal:
         return EXIT_FATAL
     return EXIT_REJECTED if errors.count else EXIT_OK
+
+
+class _Terminated(BaseException):
+    """SIGTERM: the import stops as on a fatal error (a summary, exit status 1)."""
+
+
+class _Stopping:
+    """SIGTERM raises _Terminated in the import's loop; while the import
+    winds up (``hold``) it is only noted, so that the summary is said."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.live, self.held = True, False
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.live:
+            self.live = False
+            raise _Terminated()
+        self.held = True
+
+    def hold(self) -> None:
+        self.live = False
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 def _writable(path: str) -> bool:
@@ -738,13 +850,13 @@ def _export(args: argparse.Namespace, count: List[int]) -> None:
                                                        newline="")
         try:
             tuples = copy_to(target, info.id, index=args.index, key=key,
-                             iterator=args.iterator, page=args.batch)
+                             iterator=args.iterator, page=args.batch, timeout=args.timeout)
             if args.format == "jsonl":
                 for tup in tuples:
                     out.write(exporter.line(tup))
                     count[0] += 1
             else:
-                writer = csv.writer(out, **dialect(args.format, args.delimiter, args.quote))
+                writer = exporter.writer(out, args.delimiter, args.quote)
                 if args.header:
                     writer.writerow(exporter.header())
                 for tup in tuples:
@@ -794,7 +906,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--mode", choices=("insert", "replace", "upsert"), default="insert")
     f.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="worker processes (0: work in this process); default: cores - 1")
-    f.add_argument("--chunk", type=int, default=20000, help="rows a worker takes at a time")
+    f.add_argument("--chunk", type=int, default=20000,
+                   help="rows a worker takes at a time (fewer when they come to over 4 MiB)")
     f.add_argument("--max-in-flight", type=int, default=20000,
                    help="rows a worker has sent and not seen answered")
     f.add_argument("--rate", type=float, default=None, metavar="ROWS/S",
@@ -814,6 +927,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--index", default="0", help="the index to read by (name or id)")
     t.add_argument("--key", default=None, help="the start key, as JSON")
     t.add_argument("--iterator", default=None, help="ALL, EQ, GE, GT, LE, LT, REQ")
+    t.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a page of rows may take before the export stops (default 30)")
     return p
 
 
@@ -826,6 +941,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.command == "from":
         positive += ["chunk", "max_in_flight", "rate", "progress_interval"]
         at_least_0 += ["procs", "skip_rows", "max_rows", "retry_timeout"]
+    else:
+        positive += ["timeout"]
     for names, good, what in ((positive, lambda v: 0 < v < math.inf, "positive and finite"),
                               (at_least_0, lambda v: v >= 0, "at least 0")):
         for name in names:
@@ -838,16 +955,36 @@ def _check(args: argparse.Namespace) -> None:
         if value is not None and (len(value) != 1 or value in "\r\n"):
             raise SystemExit("gtarantool-copy: %s must be one character (not a line end), "
                              "not %r" % (option(name), value))
+    written = [("the errors file", args.errors), ("the errors' reasons", args.errors and
+                                                       args.errors + ".reasons")] \
+        if args.command == "from" else [("the output file", args.file)]
+    read = [("the input file", args.file if args.command == "from" else None),
+            ("--password-file", args.password_file), ("--sharding", args.sharding)]
+    for what, path in written:
+        for other, source in read:
+            if _same(path, source):   # (it would be emptied before it is read)
+                raise SystemExit("gtarantool-copy: %s is %s (%s)" % (what, other, path))
     delimiter = args.delimiter or ("\t" if args.format == "tsv" else ",")
     if delimiter == args.quote:   # (the default delimiter too: every row would split wrong)
         raise SystemExit("gtarantool-copy: the delimiter (%r) and --quote must differ"
                          % (delimiter,))
 
 
+def _same(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two paths (not stdin/stdout) name the same file."""
+    if not a or not b or "-" in (a, b):
+        return False
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command line; returns the exit status."""
     args = parser().parse_args(argv)
     _check(args)
+    if args.space.isdigit():
+        args.space = int(args.space)
     if args.command == "to" and args.index.isdigit():
         args.index = int(args.index)
     if args.command == "from":

@@ -63,8 +63,14 @@ class Field:
 
 _TRUE = frozenset(("true", "t", "1", "yes", "y", "on"))
 _FALSE = frozenset(("false", "f", "0", "no", "n", "off"))
+_OFFSET_MIN, _OFFSET_MAX = -12 * 60, 14 * 60   # minutes, as the server takes them
 _DATETIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,9}))?)?)?"
                        r"\s*(Z|[+-]\d\d:?\d\d)?$")
+
+
+# What Tarantool's integers hold (MessagePack's int64 and uint64)
+_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+DECIMAL_DIGITS = 38   # a Tarantool decimal's digits
 
 
 def _int(text):
@@ -72,6 +78,13 @@ def _int(text):
         return int(text)
     except ValueError:
         raise ValueError("not an integer") from None
+
+
+def _in_range(v):
+    # (the packer's own error, "Unknown type: 18446744073709551616", names no field)
+    if not _INT_MIN <= v <= _UINT_MAX:
+        raise ValueError("out of range: Tarantool's integers go from -2^63 to 2^64-1")
+    return v
 
 
 def _float(text):
@@ -87,24 +100,27 @@ def _unsigned(v):
         v = _int(v) if type(v) is str else _no(v, "an unsigned integer")
     if v < 0:
         raise ValueError("a negative number")
-    return v
+    return _in_range(v)
 
 
 def _integer(v):
-    if type(v) is int:
-        return v
-    return _int(v) if type(v) is str else _no(v, "an integer")
+    if type(v) is not int:
+        v = _int(v) if type(v) is str else _no(v, "an integer")
+    return _in_range(v)
 
 
 def _number(v):
-    if type(v) is int or type(v) is float:
+    if type(v) is int:
+        return _in_range(v)
+    if type(v) is float:
         return v
     if type(v) is not str:
         return _no(v, "a number")
     try:
-        return int(v)
+        n = int(v)
     except ValueError:
         return _float(v)
+    return _in_range(n)
 
 
 def _double(v):
@@ -131,7 +147,7 @@ def _boolean(v):
 
 def _decimal(v):
     if type(v) is int:
-        return decimal.Decimal(v)
+        return _exact_decimal(decimal.Decimal(v))
     if type(v) is float:
         v = repr(v)
     if type(v) is not str:
@@ -142,7 +158,35 @@ def _decimal(v):
         raise ValueError("not a decimal number") from None
     if not d.is_finite():
         raise ValueError("not a finite decimal")
-    return d
+    return _exact_decimal(d)
+
+
+def _exact_decimal(d):
+    """``d`` as a Tarantool decimal holds it, or ValueError: tarantool-python's
+    packer refuses more than 38 digits before the point (failing the whole
+    batch) and rounds more than 38 in all with a mere warning (1E-40 is
+    written as 0), so such a value is refused here, by its field."""
+    text = format(d, "f").lstrip("-")
+    whole, _, frac = text.partition(".")
+    if len(whole) > DECIMAL_DIGITS:
+        raise ValueError("more than %d digits before the decimal point, more than a "
+                         "Tarantool decimal holds" % DECIMAL_DIGITS)
+    if _decimal_fits(whole, frac):
+        return d
+    frac = frac.rstrip("0")    # (zeros at the end say nothing of the value: dropped)
+    if _decimal_fits(whole, frac):
+        return decimal.Decimal(("-" if d.is_signed() else "") + whole + "." + frac)
+    if whole == "0":
+        raise ValueError("%d digits after the decimal point, more than the %d a Tarantool "
+                         "decimal holds (it would be rounded)" % (len(frac), DECIMAL_DIGITS))
+    raise ValueError("%d digits, more than the %d a Tarantool decimal holds (it would be "
+                     "rounded)" % (len(whole) + len(frac), DECIMAL_DIGITS))
+
+
+def _decimal_fits(whole, frac):
+    # (the packer's rule: 38 digits, the zero before the point of 0.xxx not counted)
+    return len(whole) + len(frac) <= DECIMAL_DIGITS or \
+        whole == "0" and len(frac) <= DECIMAL_DIGITS
 
 
 def _uuid(v):
@@ -164,7 +208,13 @@ def _datetime(v):
     offset = 0
     if zone and zone != "Z":
         digits = zone[1:].replace(":", "")
+        if int(digits[2:]) > 59:
+            raise ValueError("offset %s has more than 59 minutes" % zone)
         offset = (int(digits[:2]) * 60 + int(digits[2:])) * (-1 if zone[0] == "-" else 1)
+        if not _OFFSET_MIN <= offset <= _OFFSET_MAX:
+            # (the server refuses the whole request; pytz says "absolute offset is too large")
+            raise ValueError("offset %s is out of range: Tarantool takes -12:00 to +14:00"
+                             % zone)
     _dt.date(int(year), int(month), int(day))   # ValueError for 2024-02-30
     return Datetime(year=int(year), month=int(month), day=int(day), hour=int(hour or 0),
                     minute=int(minute or 0), sec=int(sec or 0),
@@ -184,9 +234,10 @@ def _json_of(kind, name):
     def convert(v):
         if type(v) is str:
             try:
-                v = json.loads(v)
+                value = json.loads(v)
             except ValueError:
                 raise ValueError("not JSON") from None
+            v = _json_ints(value, v)
         if type(v) is not kind:
             raise ValueError("not a JSON %s" % name)
         return v
@@ -196,14 +247,52 @@ def _json_of(kind, name):
 def _any(v):
     if type(v) is str:
         try:
-            return json.loads(v)
+            value = json.loads(v)
         except ValueError:
             return v    # text that is no JSON is the string itself
+        return _json_ints(value, v)
+    if type(v) is int:
+        return _in_range(v)
     return v
+
+
+_LONG_NUMBER = re.compile(r"\d{19}")   # (the shortest integer beyond int64's range)
+
+
+def _json_ints(value, text):
+    """``value`` (``text`` read as JSON), or ValueError when an integer in it is
+    beyond Tarantool's: looked for only where the text has so many digits."""
+    if _LONG_NUMBER.search(text) is not None:
+        _ints_in_range(value)
+    return value
+
+
+def _ints_in_range(value):
+    if type(value) is int:
+        _in_range(value)
+    elif type(value) is list:
+        for item in value:
+            _ints_in_range(item)
+    elif type(value) is dict:
+        for key, item in value.items():
+            _ints_in_range(key)
+            _ints_in_range(item)
 
 
 def _itself(v):
     return v
+
+
+def _json_number(v):
+    """A JSONL ``number``: a JSON number as it is, a string a decimal (an export
+    writes a decimal so, an integer or a double being a JSON number)."""
+    if type(v) is str:
+        try:
+            d = decimal.Decimal(v.strip())
+        except decimal.InvalidOperation:
+            raise ValueError("not a number") from None
+        return _exact_decimal(d) if d.is_finite() else _float(v)
+    return _number(v)
 
 
 def _no(v, what):
@@ -220,15 +309,22 @@ CONVERTERS: Dict[str, Callable[[Any], Any]] = {
 
 def _text_unsigned(text):
     v = int(text)
-    if v < 0:
-        raise ValueError("a negative number")
+    if not 0 <= v <= _UINT_MAX:
+        raise ValueError("out of range")
+    return v
+
+
+def _text_integer(text):
+    v = int(text)
+    if not _INT_MIN <= v <= _UINT_MAX:
+        raise ValueError("out of range")
     return v
 
 
 # The converters of CSV/TSV text for the common types (the same results as
 # CONVERTERS' for a str; their errors are told by CONVERTERS').
 TEXT_CONVERTERS: Dict[str, Callable[[str], Any]] = {"unsigned": _text_unsigned,
-                                                    "integer": int}
+                                                    "integer": _text_integer}
 
 
 class Converter:
@@ -237,7 +333,11 @@ class Converter:
     :param fields: the space's format, a list of :class:`Field`.
     :param columns: the field names of the record's columns in order (CSV/TSV
         and JSONL arrays), or None: the format's fields in order.  A JSONL
-        object is matched by its keys.
+        object is matched by its keys.  A field past the format is named by
+        its position, ``field9`` (as :class:`Exporter` names it), and is of
+        type ``any``; when the columns name every field of the format, a
+        record may have more columns than named: the fields after the
+        format's (or after the last named), in order.
     :param null: the CSV/TSV text that means null (in a nullable field).
     :param json: the records are JSON values (JSONL), not text: only a JSON
         null is null, and a string is a string (in an ``any`` field too, where
@@ -252,7 +352,12 @@ class Converter:
         self.json = json
         if columns is None:
             columns = names
-        unknown = [c for c in columns if c not in names]
+        past = [_position(c) for c in columns if c not in names]
+        unknown = [c for c in columns if c not in names and not _position(c) > len(names)]
+        if not unknown and past:   # (fields past the format: of any type, nullable)
+            fields = self.fields + [Field("field%d" % k, "any", True)
+                                    for k in range(len(names) + 1, max(past) + 1)]
+            names = [f.name for f in fields]
         if unknown:
             raise ValueError("no field named %s in the space (it has %s)"
                              % (", ".join(unknown), ", ".join(names)))
@@ -266,10 +371,16 @@ class Converter:
             raise ValueError("the columns leave out %s, which cannot be null"
                              % ", ".join(missing))
         self._width = max(self._slots) + 1 if self._slots else 0
+        # columns past the named ones are the tuple's fields past these (an
+        # export writes every field of a tuple), when every field of the
+        # format is named: else a column too many is a mistake, said so
+        self._more = all(f.name in columns for f in self.fields)
+        self._past = max(self._width, len(self.fields))
         self._plan = [(slot, fields[slot], CONVERTERS.get(fields[slot].type, _any))
                       for slot in self._slots]
         if json:
-            self._plan = [(slot, field, _itself if convert is _any else convert)
+            self._plan = [(slot, field, _itself if convert is _any else
+                           _json_number if convert is _number else convert)
                           for slot, field, convert in self._plan]
         self._text_row = self._compile()
         # The common types by a plan, in C where it is built (protocol.bulk: the twin).
@@ -328,18 +439,32 @@ class Converter:
         return self._row(record)
 
     def _row(self, record: Any) -> tuple:
+        more: Dict[int, Any] = {}    # fields past the format: slot -> value
         if type(record) is dict:
-            record = self._from_object(record)
+            record, more = self._from_object(record)
             null = None
         elif type(record) is list:
             null = None if self.json else self.null
+            n = len(self._plan)
+            if len(record) > n and self._more:
+                more = dict(enumerate(record[n:], self._past))
+                record = record[:n]
         else:   # (a JSON line that is a number, a string, true or null)
             raise BadRow("a JSON line must be an object (by field name) or an array "
                          "(by column), not %s" % _show(record))
         if len(record) != len(self._plan):
             raise BadRow("%d columns where %d were expected (%s)"
                          % (len(record), len(self._plan), ", ".join(self.columns)))
-        out: List[Any] = [None] * self._width
+        out: List[Any] = [None] * max(self._width, max(more, default=-1) + 1)
+        convert_more = _itself if self.json else _any
+        for slot, value in more.items():
+            if value is None or value == null and type(value) is str:
+                continue
+            try:
+                out[slot] = convert_more(value)
+            except ValueError as exc:
+                raise BadRow("field field%d (any): %s: %s" % (slot + 1, _show(value), exc)
+                             ) from None
         for (slot, field, convert), value in zip(self._plan, record):
             if value is None or value == null and type(value) is str:
                 if not field.nullable:
@@ -356,9 +481,29 @@ class Converter:
 
     def _from_object(self, obj):
         extra = [k for k in obj if k not in self.columns]
-        if extra:
-            raise BadRow("no field named %s in the space" % ", ".join(map(str, extra)))
-        return [obj.get(c) for c in self.columns]
+        more = {}
+        for k in extra:
+            position = _position(k)
+            if position > len(self.fields):   # a field past the format, by its position
+                more[position - 1] = obj[k]
+        if len(more) < len(extra):
+            bad = [str(k) for k in extra if _position(k) <= len(self.fields)]
+            named = {f.name for f in self.fields}
+            left_out = [k for k in bad if k in named]
+            if left_out:   # (a field of the space the columns leave out)
+                raise BadRow("%s: a field of the space, but not among --columns (%s)"
+                             % (", ".join(left_out), ", ".join(self.columns)))
+            raise BadRow("no field named %s in the space" % ", ".join(bad))
+        return [obj.get(c) for c in self.columns], more
+
+
+_FIELD_NO = re.compile(r"field([1-9][0-9]{0,8})$")
+
+
+def _position(name: Any) -> int:
+    """The position (1-based) a field's name ``field9`` gives, or 0."""
+    m = _FIELD_NO.match(name) if type(name) is str else None
+    return int(m.group(1)) if m else 0
 
 
 def _show(value, limit=40):
@@ -405,6 +550,10 @@ def _native(kind):
 class Exporter:
     """Tuples -> records of one format, the inverse of :class:`Converter`.
 
+    Every field of a tuple is written: those past the format (a space with
+    no format has only its key's) as ``any`` fields, after the format's
+    columns (CSV/TSV) or under their position's name, ``field9`` (JSONL).
+
     :param fields: the space's format.
     :param fmt: ``csv``, ``tsv`` or ``jsonl``.
     :param null: the text written for null in CSV/TSV.
@@ -433,13 +582,40 @@ class Exporter:
                 v = tup[i] if i < len(tup) else None
                 conv = self._native[i]
                 out[field.name] = v if v is None or conv is None else conv(v)
+            for i in range(n, len(tup)):
+                out["field%d" % (i + 1)] = tup[i]
             return out
-        return [self.null if (v := (tup[i] if i < len(tup) else None)) is None
-                else self._text[i](v) for i in range(n)]
+        row = [self.null if (v := (tup[i] if i < len(tup) else None)) is None
+               else self._text[i](v) for i in range(n)]
+        if len(tup) > n:
+            row += [self.null if v is None else _dumps(v) for v in tup[n:]]
+        return row
+
+    def writer(self, out: Any, delimiter: Optional[str] = None, quote: str = '"') -> Any:
+        """A writer of :meth:`record`'s lists into the text stream ``out``
+        (``writerow``), for CSV/TSV: a value holding a carriage return is
+        quoted (the csv module's writer quotes only the delimiter, the quote
+        and the line terminator's newline, and its reader refuses a bare
+        carriage return in an unquoted value)."""
+        return _Writer(out, dialect(self.fmt, delimiter, quote))
 
     def line(self, tup: Sequence[Any]) -> str:
         """One tuple as a JSON line (jsonl only), newline included."""
         return _dumps(self.record(tup)) + "\n"
+
+
+class _Writer:
+    """csv.writer, with the rows that hold a carriage return quoted whole."""
+
+    def __init__(self, out: Any, options: Dict[str, Any]) -> None:
+        self._plain = csv.writer(out, **options)
+        self._quoted = csv.writer(out, quoting=csv.QUOTE_ALL, **options)
+
+    def writerow(self, row: Sequence[str]) -> Any:
+        for v in row:
+            if "\r" in v:
+                return self._quoted.writerow(row)
+        return self._plain.writerow(row)
 
 
 # -- records ---------------------------------------------------------------------------
@@ -451,27 +627,61 @@ def dialect(fmt: str, delimiter: Optional[str] = None, quote: str = '"') -> Dict
             "lineterminator": "\n"}
 
 
-def records(lines: Iterable[bytes], fmt: str, quote: str = '"') -> Iterator[bytes]:
+def _separator(fmt: str, delimiter: Optional[str]) -> bytes:
+    return (delimiter or ("\t" if fmt == "tsv" else ",")).encode()
+
+
+def _inside(data: Any, q: bytes, d: bytes, inside: bool = False) -> bool:
+    """Whether ``data`` (whole lines, the first starting in a quoted value when
+    ``inside``) ends in a quoted value, its quotes read as the csv module reads
+    them: a quote opens a value only at a field's start (``5" screen`` is
+    text), and in a quoted value a doubled quote is a quote, a single one ends it."""
+    n, at = len(q), 0
+    while True:
+        i = data.find(q, at)
+        if i < 0:
+            return inside
+        if inside:
+            if data.startswith(q, i + n):
+                at = i + 2 * n
+                continue
+            inside = False
+        elif i == 0 or data[i - 1] == 10 or data.endswith(d, 0, i):   # (10: a newline)
+            inside = True
+        at = i + n
+
+
+def _paired(parts: List[Any], d: bytes) -> bool:
+    """Whether the quotes of ``data.split(quote)`` pair in order as the csv
+    module pairs them: each that opens a pair is at a field's start (or right
+    after the quote before it: a doubled quote)."""
+    return all(not part or part.endswith(d) or part.endswith(b"\n")
+               for part in parts[0:-1:2])
+
+
+def records(lines: Iterable[bytes], fmt: str, quote: str = '"',
+            delimiter: Optional[str] = None) -> Iterator[bytes]:
     """One bytes object per record, as it was in the file (its newline kept):
-    for CSV/TSV a line whose quotes are not balanced goes on with the next one.
-    Blank lines are records too (they fail to convert, with their number)."""
+    for CSV/TSV a line that ends in a quoted value goes on with the next one
+    (quotes read as the csv module reads them: :func:`_inside`).  Blank lines
+    are records too (they fail to convert, with their number)."""
     if fmt == "jsonl":
         yield from lines
         return
-    q = quote.encode()
-    pending = None
+    q, d = quote.encode(), _separator(fmt, delimiter)
+    pending: Optional[List[bytes]] = None     # (joined once: no copy per line)
     for line in lines:
         if pending is not None:
-            pending += line
-            if line.count(q) % 2:
-                yield pending
+            pending.append(line)
+            if q in line and not _inside(line, q, d, True):
+                yield b"".join(pending)
                 pending = None
-        elif line.count(q) % 2:
-            pending = line
+        elif q in line and _inside(line, q, d):
+            pending = [line]
         else:
             yield line
     if pending is not None:
-        yield pending
+        yield b"".join(pending)
 
 
 def lines_of(data: Any) -> List[bytes]:
@@ -479,13 +689,14 @@ def lines_of(data: Any) -> List[bytes]:
     return io.BytesIO(data).readlines()
 
 
-def split_records(data: Any, fmt: str, quote: str = '"') -> List[bytes]:
+def split_records(data: Any, fmt: str, quote: str = '"',
+                  delimiter: Optional[str] = None) -> List[bytes]:
     """The records of ``data`` (whole records, as :class:`Block` holds them) as
     :func:`records` cuts them."""
     lines = lines_of(data)
     if fmt == "jsonl" or quote.encode() not in data:
         return lines
-    return list(records(lines, fmt, quote))
+    return list(records(lines, fmt, quote, delimiter))
 
 
 class Block:
@@ -497,16 +708,18 @@ class Block:
 
     __slots__ = ("data", "count", "_ends", "_avg")
 
-    def __init__(self, data: Any, fmt: str, quote: str = '"') -> None:
+    def __init__(self, data: Any, fmt: str, quote: str = '"',
+                 delimiter: Optional[str] = None) -> None:
         self.data = data
         self._ends: Optional[List[int]] = None
         q = quote.encode()
         if fmt != "jsonl" and q in data:
             parts = data.split(q)
-            # (text between an odd and an even quote is quoted)
-            if len(parts) % 2 == 0 or b"\n" in b"".join(parts[1::2]):
+            # (text between an odd and an even quote is quoted, when they pair so)
+            if len(parts) % 2 == 0 or b"\n" in b"".join(parts[1::2]) or \
+                    not _paired(parts, _separator(fmt, delimiter)):
                 ends, at = [], 0
-                for record in records(lines_of(data), fmt, quote):
+                for record in records(lines_of(data), fmt, quote, delimiter):
                     at += len(record)
                     ends.append(at)
                 self._ends = ends
@@ -553,11 +766,12 @@ def _count_lines(data: Any) -> int:
     return n + (0 if data.endswith(b"\n") else 1)
 
 
-def blocks(stream: Any, fmt: str, quote: str = '"', size: int = 1 << 20) -> Iterator[Block]:
+def blocks(stream: Any, fmt: str, quote: str = '"', size: int = 1 << 20,
+           delimiter: Optional[str] = None) -> Iterator[Block]:
     """``stream`` (binary: ``readinto``, ``readline``) as :class:`Block` objects
     of about ``size`` bytes each (``data`` a bytearray), every one ending where a
     record ends."""
-    q = quote.encode()
+    q, d = quote.encode(), _separator(fmt, delimiter)
     while True:
         # (read into a bytearray, which the line's end is added to in place:
         # the block is copied once, when a chunk is cut out of it)
@@ -568,14 +782,22 @@ def blocks(stream: Any, fmt: str, quote: str = '"', size: int = 1 << 20) -> Iter
         del data[got:]
         if not data.endswith(b"\n"):
             data += stream.readline()
-        if fmt != "jsonl" and q in data and data.count(q) % 2:
+        if fmt != "jsonl" and q in data and _ends_inside(data, q, d):
             # a quoted value goes on: up to the line that closes it (records()'s rule)
             while True:
                 line = stream.readline()
                 data += line
-                if not line or line.count(q) % 2:
+                if not line or q in line and not _inside(line, q, d, True):
                     break
-        yield Block(data, fmt, quote)
+        yield Block(data, fmt, quote, delimiter)
+
+
+def _ends_inside(data: Any, q: bytes, d: bytes) -> bool:
+    """Whether whole lines ``data`` end in a quoted value (:func:`_inside`)."""
+    parts = data.split(q)
+    if len(parts) % 2 and _paired(parts, d):
+        return False   # (the quotes pair in order: none is left open)
+    return _inside(data, q, d)
 
 
 def _decode(raw):
