@@ -59,10 +59,16 @@ def _started(proc, server, rows=2000):
     return _children(proc.pid)
 
 
+def _default_sigint():
+    # (a job started in the background by a non-interactive shell, as a CI's may
+    # be, inherits SIGINT ignored: a terminal's command has it as it is by default)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen(*argv, own_group=False):
     return subprocess.Popen([sys.executable, "-m", "gtarantool.copy"] + [str(a) for a in argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=own_group,
+                            start_new_session=own_group, preexec_fn=_default_sigint,
                             env=dict(os.environ, TARANTOOL_PASSWORD=PASSWORD))
 
 

@@ -85,7 +85,7 @@ def test_profile_block_with_greenlet_files(server, tmp_path, clock):
 
 def test_missing_yappi_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "yappi", None)
-    with pytest.raises(ImportError, match=r"gtarantool\[profile\]"):
+    with pytest.raises(ImportError, match=r"pip install yappi"):
         profiling.Profiler()
 
 
