@@ -131,23 +131,24 @@ def test_workers_hold_none_of_their_parents_pipe_ends(conn, server, tmp_path):
         _gone(workers)
 
 
-def test_workers_exit_when_the_parent_is_killed(conn, server, tmp_path):
+def _running_import(conn, server, tmp_path, own_group=False):
+    """A slow import of 100,000 rows under way, and its workers."""
     _kv(conn)
     src = tmp_path / "in.csv"
     _rows(src, 100000)
-    proc = _slow_import(src, server)
-    workers = _started(proc, server)
+    proc = _slow_import(src, server, own_group=own_group)
+    return proc, _started(proc, server)
+
+
+def test_workers_exit_when_the_parent_is_killed(conn, server, tmp_path):
+    proc, workers = _running_import(conn, server, tmp_path)
     proc.kill()
     _finish(proc)
     assert _gone(workers, within=10)
 
 
 def test_sigterm_stops_the_import_with_a_summary_and_a_resume_point(conn, server, tmp_path):
-    _kv(conn)
-    src = tmp_path / "in.csv"
-    _rows(src, 100000)
-    proc = _slow_import(src, server)
-    workers = _started(proc, server)
+    proc, workers = _running_import(conn, server, tmp_path)
     proc.terminate()
     out, err = _finish(proc)
     assert proc.returncode == 1, (out, err)
@@ -161,11 +162,7 @@ def test_sigterm_stops_the_import_with_a_summary_and_a_resume_point(conn, server
 
 
 def test_ctrl_c_to_the_process_group_gives_a_summary_and_no_tracebacks(conn, server, tmp_path):
-    _kv(conn)
-    src = tmp_path / "in.csv"
-    _rows(src, 100000)
-    proc = _slow_import(src, server, own_group=True)
-    workers = _started(proc, server)
+    proc, workers = _running_import(conn, server, tmp_path, own_group=True)
     os.killpg(proc.pid, signal.SIGINT)   # (what a terminal's Ctrl-C does)
     out, err = _finish(proc)
     assert proc.returncode == 1, (out, err)
