@@ -429,11 +429,12 @@ def _role(pool, srv):
 
 def test_rolling_restart_with_switchover_through_the_pool(rs, routes):
     """Replicas restarted one by one, the master switched over (read_only on
-    it, then off on a replica) and restarted read-only, under 60 writers in RW
-    and 60 readers in PREFER_RO: no caller sees an error; every acknowledged
-    write is on the new master.  Writes the old master refused with
-    ER_READONLY went to the new one (counted).  2.6 announces no shutdown: the
-    requests in flight on a restarting instance fail with NetworkError."""
+    it, a replica caught up with it, read_only off there) and restarted
+    read-only, under 60 writers in RW and 60 readers in PREFER_RO: no caller
+    sees an error; every acknowledged write is on the new master.  Writes the
+    old master refused with ER_READONLY went to the new one (counted).  2.6
+    announces no shutdown: the requests in flight on a restarting instance fail
+    with NetworkError."""
     master, r1, r2 = rs.servers
     pool = gtarantool.ConnectionPool(rs.addrs, user=USER, password=PASSWORD, wait_timeout=8,
                                      request_timeout=8, refresh_delay=0.1,
@@ -447,6 +448,7 @@ def test_rolling_restart_with_switchover_through_the_pool(rs, routes):
             wait_until(lambda: _role(pool, replica) == "replica")
         with connect(master, fetch_schema=False) as admin:
             admin.eval("box.cfg{read_only = true}")
+        rs.wait_caught_up(r1, master)
         rs.promote(r1)
         wait_until(lambda: _role(pool, r1) == "master")
         terminate(master)
@@ -460,6 +462,8 @@ def test_rolling_restart_with_switchover_through_the_pool(rs, routes):
         else:
             assert all(isinstance(exc, NetworkError) for exc in load.errors), load.errors[:3]
             assert len(load.errors) <= 3 * 120   # at most one per caller and restart
+        # (writes the old master committed after the first wait come from its WAL)
+        rs.wait_caught_up(r1, master)
         keys = keys_on(r1)
         assert set(load.acked) <= set(keys)
         assert len(keys) == len(set(keys))

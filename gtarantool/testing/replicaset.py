@@ -117,6 +117,21 @@ class ReplicaSet:
                     raise RuntimeError("replica %s did not sync within %ss" % (srv.port, timeout))
                 time.sleep(0.02)
 
+    def wait_caught_up(self, srv, source, timeout=10.0):
+        """Wait until ``srv`` has applied every write ``source`` has made so far (its
+        vclock holds ``source``'s own component): replication is asynchronous, and
+        a switchover makes the new master writable only after this."""
+        deadline = time.monotonic() + timeout
+        source_id, want = self.eval(source, "return box.info.id, box.info.lsn")
+        while True:
+            have = self.eval(srv, "return box.info.vclock[...] or 0", source_id)[0]
+            if have >= want:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s has lsn %s of %s's %s after %ss"
+                                   % (srv.port, have, source.port, want, timeout))
+            time.sleep(0.02)
+
     def cleanup(self):
         for srv in self.servers:
             srv.cleanup()
