@@ -193,6 +193,7 @@ def run_rolling(driver, writers, readers, rows):
             restart(replica)
             gevent.sleep(SETTLE)
         rs.eval(master, "box.cfg{read_only = true}")
+        rs.wait_caught_up(first, master)
         rs.promote(first)
         gevent.sleep(SETTLE)
         restart(master, read_only=True)

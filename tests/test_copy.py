@@ -574,6 +574,7 @@ def test_a_pool_target_follows_a_switchover(tmp_path):
             for k in range(total):
                 if k == 10000:
                     rs.eval(rs.master, "box.cfg{read_only = true}")
+                    rs.wait_caught_up(rs.replicas[0], rs.master)
                     rs.promote(rs.replicas[0])
                     switched.append(k)
                 yield (k, "n", k)

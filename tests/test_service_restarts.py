@@ -165,6 +165,7 @@ def test_a_rolling_restart_with_switchover_under_http_load(replicated):
             restart(replica)
             load.served_more(CLIENTS)
         rs.eval(master, "box.cfg{read_only = true}")
+        rs.wait_caught_up(r1, master)
         rs.promote(r1)
         load.served_more(CLIENTS)
         restart(master, read_only=True)
