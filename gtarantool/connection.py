@@ -558,12 +558,21 @@ class Connection(RequestMethods, tarantool.Connection):
         response_class = RESPONSE_CLASSES.get(request.response_class, request.response_class)
         data = bytes(request)   # a fresh sync and the current schema version
         transport = self._transport
+        handshake = False
         if transport is None and self._handshaking is not None \
                 and self._handshaking[0] is getcurrent():
             transport = self._handshaking[1]   # connect()'s authentication
+            handshake = True
         if transport is None:
             raise not_sent(ConnectionClosed("connection is closed"))
-        value = self._wait(transport, request.sync, None, data)
+        try:
+            value = self._wait(transport, request.sync, None, data)
+        except (InheritedSocket, Draining):
+            if handshake:
+                raise   # (connect() decides)
+            # Not sent: on this process's own socket, or the next one, as _request's.
+            self._ensure_connected()
+            return self._send_request_wo_reconnect(request, on_push, on_push_ctx, retries)
         try:
             return self._response(value, response_class, on_push, on_push_ctx)
         except DatabaseError as exc:
@@ -644,8 +653,8 @@ class Connection(RequestMethods, tarantool.Connection):
                 try:
                     value = transport.request(sync, frame_code, version, frame)
                 except (InheritedSocket, Draining):
-                    if stream is not None:
-                        raise
+                    if stream is not None and stream._tx is not None:
+                        raise   # (its transaction is that session's)
                     continue   # not sent: on this process's own socket, or the next one
                 if type(value) is Response and response_class is Response:
                     value.conn = self

@@ -36,7 +36,7 @@ from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout, not_sent
 from gtarantool.protocol.constants import REQUEST_TYPE_SELECT
 from gtarantool.protocol.responses import responses
-from gtarantool.transport import CHECKED, ReplySink
+from gtarantool.transport import CHECKED, ReplySink, check_process, process_token
 
 # ``conn`` (a Connection) and ``stream`` (a Stream) are annotated Any: both
 # modules import this one, which imports nothing of them, not even for the
@@ -98,8 +98,10 @@ class Pipeline(ConnectionRequestMethods):
     connection's does for bad arguments or an unknown space, and no request
     is queued then.  The request that fills a batch hands it over, and raises
     ``NetworkError`` when the connection cannot be (re)established (the
-    batch's requests hold it as their results).  Made by
-    ``Connection.pipeline()`` or ``Stream.pipeline()``.
+    batch's requests hold it as their results).  A pipeline's requests are
+    its process's: a forked child's copy sends none of them (each holds
+    ``CopiedCall``, ``applied`` False).  Made by ``Connection.pipeline()`` or
+    ``Stream.pipeline()``.
     """
 
     _queued: List[Tuple[int, bytes]]
@@ -112,6 +114,8 @@ class Pipeline(ConnectionRequestMethods):
         self._codes = RequestCodes()   # their request types, which class an error reply
         # the checking sink of send_frames(check_only=True), made when first used
         self._checking: Optional[ReplySink] = None
+        # Its requests are this process's: a forked child's copy sends none of them.
+        self._process = process_token()
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
         queued = self._queued
@@ -160,6 +164,7 @@ class Pipeline(ConnectionRequestMethods):
             timer.close()
 
     def _send(self, requests, syncs, sink, deadline):
+        check_process(self._process)
         stream = self._stream
         if stream is None:
             self._conn._ensure_connected(deadline).send_many(requests, syncs, sink)
@@ -188,13 +193,16 @@ class Pipeline(ConnectionRequestMethods):
         if not all(keys):
             raise ValueError("select_many: an empty key (select() reads every tuple)")
         start = len(self._sink.syncs) + len(self._queued)
-        if self._stream is not None:   # (a stream's requests carry its id: framed one by one)
-            for key in keys:
-                self.select(space_name, key, index=index)
-            return range(start, start + len(keys))
         space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
+        if self._stream is not None:
+            # A stream's requests carry its id: queued one by one, once every
+            # key is encoded (a key the packer refuses queues none).
+            bodies = [space.join(space.select_prefix, key) for key in keys]
+            for body in bodies:
+                self._request(REQUEST_TYPE_SELECT, body)
+            return range(start, start + len(keys))
         if not keys:
             return range(start, start)
         first = self.take_syncs(len(keys))
@@ -261,6 +269,7 @@ class Pipeline(ConnectionRequestMethods):
         deadline = None if timeout is None else time.monotonic() + timeout
         timer = Timeout._start_new_or_dummy(timeout)
         try:
+            check_process(self._process)
             self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, waiter)
         except BaseException as exc:
             error = exc

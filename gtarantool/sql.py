@@ -147,6 +147,7 @@ class PreparedStatement:
         """
         stmt_id, self.stmt_id = self.stmt_id, None
         conn = self._conn
+        conn._check_owner()   # (a forked child's copy: the parent's session is not its own)
         transport = conn._transport
         if (stmt_id is not None and transport is not None and transport.alive
                 and self._prepared_on() is transport):

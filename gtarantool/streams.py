@@ -34,6 +34,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_EXECUTE,
 )
 from gtarantool.protocol.responses import Response, ResponseExecute
+from gtarantool.transport import Draining
 
 if TYPE_CHECKING:
     from gtarantool.transport import Transport
@@ -167,16 +168,19 @@ class Stream(ConnectionRequestMethods):
                 raise ValueError("timeout must be a positive number of seconds, not %r"
                                  % (timeout,))
             body[IPROTO_TIMEOUT] = float(timeout)
-        transport = conn._reach(deadline)
-        self._tx = transport   # its requests, BEGIN included, go to this session only
-        try:
-            self._request(IPROTO_BEGIN, conn._encoder.pack(body), deadline=deadline)
-        except BaseException as exc:
-            if applied(exc) is False:   # refused or never sent: nothing began
+        while True:
+            self._tx = conn._reach(deadline)   # its requests, BEGIN included, go there only
+            try:
+                self._request(IPROTO_BEGIN, conn._encoder.pack(body), deadline=deadline)
+                return
+            except Draining:   # in line on a socket being drained: nothing sent, the next one
                 self._tx = None
-            else:   # it may have begun unanswered: roll it back, not waiting
-                self._abandon()
-            raise
+            except BaseException as exc:
+                if applied(exc) is False:   # refused or never sent: nothing began
+                    self._tx = None
+                else:   # it may have begun unanswered: roll it back, not waiting
+                    self._abandon()
+                raise
 
     def commit(self) -> None:
         """Commit the transaction (IPROTO_COMMIT); it is over either way.

@@ -26,6 +26,7 @@ from tarantool.connection_pool import Mode
 import gtarantool
 from gtarantool import ConnectionClosed, WrongOwner
 from gtarantool.testing.replicaset import ReplicaSet
+from gtarantool.testing.server import binary_version
 from tests.conftest import PASSWORD, USER, _lua
 
 pytestmark = pytest.mark.usefixtures("reader")
@@ -349,3 +350,55 @@ def test_other_threads_still_get_wrong_owner(server, replicaset):
     finally:
         conn.close()
         pool.close()
+
+
+@pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
+@pytest.mark.parametrize("on", ["connection", pytest.param("stream", marks=pytest.mark.skipif(
+    binary_version() < (2, 10), reason="streams need Tarantool 2.10+"))])
+def test_a_pipelines_queued_requests_are_sent_by_the_parent_only(server, fork, on):
+    """Requests queued in a pipeline, not yet handed to the connection, when the
+    process forks: the child's copy of the pipeline gets CopiedCall (``applied``
+    False) as their results and sends nothing; the parent's are applied once."""
+    from gtarantool.transport import CopiedCall
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    key = "fork-pipeline-%s-%s-%d" % (on, fork, os.getpid())
+    try:
+        conn.delete("kv", key)
+        p = (conn if on == "connection" else conn.stream()).pipeline()
+        for _ in range(10):
+            p.upsert("kv", (key, 1), [("+", 1, 1)])
+        def child():
+            results = p.results()
+            return 0 if all(isinstance(r, CopiedCall) and r.applied is False
+                            for r in results) else 1
+        got = _fork_running(fork, child)()
+        assert got == b"\x00", "child outcome flags %r" % (got,)
+        assert [type(r).__name__ for r in p.results()] == ["Response"] * 10
+        assert conn.select("kv", key).data == [[key, 10]]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
+def test_a_statement_unprepared_in_a_forked_child_sends_nothing(server, fork):
+    """The child's copy of a statement prepared on the parent's session is
+    not the child's to free: unprepare() there sends nothing (it raised the
+    server's "does not exist" from a session of its own); the parent's still runs."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    try:
+        stmt = conn.prepare("SELECT 1 + ?")
+        assert stmt.execute([1]).data == [[2]]
+        def child():
+            sent = conn.stats.requests
+            try:
+                stmt.unprepare()
+            except Exception:  # noqa: BLE001 - reported to the parent as a flag
+                return 1
+            return 0 if conn.stats.requests == sent else 2   # nothing sent from the child
+        got = _fork_running(fork, child)()
+        assert got == b"\x00", "child outcome flags %r" % (got,)
+        assert stmt.execute([2]).data == [[3]]
+    finally:
+        conn.close()

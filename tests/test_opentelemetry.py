@@ -198,6 +198,39 @@ def test_a_pipeline_is_one_batch_span(telemetry, server, conn):
     assert telemetry.requests_recorded() == 2
 
 
+def test_select_many_and_send_frames_are_counted_in_their_pipelines_span(telemetry, conn):
+    """Requests a pipeline takes in bulk (select_many, send_frames: copy_from's
+    path) are in its span and its duration as the others are."""
+    from gtarantool.copy import copy_from
+    from gtarantool.protocol.constants import REQUEST_TYPE_REPLACE
+    base = random.randrange(10 ** 6, 10 ** 9)
+    with conn.pipeline() as pipe:
+        pipe.select_many("tester", [base, base + 1, base + 2])
+    mixed = conn.pipeline()
+    mixed.select("tester", base)
+    mixed.select_many("tester", [base + 1, base + 2])
+    mixed.results()
+    framed = conn.pipeline()
+    encoder = framed._encoder
+    prefix, suffix = encoder.batch_parts(REQUEST_TYPE_REPLACE, conn.space("tester").space_no)
+    first = framed.take_syncs(2)
+    frames = encoder.encode_batch(REQUEST_TYPE_REPLACE, prefix, [(base, "f"), (base + 1, "f")],
+                                  first, suffix)
+    framed.send_frames(frames, first, 2, code=REQUEST_TYPE_REPLACE)
+    framed.results()
+    selects, both, replaces = telemetry.finished()
+    assert (selects.name, selects.attributes["db.operation.batch.size"]) == (
+        "BATCH select tester", 3)
+    assert (both.name, both.attributes["db.operation.batch.size"]) == ("BATCH select tester", 3)
+    assert (replaces.name, replaces.attributes["db.operation.batch.size"]) == (
+        "BATCH replace", 2)
+    assert telemetry.requests_recorded() == 3
+    report = copy_from(conn, "tester", [(base + 10 + i, "c") for i in range(10)], mode="replace")
+    assert report.written == 10
+    spans = [span for span in telemetry.finished() if span.name.startswith("BATCH replace")]
+    assert sum(span.attributes["db.operation.batch.size"] for span in spans) == 12
+
+
 @pytest.mark.skipif(not STREAMS, reason="streams need Tarantool 2.10+")
 def test_a_streams_requests_carry_its_stream_id(telemetry, conn):
     stream = conn.stream()

@@ -8,6 +8,7 @@ from tarantool.response import Response
 import gtarantool
 from gtarantool.errors import ProtocolError
 from gtarantool.pipeline import BATCH
+from gtarantool.testing.server import binary_version
 
 from . import fakepeer
 from .conftest import PASSWORD, USER
@@ -96,8 +97,10 @@ def test_a_batch_sent_from_its_rows_keeps_its_place_among_other_requests(conn, r
     conn.eval("for k = %d, %d do box.space.tester:delete{k} end" % (base, base + 199))
 
 
-def test_select_many_refuses_a_bad_key_and_queues_nothing(conn):
-    with conn.pipeline() as p:
+@pytest.mark.parametrize("on", ["connection", pytest.param("stream", marks=pytest.mark.skipif(
+    binary_version() < (2, 10), reason="streams need Tarantool 2.10+"))])
+def test_select_many_refuses_a_bad_key_and_queues_nothing(conn, on):
+    with (conn if on == "connection" else conn.stream()).pipeline() as p:
         p.ping()
         with pytest.raises(ValueError, match="empty key"):
             p.select_many("tester", [1, [], 2])

@@ -275,6 +275,46 @@ def test_a_write_waits_while_the_restarted_server_becomes_writable(srv):
 
 
 @needs_shutdown
+@pytest.mark.parametrize("request_timeout", [None, 20])
+def test_requests_in_line_at_an_announced_shutdown_go_to_the_next_socket(request_timeout):
+    """Two slow calls hold max_in_flight=2 when the server announces its
+    shutdown; a plain insert, a stream's insert outside a transaction, an SQL
+    INSERT and a stream's transaction wait in line: none is sent on the
+    draining socket, each goes to the restarted server's, once."""
+    srv = TarantoolServer(LUA + "box.once('restarts-sql', function() "
+                          "box.execute([[CREATE TABLE sql_t (id INTEGER PRIMARY KEY)]]) end)",
+                          cfg={"memtx_use_mvcc_engine": True})
+    srv.start()
+    conn = connect(srv, max_in_flight=2, request_timeout=request_timeout)
+    try:
+        plain, tx = conn.stream(), conn.stream()
+        plain.insert("t", (0, "stream"))   # (the stream is in use before)
+        holders = [gevent.spawn(conn.eval, "require('fiber').sleep(1)") for _ in range(2)]
+        gevent.sleep(0.1)
+
+        def transaction():
+            tx.begin()
+            tx.insert("t", (4, "tx"))
+            tx.commit()
+        calls = [gevent.spawn(conn.insert, "t", (1, "plain")),
+                 gevent.spawn(plain.insert, "t", (2, "stream")),
+                 gevent.spawn(conn.execute, "INSERT INTO sql_t VALUES (3)"),
+                 gevent.spawn(transaction)]
+        gevent.sleep(0.1)
+        assert not any(call.ready() for call in calls)   # in line
+        srv.signal(signal.SIGTERM)
+        wait_until(lambda: srv.process.poll() is not None, timeout=30)
+        in_thread(srv.start)
+        gevent.joinall(holders + calls, timeout=30)
+        assert [call.exception for call in holders + calls] == [None] * 6
+        assert sorted(keys_on(srv)) == [0, 1, 2, 4]
+        assert conn.execute("SELECT id FROM sql_t WHERE id = 3").data == [[3]]
+    finally:
+        conn.close()
+        srv.cleanup()
+
+
+@needs_shutdown
 @pytest.mark.timing
 def test_a_server_configured_read_only_refuses_at_once(srv):
     conn = connect(srv, request_timeout=8)

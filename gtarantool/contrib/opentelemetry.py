@@ -37,6 +37,14 @@ from gtarantool.connection import Connection
 from gtarantool.errors import RequestTimeout
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, roles
+from gtarantool.protocol.constants import (
+    REQUEST_TYPE_DELETE,
+    REQUEST_TYPE_INSERT,
+    REQUEST_TYPE_REPLACE,
+    REQUEST_TYPE_SELECT,
+    REQUEST_TYPE_UPDATE,
+    REQUEST_TYPE_UPSERT,
+)
 from gtarantool.sharding import Router
 from gtarantool.sql import PreparedStatement
 from gtarantool.streams import Stream
@@ -54,6 +62,10 @@ SPACE_METHODS = ("insert", "replace", "select", "update", "upsert", "delete")
 DATA_METHODS = SPACE_METHODS + ("call", "eval", "execute", "ping")
 STREAM_METHODS = DATA_METHODS + ("begin", "commit", "rollback")
 ROUTER_METHODS = ("callrw", "callro", "callbro", "callre", "callbre")
+# The operations of requests a pipeline takes encoded (send_frames' ``code``).
+REQUEST_NAMES = {REQUEST_TYPE_INSERT: "insert", REQUEST_TYPE_REPLACE: "replace",
+                 REQUEST_TYPE_SELECT: "select", REQUEST_TYPE_UPDATE: "update",
+                 REQUEST_TYPE_UPSERT: "upsert", REQUEST_TYPE_DELETE: "delete"}
 # A cache of attributes by (address, operation, target) is emptied past this size.
 CACHE_LIMIT = 4096
 
@@ -289,11 +301,13 @@ class _Telemetry:
 
     def batch(self, conn: Any, ops: List[Any], size: int, stream_id: Optional[int],
               start_ns: int, call: Callable[[], Any]) -> Any:
-        """A pipeline's wait: one span from its first queued request to its replies."""
+        """A pipeline's wait: one span from its first queued request to its
+        replies; ``ops``: the (operation, target) of its requests, None where
+        not known."""
         names = {op for op, _ in ops}
         targets = {target for _, target in ops}
         op, target = "BATCH", None
-        if len(names) == 1:
+        if len(names) == 1 and None not in names:
             op = "BATCH " + names.pop()
             target = targets.pop() if len(targets) == 1 else None
         extra: Tuple[Tuple[str, Any], ...] = (("db.operation.batch.size", size),)
@@ -433,15 +447,43 @@ def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
     return _named(method, original)
 
 
+def _queued(pipeline: Any, op: Optional[str], target: Any, count: int) -> None:
+    """Count ``count`` requests of ``op`` (None: unknown) on ``target`` in
+    ``pipeline``'s batch, which its next wait reports."""
+    batch = pipeline.__dict__.get("_otel_batch")
+    if batch is None:
+        batch = pipeline._otel_batch = [time.time_ns(), {}]
+    key = (op, target)
+    batch[1][key] = batch[1].get(key, 0) + count
+
+
 def _pipeline_method(op: str, original: Callable[..., Any]) -> Any:
     def method(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        batch = self.__dict__.get("_otel_batch")
-        if batch is None:
-            batch = self._otel_batch = [time.time_ns(), []]
-        batch[1].append((op, _target(op, args, kwargs)))
+        _queued(self, op, _target(op, args, kwargs), 1)
         return result
     return _named(method, original)
+
+
+def _pipeline_select_many(original: Callable[..., Any]) -> Any:
+    def select_many(self, space_name, keys, **kwargs):
+        self._otel_counting = False   # (the send_frames it makes is counted here)
+        try:
+            places = original(self, space_name, keys, **kwargs)
+        finally:
+            self._otel_counting = True
+        _queued(self, "select", space_name, len(places))
+        return places
+    return _named(select_many, original)
+
+
+def _pipeline_send_frames(original: Callable[..., Any]) -> Any:
+    def send_frames(self, frames, first_sync, count, check_only=False, code=None):
+        index = original(self, frames, first_sync, count, check_only, code)
+        if self.__dict__.get("_otel_counting", True):
+            _queued(self, REQUEST_NAMES.get(code), None, count)
+        return index
+    return _named(send_frames, original)
 
 
 def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
@@ -450,7 +492,7 @@ def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
         if batch is None:
             return original(self)
         stream = self._stream
-        return telemetry.batch(self._conn, batch[1], len(batch[1]),
+        return telemetry.batch(self._conn, list(batch[1]), sum(batch[1].values()),
                                None if stream is None else stream.stream_id, batch[0],
                                lambda: original(self))
     return _named(wait, original)
@@ -512,6 +554,8 @@ class GtarantoolInstrumentor(BaseInstrumentor):
             telemetry, "execute", PreparedStatement.execute))
         for op in filter(functools.partial(hasattr, Pipeline), DATA_METHODS):
             self._patch(Pipeline, op, _pipeline_method(op, getattr(Pipeline, op)))
+        self._patch(Pipeline, "select_many", _pipeline_select_many(Pipeline.select_many))
+        self._patch(Pipeline, "send_frames", _pipeline_send_frames(Pipeline.send_frames))
         self._patch(Pipeline, "wait", _pipeline_wait(telemetry, Pipeline.wait))
         for op in DATA_METHODS:
             original = ConnectionPool.__dict__[op]
