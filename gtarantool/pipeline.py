@@ -36,7 +36,14 @@ from gtarantool.api import ConnectionRequestMethods
 from gtarantool.errors import RequestTimeout, not_sent
 from gtarantool.protocol.constants import REQUEST_TYPE_SELECT
 from gtarantool.protocol.responses import responses
-from gtarantool.transport import CHECKED, ReplySink, check_process, process_token
+from gtarantool.transport import (
+    CHECKED,
+    CopiedCall,
+    Draining,
+    ReplySink,
+    check_process,
+    process_token,
+)
 
 # ``conn`` (a Connection) and ``stream`` (a Stream) are annotated Any: both
 # modules import this one, which imports nothing of them, not even for the
@@ -166,10 +173,20 @@ class Pipeline(ConnectionRequestMethods):
     def _send(self, requests, syncs, sink, deadline):
         check_process(self._process)
         stream = self._stream
-        if stream is None:
-            self._conn._ensure_connected(deadline).send_many(requests, syncs, sink)
-        else:
-            stream._transport().send_many(requests, syncs, sink, stream.stream_id)
+        start = len(sink.syncs)
+        while True:
+            try:
+                if stream is None:
+                    self._conn._ensure_connected(deadline).send_many(requests, syncs, sink)
+                else:
+                    stream._transport().send_many(requests, syncs, sink, stream.stream_id)
+                return
+            except Draining:
+                if stream is not None and stream._tx is not None:
+                    raise   # (its transaction is that session's)
+                # The rest waited for room on a socket being drained: the next one.
+                queued = len(sink.syncs) - start
+                requests, syncs, start = requests[queued:], syncs[queued:], len(sink.syncs)
 
     def select_many(self, space_name: Any, keys: Any, *, index: Any = 0) -> range:
         """Queue a select by each of ``keys``, in order: the requests
@@ -270,7 +287,13 @@ class Pipeline(ConnectionRequestMethods):
         timer = Timeout._start_new_or_dummy(timeout)
         try:
             check_process(self._process)
-            self._conn._ensure_connected(deadline).send_frames(frames, first_sync, count, waiter)
+            while True:
+                try:
+                    self._conn._ensure_connected(deadline).send_frames(frames, first_sync,
+                                                                       count, waiter)
+                    break
+                except Draining:   # in line on a socket being drained: nothing queued there
+                    continue
         except BaseException as exc:
             error = exc
             if exc is timer:   # no room within request_timeout: not sent
@@ -343,6 +366,7 @@ class Pipeline(ConnectionRequestMethods):
                     sink.waiter.get()
                 finally:
                     sink.waiter = None
+            self._check_process()
         except BaseException as exc:
             if exc is not timer:
                 self._give_up(exc)
@@ -353,6 +377,18 @@ class Pipeline(ConnectionRequestMethods):
             raise error from None
         finally:
             timer.close()
+
+    def _check_process(self):
+        """After a wait: in a forked child (a copy of the parent's waiting
+        greenlet, or the child sending a copy of the parent's queue), every
+        result is ``CopiedCall``: the call is the parent's, even where a reply
+        came before the fork."""
+        try:
+            check_process(self._process)
+        except CopiedCall as exc:
+            sink = self._sink
+            sink.replies.update(dict.fromkeys(sink.syncs, exc))
+            sink.outstanding = 0
 
     def _give_up(self, exc):
         transport = self._conn._transport

@@ -402,3 +402,35 @@ def test_a_statement_unprepared_in_a_forked_child_sends_nothing(server, fork):
         assert stmt.execute([2]).data == [[3]]
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
+def test_a_pipeline_waited_on_across_a_fork_is_the_parents(server, fork):
+    """A greenlet waits for a pipeline's replies when the process forks: its
+    copy in the child, woken there, gets CopiedCall (``applied`` False) for
+    every request, as any call copied mid-flight; the parent gets the replies,
+    each request applied once."""
+    from gtarantool.transport import CopiedCall
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    key = "fork-pipeline-wait-%s-%d" % (fork, os.getpid())
+    try:
+        conn.delete("kv", key)
+        p = conn.pipeline()
+        p.eval("require('fiber').sleep(0.3)")
+        for _ in range(5):
+            p.upsert("kv", (key, 1), [("+", 1, 1)])
+        waiting = gevent.spawn(p.results)
+        gevent.sleep(0.05)
+        assert not waiting.ready()
+        def child():
+            conn.ping()   # the child's own socket; the parent's requests fail here
+            results = waiting.get(timeout=5)
+            return 0 if all(isinstance(r, CopiedCall) and r.applied is False
+                            for r in results) else 1
+        got = _fork_running(fork, child)()
+        assert got == b"\x00", "child outcome flags %r" % (got,)
+        assert [type(r).__name__ for r in waiting.get(timeout=5)] == ["Response"] * 6
+        assert conn.select("kv", key).data == [[key, 5]]
+    finally:
+        conn.close()

@@ -279,8 +279,9 @@ def test_a_write_waits_while_the_restarted_server_becomes_writable(srv):
 def test_requests_in_line_at_an_announced_shutdown_go_to_the_next_socket(request_timeout):
     """Two slow calls hold max_in_flight=2 when the server announces its
     shutdown; a plain insert, a stream's insert outside a transaction, an SQL
-    INSERT and a stream's transaction wait in line: none is sent on the
-    draining socket, each goes to the restarted server's, once."""
+    INSERT, a stream's transaction, a pipeline's inserts and a select_many
+    wait in line: none is sent on the draining socket, each goes to the
+    restarted server's, once."""
     srv = TarantoolServer(LUA + "box.once('restarts-sql', function() "
                           "box.execute([[CREATE TABLE sql_t (id INTEGER PRIMARY KEY)]]) end)",
                           cfg={"memtx_use_mvcc_engine": True})
@@ -296,18 +297,27 @@ def test_requests_in_line_at_an_announced_shutdown_go_to_the_next_socket(request
             tx.begin()
             tx.insert("t", (4, "tx"))
             tx.commit()
+
+        def pipelined(queue):
+            p = conn.pipeline()
+            queue(p)
+            return p.results()
         calls = [gevent.spawn(conn.insert, "t", (1, "plain")),
                  gevent.spawn(plain.insert, "t", (2, "stream")),
                  gevent.spawn(conn.execute, "INSERT INTO sql_t VALUES (3)"),
-                 gevent.spawn(transaction)]
+                 gevent.spawn(transaction),
+                 gevent.spawn(pipelined, lambda p: [p.insert("t", (k, "piped")) for k in (5, 6)]),
+                 gevent.spawn(pipelined, lambda p: p.select_many("t", [0]))]
         gevent.sleep(0.1)
         assert not any(call.ready() for call in calls)   # in line
         srv.signal(signal.SIGTERM)
         wait_until(lambda: srv.process.poll() is not None, timeout=30)
         in_thread(srv.start)
         gevent.joinall(holders + calls, timeout=30)
-        assert [call.exception for call in holders + calls] == [None] * 6
-        assert sorted(keys_on(srv)) == [0, 1, 2, 4]
+        assert [call.exception for call in holders + calls] == [None] * 8
+        assert [r.data for r in calls[4].value] == [[[5, "piped"]], [[6, "piped"]]]
+        assert [r.data for r in calls[5].value] == [[[0, "stream"]]]
+        assert sorted(keys_on(srv)) == [0, 1, 2, 4, 5, 6]
         assert conn.execute("SELECT id FROM sql_t WHERE id = 3").data == [[3]]
     finally:
         conn.close()

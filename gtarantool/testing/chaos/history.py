@@ -18,7 +18,7 @@ from gtarantool.protocol.constants import ER_TUPLE_FOUND
 
 # Writes counted by their op id; a copy's rows are counted by row id.
 WRITE_KINDS = ("write_call", "write_upsert")
-COPY_KINDS = ("write_copy",)
+COPY_KINDS = ("write_copy", "write_pipeline")
 
 # The promises, by the name a violation carries.
 DOUBLE = "applied twice"

@@ -15,7 +15,8 @@ when the insert fails; or through an upsert of ``chaos_count`` that adds one
 per application; or is a ``copy_from`` of 1..``MAX_ROWS`` rows into
 ``chaos_rows`` (insert mode; row ids ``op_id * ROWS_PER_OP + k``, unique
 across the run and its children, with the row's bucket id; a trigger stores
-the inserting caller's address in each row).  A read calls ``chaos_echo(id)``.
+the inserting caller's address in each row), or the same rows' inserts on a
+pipeline (a connection's or a pool's).  A read calls ``chaos_echo(id)``.
 Replies carry the id.
 """
 import itertools
@@ -160,11 +161,13 @@ class Target:
     greenlets = 8
     bound = 1.0
     unsafe = ()   # kinds known to break a promise here, run only when asked
+    pipelines = True   # its client makes pipelines (write_pipeline)
 
     def __init__(self, campaign):
         self.c = campaign
         self.rt = campaign.schedule.request_timeout
-        self.kinds = tuple(k for k in KINDS if k not in self.unsafe or campaign.unsafe)
+        self.kinds = tuple(k for k in KINDS if (k not in self.unsafe or campaign.unsafe)
+                           and (k != "write_pipeline" or self.pipelines))
 
     def instances(self):
         """Every server whose data the facts read."""
@@ -186,6 +189,18 @@ class Target:
         """``copy_from`` of one row per id (with its bucket id) in insert mode."""
         return copy_from(client, COPY_SPACE, [(i, i % BUCKETS + 1) for i in ids],
                          mode="insert", retry_timeout=self.rt, info=self.info)
+
+    @property
+    def pipeline_bound(self):
+        """A pipeline's wait: its ``request_timeout``."""
+        return self.rt
+
+    def pipeline(self, client, ids):
+        """The inserts of one row per id on a pipeline: each one's result."""
+        p = client.pipeline()
+        for i in ids:
+            p.insert(COPY_SPACE, (i, i % BUCKETS + 1))
+        return p.results()
 
     def label(self, n):
         """The client's name in the history."""
@@ -318,6 +333,11 @@ class PoolTarget(Target):
             wait_timeout=self.wait_timeout, connection_timeout=self.rt, refresh_delay=0.2,
             reconnect_max_attempts=3, reconnect_delay=0.1)
 
+    @property
+    def pipeline_bound(self):
+        """Its instance picked (within ``wait_timeout``), then its wait."""
+        return self.wait_timeout + self.rt
+
     def instances(self):
         return self.rs.servers
 
@@ -388,6 +408,7 @@ class RouterTarget(Target):
     """Two vshard replica sets of two storages behind a Router."""
     name = "router"
     BUCKETS = BUCKETS
+    pipelines = False
 
     def start(self):
         from gtarantool.testing.cluster import ShardedCluster
@@ -461,7 +482,7 @@ class RouterTarget(Target):
 
 
 TARGETS = {"conn": ConnTarget, "pool": PoolTarget, "router": RouterTarget}
-KINDS = ("write_call", "write_upsert", "read_call", "write_copy")
+KINDS = ("write_call", "write_upsert", "read_call", "write_copy", "write_pipeline")
 
 
 class Campaign:
@@ -484,8 +505,9 @@ class Campaign:
         self.t0 = None
 
     def longest(self):
-        """The longest bound of any call (a copy's included)."""
-        return max(max(t.bound, t.copy_bound) for t in self.targets.values())
+        """The longest bound of any call (a copy's and a pipeline's included)."""
+        return max(max(t.bound, t.copy_bound, t.pipeline_bound)
+                   for t in self.targets.values())
 
     def rng_for(self, kind):
         """A seeded generator per fault kind, so a replay picks the same members."""
@@ -518,7 +540,13 @@ class Campaign:
             if timer is not None:
                 timer.start()
                 op.bound = min(op.bound, cancel)
-            if op.rows:
+            if op.kind == "write_pipeline":
+                failed = _settle_results(op, target.pipeline(client,
+                                                             [row.id for row in op.rows]))
+                if failed is not None:   # (the op as its first failed request)
+                    _describe(op, failed)
+                    return
+            elif op.rows:
                 _settle(op, target.copy(client, [row.id for row in op.rows]))
             else:
                 op.reply = target.do(client, op.kind, op.id)
@@ -538,10 +566,7 @@ class Campaign:
 
     @staticmethod
     def _failed(op, exc):
-        op.outcome, op.error = "error", type(exc).__name__
-        op.applied = getattr(exc, "applied", None)
-        op.library_error = isinstance(exc, tarantool.error.Error)
-        op.detail = str(exc)[:160]
+        _describe(op, exc)
         report = getattr(exc, "report", None)   # (a CopyError's: the rows settled so far)
         rejected = {r.position: r for r in getattr(report, "rejected", ())}
         for k, row in enumerate(op.rows):
@@ -741,8 +766,9 @@ def new_op(op_id, target, n, rng, proc="parent"):
     its rows drawn from ``rng``."""
     kind = rng.choice(target.kinds)
     copy = kind in h.COPY_KINDS
-    op = h.Op(op_id, target.label(n), kind, time.monotonic(),
-              target.copy_bound if copy else target.bound, proc=proc)
+    bound = (target.pipeline_bound if kind == "write_pipeline"
+             else target.copy_bound if copy else target.bound)
+    op = h.Op(op_id, target.label(n), kind, time.monotonic(), bound, proc=proc)
     if copy:
         op.rows = [h.Row(op_id * ROWS_PER_OP + k) for k in range(rng.randint(1, MAX_ROWS))]
     return op
@@ -758,6 +784,31 @@ def _settle(op, report):
             _rejected(row, rejected[k])
         else:
             row.state = h.WRITTEN if complete else h.UNREPORTED
+
+
+def _describe(op, exc):
+    op.outcome, op.error = "error", type(exc).__name__
+    op.applied = getattr(exc, "applied", None)
+    op.library_error = isinstance(exc, tarantool.error.Error)
+    op.detail = str(exc)[:160]
+
+
+def _settle_results(op, results):
+    """Each row's state by its pipeline result: written (a reply), or refused
+    or failed with the exception's ``applied``.  Returns the first exception,
+    None when every row was written."""
+    first = None
+    for row, result in zip(op.rows, results):
+        if isinstance(result, BaseException):
+            code = result.code if isinstance(result, tarantool.error.DatabaseError) else None
+            row.state, row.applied = h.REJECTED, getattr(result, "applied", None)
+            row.code = code if isinstance(code, int) else None
+            row.reason = ("%s: %s" % (type(result).__name__, result))[:160]
+            if first is None:
+                first = result
+        else:
+            row.state = h.WRITTEN
+    return first
 
 
 def _rejected(row, rejected):
