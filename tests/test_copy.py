@@ -770,6 +770,28 @@ def test_rows_of_a_locked_bucket_wait_for_it_or_are_rejected_unwritten(sharded):
 
 
 @needs_vshard
+def test_a_router_reads_the_spaces_format_from_any_instance(sharded):
+    """The format is on every storage: with no replica set writable (masters
+    read-only, as while a router learns the roles), space_info through a
+    Router still reads it (it raised PoolTopologyError at once)."""
+    cluster, router = sharded
+    masters = [shard.master for shard in cluster.shards]
+    try:
+        for master in masters:
+            cluster.eval(master, "box.cfg{read_only = true}")
+        deadline = time.monotonic() + 10
+        while any(info["role"] == "master" for rs in router.replicasets.values()
+                  for info in rs.pool.info().values()):
+            assert time.monotonic() < deadline, "the router's pools saw no read-only master"
+            gevent.sleep(0.05)
+        info = space_info(router, "customers")
+        assert [f.name for f in info.fields][:3] == ["id", "bucket_id", "name"]
+    finally:
+        for master in masters:
+            cluster.eval(master, "box.cfg{read_only = false}")
+
+
+@needs_vshard
 def test_duplicates_through_a_router_are_rejected_row_by_row(sharded):
     cluster, router = sharded
     assert copy_from(router, "customers", [(305, 20, "taken")]).written == 1

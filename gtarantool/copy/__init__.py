@@ -195,7 +195,11 @@ class _RouterDestination(_Destination):
         key.pool.ping(mode=Mode.RW)
 
     def any_pipeline(self) -> Any:
-        return next(iter(self.target.replicasets.values())).pool.pipeline()
+        # (the schema is on every storage: any instance of a replica set, waited
+        # for within the router's timeout, as a freshly made router learns roles)
+        pool = next(iter(self.target.replicasets.values())).pool
+        deadline = time.monotonic() + self.target.timeout
+        return pool._wait_for(Mode.PREFER_RW, deadline).conn.pipeline()
 
     def readers(self) -> List[Callable[[], Any]]:
         return [functools.partial(rs.pool.pipeline, Mode.PREFER_RW)
