@@ -101,9 +101,9 @@ class RequestMethods:
         if isinstance(space_name, str):
             space_no = _named(conn.schema.get_space, space_name).sid
             conn._resolutions.note(conn.schema_version, space_no, space_name)
-        elif isinstance(space_name, int):
+        elif type(space_name) is int:
             space_no = space_name
-        else:
+        else:   # (True == 1 as a key: a bool cached would stand for space 1)
             return self._encoder.space(space_name)   # the server judges it, uncached
         return _cache(self._spaces, space_name, self._encoder.space(space_no))
 
@@ -116,6 +116,8 @@ class RequestMethods:
                 conn = self._conn
                 index_no = _named(conn.schema.get_index, space.space_no, index).iid
                 conn._resolutions.note(conn.schema_version, (space.space_no, index_no), index)
+            elif type(index) is not int:   # (1.0 and True equal 1 as keys: not cached)
+                return self._encoder.space(space.space_no, index)   # the server judges it
             found = _cache(self._indexes, (space.space_no, index),
                            self._encoder.space(space.space_no, index_no))
         return found

@@ -106,7 +106,8 @@ class Connection(RequestMethods, tarantool.Connection):
         an in-flight slot or a reconnect, the request and any re-send; ``None``
         waits for the reply forever.  On expiry the caller gets
         :class:`gtarantool.RequestTimeout` and the late reply is discarded
-        (docs/guarantees.rst).
+        (docs/guarantees.rst).  Without it, tarantool-python's ``socket_timeout``
+        (a bound on each receive there) is taken for it.
     :param max_in_flight: most requests awaiting replies at once; further
         callers wait for a slot.
     :param max_response_size: largest reply frame accepted, in bytes.
@@ -118,7 +119,8 @@ class Connection(RequestMethods, tarantool.Connection):
         by default rather than forever, so connecting to a frozen server fails
         instead of hanging.
     :raises tarantool.error.ConfigurationError: a bad ``request_timeout``,
-        ``connection_timeout``, ``max_in_flight`` or ``max_response_size``.
+        ``socket_timeout``, ``connection_timeout``, ``max_in_flight`` or
+        ``max_response_size``.
     :raises tarantool.error.NotSupportedError: ``transport='ssl'``.
     :raises tarantool.error.NetworkError: connecting failed (unless
         ``connect_now=False``).
@@ -141,6 +143,15 @@ class Connection(RequestMethods, tarantool.Connection):
                  max_response_size: int = DEFAULT_MAX_RESPONSE_SIZE,
                  connection_timeout: Optional[float] = DEFAULT_CONNECTION_TIMEOUT,
                  lazy_errors: bool = False, **kwargs: Any) -> None:
+        socket_timeout = kwargs.get("socket_timeout")
+        if socket_timeout is not None and not (
+                isinstance(socket_timeout, (int, float)) and socket_timeout > 0):
+            raise ConfigurationError("socket_timeout must be a positive number of "
+                                     "seconds or None, not %r" % (socket_timeout,))
+        if request_timeout is None:
+            # tarantool-python's bound on each receive: one socket serves many
+            # callers here, so it bounds each request's wait for its reply.
+            request_timeout = socket_timeout
         if request_timeout is not None and not (
                 isinstance(request_timeout, (int, float)) and request_timeout > 0):
             raise ConfigurationError("request_timeout must be a positive number of "

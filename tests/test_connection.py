@@ -363,7 +363,7 @@ def test_connect_refused_is_network_error():
     # (a socket timeout of 0 is a non-blocking connect: "Operation now in progress")
     {"connection_timeout": 0}, {"connection_timeout": float("nan")},
     # (a reply limit of 0 failed the first reply with ProtocolError)
-    {"max_response_size": 0},
+    {"max_response_size": 0}, {"socket_timeout": 0}, {"socket_timeout": "1"},
     # (beyond what the C transport holds: every connect failed with OverflowError)
     {"max_in_flight": 2 ** 63}, {"max_response_size": 2 ** 64}])
 def test_bad_options(option):
@@ -387,6 +387,26 @@ def test_request_timeout_discards_late_reply(server):
     assert c.stats.discarded == 1
     assert c._transport.in_flight == 0 and not c._transport._abandoned
     c.close()
+
+
+@pytest.mark.timing
+def test_socket_timeout_bounds_each_requests_wait_without_request_timeout(server):
+    """tarantool-python's socket_timeout is honoured (it was ignored: the call
+    waited for its late reply); request_timeout wins when both are given."""
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           socket_timeout=0.2)
+    both = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              socket_timeout=0.2, request_timeout=5)
+    try:
+        assert c.request_timeout == 0.2 and both.request_timeout == 5
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            c.call("sleep_and_return", 0.6, "late")
+        assert time.monotonic() - started < 0.2 + slack(0.8)
+        assert both.call("sleep_and_return", 0.4, "waited").data == ["waited"]
+    finally:
+        c.close()
+        both.close()
 
 
 def test_caller_timeout_and_kill_leave_connection_healthy(conn):
@@ -850,3 +870,28 @@ def test_error_false_returns_the_error_reply(conn):
     with pytest.raises(DatabaseError) as info:
         conn.insert("tester", (3_000_100, "dup"))
     assert info.value.code == 3 and info.value.message == r.return_message
+
+
+@pytest.mark.usefixtures("reader")
+@pytest.mark.parametrize("bad, good", [
+    ({"limit": 1.0}, {"limit": 1}), ({"offset": 1.0}, {"offset": 1}),
+    ({"iterator": 2.0}, {"iterator": 2}), ({"limit": True}, {"limit": 1}),
+    ({"offset": False}, {}), ({"index": 1.0}, {"index": 1}), ({"index": True}, {"index": 1})])
+def test_a_value_equal_to_an_int_refused_by_the_server_leaves_the_ints_calls_alone(
+        server, bad, good):
+    """1.0 and True equal 1 as dict keys: a select the server refuses for a
+    float or bool argument (error 20, as tarantool-python's) must not leave its
+    encoding behind for the same call with the int."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    try:
+        conn.replace("tester", (30_000_001, "float-key"))
+        with pytest.raises(DatabaseError) as err:
+            conn.select("tester", [], **bad)
+        assert err.value.code == 20
+        for _ in range(2):
+            assert isinstance(conn.select("tester", [], **good).data, list)
+        if "index" in bad:   # (index 1: by name)
+            assert [30_000_001, "float-key"] in conn.select("tester", "float-key", **good).data
+    finally:
+        conn.delete("tester", 30_000_001)
+        conn.close()

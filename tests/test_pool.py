@@ -106,6 +106,36 @@ def test_same_methods_arguments_and_defaults_as_tarantool_python():
                     == inspect.signature(func).parameters["mode"].default), method
 
 
+# crud's select and get, echoing what they were given (crud itself needs vshard)
+FAKE_CRUD = """
+crud = {}
+local meta = {{name = 'conditions', type = 'any'}, {name = 'opts', type = 'any'}}
+function crud.select(space, conditions, opts)
+    return {metadata = meta, rows = {{conditions or box.NULL, opts or box.NULL}}}
+end
+function crud.get(space, key, opts) return {metadata = meta, rows = {{key, opts or box.NULL}}} end
+"""
+
+
+def test_crud_methods_take_keyword_arguments_as_tarantool_pythons():
+    """pool.crud_select(space, conditions=..., opts=...) as tarantool-python's
+    pool takes it (only ``mode`` was taken by keyword: TypeError)."""
+    from gtarantool.testing.server import TarantoolServer
+    srv = TarantoolServer(_lua() + FAKE_CRUD)
+    srv.start()
+    pool = gtarantool.ConnectionPool([{"host": srv.host, "port": srv.port}], user=USER,
+                                     password=PASSWORD, wait_timeout=5)
+    try:
+        conditions = [["=", "id", 1]]
+        got = pool.crud_select("t", conditions=conditions, opts={"first": 1}, mode=Mode.ANY)
+        assert got.rows == [[conditions, {"first": 1}]]
+        assert pool.crud_select("t", conditions, {"first": 2}).rows == [[conditions, {"first": 2}]]
+        assert pool.crud_get("t", key=3).rows == [[3, {}]]   # (opts: {} by default)
+    finally:
+        pool.close()
+        srv.cleanup()
+
+
 @pytest.mark.skipif(compiled.pool is None, reason="_pool.c is built for Python 3.10 and later")
 def test_the_c_routes_and_their_python_twins_share_one_interface():
     """The pool's C types hold the fields their Python twins name, and the

@@ -758,8 +758,8 @@ class ConnectionPool(_PoolBase):
 
 
 def _crud_method(name):
-    def method(self: ConnectionPool, *args: Any, mode: Mode = ANY) -> Any:
-        return self._request(mode, name, *args)
+    def method(self: ConnectionPool, *args: Any, mode: Mode = ANY, **kwargs: Any) -> Any:
+        return self._request(mode, name, *args, **kwargs)
     method.__name__ = name
     method.__doc__ = "``Connection.%s`` (default mode ANY, as tarantool-python)." % name
     return method

@@ -144,20 +144,26 @@ class Encoder:
         return SpaceEncoder(self, space_no, index_no)
 
     def select(self, space, index, offset, limit, iterator, key):
+        fields = (IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index, IPROTO_OFFSET, offset,
+                  IPROTO_LIMIT, limit, IPROTO_ITERATOR, iterator, IPROTO_KEY)
+        if not (type(space) is int and type(index) is int and type(offset) is int
+                and type(limit) is int and type(iterator) is int):
+            # (1.0 and True equal 1 as keys: a prefix of theirs is not kept for 1's)
+            return self.join(self.prefix(6, *fields), key)
         cache_key = (space, index, offset, limit, iterator)
         prefix = self._prefixes.get(cache_key)
         if prefix is None:
-            prefix = self._cached(cache_key, 6, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
-                                  IPROTO_OFFSET, offset, IPROTO_LIMIT, limit, IPROTO_ITERATOR,
-                                  iterator, IPROTO_KEY)
+            prefix = self._cached(cache_key, 6, *fields)
         return self.join(prefix, key)
 
     def upsert(self, space, index, values, ops):
+        fields = (IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index, IPROTO_TUPLE)
+        if not (type(space) is int and type(index) is int):   # (as select's)
+            return self.join(self.prefix(4, *fields), values, _UPSERT_OPS_KEY, ops)
         cache_key = (REQUEST_TYPE_UPSERT, space, index)
         prefix = self._prefixes.get(cache_key)
         if prefix is None:
-            prefix = self._cached(cache_key, 4, IPROTO_SPACE_ID, space, IPROTO_INDEX_ID, index,
-                                  IPROTO_TUPLE)
+            prefix = self._cached(cache_key, 4, *fields)
         return self.join(prefix, values, _UPSERT_OPS_KEY, ops)
 
 
