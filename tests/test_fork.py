@@ -93,8 +93,14 @@ def _fork_and_run(fork, client, mode=None, before_fork=None):
     the child's workers there at the same time; returns both reports (the
     child's as it sent it back) and the child's exit status."""
     parent, workers = _run(client, "parent", mode)
-    gevent.sleep(0.01)   # some of their requests are in flight (or queued) at the fork
-    assert not all(w.ready() for w in workers)
+    # Fork once their first replies are in and their next requests in flight (or
+    # queued): each reply takes a worker a turn of the hub at least, so polling at
+    # every turn forks long before its 30 rounds end (a fixed sleep may outlast
+    # them all: they take about 15 ms).
+    with Timeout(10):
+        while parent["replaces"] < GREENLETS and not any(w.ready() for w in workers):
+            gevent.sleep(0)
+    assert not any(w.ready() for w in workers), parent
     r, w = os.pipe()
     pid = fork()
     if pid == 0:
