@@ -125,11 +125,14 @@ def process_token():
     without Python's hooks, as uWSGI's); without it, ``os.getpid()``, a system
     call, which is why the Python paths take it only once per request and
     beside the reader's and writer's own system calls."""
-    return _token_source()()
+    return _token()
 
 
-def _token_source():
-    return compiled.speedups.fork_generation if compiled.speedups is not None else os.getpid
+# Chosen once, at import: a count of forks and a pid never compare, so every
+# token of the process comes from the one source (a test that turns the
+# compiled paths off for a while does not turn a connection made before into
+# a forked child's).
+_token = compiled.speedups.fork_generation if compiled.speedups is not None else os.getpid
 
 
 class Stats:
@@ -288,7 +291,7 @@ class Transport(_State):
     def __init__(self, sock, stats, max_in_flight, max_response_size, name="tarantool",
                  decoder=None):
         self._sock = sock
-        self._token = _token_source()     # process_token's, without its call
+        self._token = _token              # process_token's, without its call
         self._process = self._token()      # see _inherited
         self._pid = os.getpid()
         self.stats = stats
