@@ -24,7 +24,7 @@ from gevent import Timeout
 from tarantool.connection_pool import Mode
 
 import gtarantool
-from gtarantool import ConnectionClosed, WrongOwner
+from gtarantool import ConnectionClosed, WrongOwner, compiled
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import binary_version
 from tests.conftest import PASSWORD, USER, _lua
@@ -438,5 +438,21 @@ def test_a_pipeline_waited_on_across_a_fork_is_the_parents(server, fork):
         assert got == b"\x00", "child outcome flags %r" % (got,)
         assert [type(r).__name__ for r in waiting.get(timeout=5)] == ["Response"] * 6
         assert conn.select("kv", key).data == [[key, 5]]
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(compiled.speedups is None, reason="the compiled paths are off")
+def test_turning_the_compiled_paths_off_makes_no_connection_a_forked_childs(server, monkeypatch):
+    """Process tokens come from one source, chosen at import: a connection made
+    with the compiled paths on, used after a test turned them off (the reader
+    fixture's python runs), keeps its socket; it took itself for a forked
+    child's and reinitialised gevent's hub (under another caller's connect)."""
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD)
+    try:
+        transport = conn._transport
+        monkeypatch.setattr(compiled, "speedups", None)
+        assert conn.execute("SELECT 1").data == [[1]]   # (a path that checks the process)
+        assert conn._transport is transport
     finally:
         conn.close()
