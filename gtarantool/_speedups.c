@@ -1182,13 +1182,31 @@ store(PyObject *waiter, PyObject *sync, const Header *h, const unsigned char *bo
     outstanding = sink_field((PyObject *)sink, sink->outstanding, "outstanding");
     if (outstanding == NULL)
         goto done;
-    /* outstanding -= 1; outstanding <= 0, as Python does it: any int, no overflow */
+    /* outstanding -= 1; outstanding <= 0, as Python does it: any int, no
+     * overflow (an exact int of a C long's range, nearly always, in C) */
     Py_INCREF(outstanding);
-    left = PyNumber_Subtract(outstanding, one);
+    if (PyLong_CheckExact(outstanding)) {
+        int overflow;
+        long value = PyLong_AsLongAndOverflow(outstanding, &overflow);
+
+        if (!overflow && value > LONG_MIN) {
+            left = PyLong_FromLong(value - 1);
+            last = value - 1 <= 0;
+        } else {
+            left = NULL;
+        }
+    } else {
+        left = NULL;
+    }
+    if (left == NULL && !PyErr_Occurred()) {
+        left = PyNumber_Subtract(outstanding, one);
+        last = left == NULL ? -1 : PyObject_RichCompareBool(left, zero, Py_LE);
+    }
     Py_DECREF(outstanding);
-    if (left == NULL)
+    if (left == NULL) {
+        last = -1;
         goto done;
-    last = PyObject_RichCompareBool(left, zero, Py_LE);
+    }
     if (last < 0) {
         Py_DECREF(left);
         goto done;
@@ -1311,6 +1329,26 @@ done:
     return ok;
 }
 
+/* pending.pop(sync, None) in one lookup: the waiter (new reference), or NULL,
+ * with an exception set when the dict raised one (a waiter is never None). */
+static PyObject *
+pop_pending(PyObject *pending, PyObject *sync)
+{
+    PyObject *waiter;
+
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyDict_Pop(pending, sync, &waiter) <= 0)
+        return NULL;
+#else
+    waiter = _PyDict_Pop(pending, sync, Py_None);
+    if (waiter == Py_None) {
+        Py_DECREF(waiter);
+        return NULL;
+    }
+#endif
+    return waiter;
+}
+
 static PyObject *
 ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1355,16 +1393,17 @@ ReplyCutter_cut(ReplyCutter *self, PyObject *const *args, Py_ssize_t nargs)
         sync = PyLong_FromUnsignedLongLong(h.sync);
         if (sync == NULL)
             goto error;
-        waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
+        waiter = pop_pending(self->pending, sync);
         if (waiter == NULL || (PyObject *)Py_TYPE(waiter) == self->pushes_type) {
+            /* (a push's waiter stays: Python's _cut takes what comes for it) */
+            int failed = waiter != NULL ? PyDict_SetItem(self->pending, sync, waiter) < 0
+                                        : PyErr_Occurred() != NULL;
+            Py_XDECREF(waiter);
             Py_DECREF(sync);
-            if (PyErr_Occurred())
+            if (failed)
                 goto error;
             break;
         }
-        Py_INCREF(waiter);
-        if (PyDict_DelItem(self->pending, sync) < 0)
-            goto fail;
         if ((PyObject *)Py_TYPE(waiter) == self->sink_type) {
             PyObject *target = NULL;
             int last = store(waiter, sync, &h, p + h.head, body_size, &target);
@@ -1446,15 +1485,15 @@ receive_lone(ReplyCutter *self, long fd, PyObject *buffer_obj, Py_ssize_t limit,
 
         if (sync == NULL)
             goto error;
-        waiter = PyDict_GetItemWithError(self->pending, sync);   /* borrowed */
+        waiter = pop_pending(self->pending, sync);
         if (waiter != NULL && (PyObject *)Py_TYPE(waiter) != self->sink_type
                 && (PyObject *)Py_TYPE(waiter) != self->pushes_type) {
-            Py_INCREF(waiter);
-            taken = PyDict_DelItem(self->pending, sync) < 0
-                || take(self, waiter, sync, &h, data + h.head, received - h.head, 0) < 0
+            taken = take(self, waiter, sync, &h, data + h.head, received - h.head, 0) < 0
                 ? -1 : 1;
-            Py_DECREF(waiter);
+        } else if (waiter != NULL && PyDict_SetItem(self->pending, sync, waiter) < 0) {
+            taken = -1;   /* (put back: the reader takes a sink's or a push's reply) */
         }
+        Py_XDECREF(waiter);
         Py_DECREF(sync);
         if (taken < 0 || PyErr_Occurred())
             goto error;

@@ -19,7 +19,6 @@ change does not make them fail with error 109.
 from __future__ import annotations
 
 import bisect
-import collections
 import gc
 import itertools
 import operator
@@ -233,10 +232,9 @@ class Pipeline(ConnectionRequestMethods):
 
         :returns: the first sync.
         """
-        syncs = self._conn._syncs
-        first: int = next(syncs)
-        if count > 1:
-            collections.deque(itertools.islice(syncs, count - 1), maxlen=0)
+        first: int = next(self._conn._syncs)
+        if count > 1:   # (the counter moved on at once, not one sync at a time)
+            self._conn._syncs = itertools.count(first + count)
         return first
 
     def send_frames(self, frames: Any, first_sync: int, count: int,

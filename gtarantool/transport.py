@@ -452,10 +452,10 @@ class Transport(_State):
         pending = self._pending
         if len(pending) >= self.max_in_flight or self.error is not None:
             self._wait_for_room()
-        syncs = range(first_sync, first_sync + count)
-        pending.update(dict.fromkeys(syncs, sink))
+        registered = dict.fromkeys(range(first_sync, first_sync + count), sink)
+        pending.update(registered)
         owner = sink if sink.owner is None else sink.owner
-        owner.syncs += syncs
+        owner.syncs += registered   # (the same int objects as pending's keys)
         owner.outstanding += count
         buf = self._wbuf
         if not buf:
