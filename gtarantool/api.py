@@ -6,6 +6,7 @@ to ``self._request``.  ``Connection`` sends and waits; ``Pipeline`` queues.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -13,6 +14,7 @@ from tarantool.error import SchemaError
 from tarantool.utils import wrap_key
 
 from gtarantool import pagination
+from gtarantool.errors import RequestTimeout
 from gtarantool.protocol.codec import NO_LIMIT, OPS_KEY, Encoder, iterator_code
 from gtarantool.protocol.constants import (
     IPROTO_EXPR,
@@ -59,10 +61,11 @@ def _request_errors(method):
 
 def _named(lookup, *names):
     """``lookup(*names)`` in the schema; its SchemaError (no such space or
-    index) says the request was not sent: ``applied`` False."""
+    index), or the RequestTimeout of a lookup's own request, says the
+    request was not sent: ``applied`` False."""
     try:
         return lookup(*names)
-    except SchemaError as exc:
+    except (SchemaError, RequestTimeout) as exc:
         exc.applied = False
         raise
 
@@ -88,14 +91,17 @@ class RequestMethods:
 
     def _space(self, space_name):
         """The encoder for the primary index of a space given by name or id;
-        callers look in ``_spaces`` first, this fills it."""
+        callers look in ``_spaces`` first, this fills it.  One
+        ``request_timeout`` bounds the caller's whole call from here: the
+        connect, the lookups and its request."""
         conn = self._conn
+        deadline = conn._lookup_started(sys._getframe(1))
         if self._encoder is None:   # never connected (connect_now=False): connect first
-            conn._reach()
+            conn._reach(deadline)
         if conn.schema is None and conn.fetch_schema:
             # Another greenlet's connect() is between its handshake and the schema
             # (authenticating): wait for it, since it holds the connection's lock.
-            conn._wait_for_connect()
+            conn._wait_for_connect(deadline)
         if conn.schema is None:
             conn._schemaful_connection_check()
         if isinstance(space_name, str):
@@ -114,6 +120,7 @@ class RequestMethods:
             index_no = index
             if isinstance(index, str):
                 conn = self._conn
+                conn._lookup_started(sys._getframe(1))   # (its deadline bounds the lookup)
                 index_no = _named(conn.schema.get_index, space.space_no, index).iid
                 conn._resolutions.note(conn.schema_version, (space.space_no, index_no), index)
             elif type(index) is not int:   # (1.0 and True equal 1 as keys: not cached)

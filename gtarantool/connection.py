@@ -80,7 +80,7 @@ _hub_reinit = None   # the process_token() of the process whose hub _adopt reini
 _ATTRIBUTES = (
     "request_timeout", "max_in_flight", "max_response_size", "lazy_errors", "stats",
     "_transport", "_syncs", "_lock", "_schema_lock", "_owner", "_pid", "_process", "_packer",
-    "_encoder", "_resolutions",
+    "_encoder", "_resolutions", "_lookups",
     "_decoder", "_spaces",
     "_indexes", "_connected_once", "_finalizer", "_connect_failures", "_connect_error",
     "host", "port", "user", "password", "socket_fd", "socket_timeout", "reconnect_max_attempts",
@@ -170,6 +170,7 @@ class Connection(RequestMethods, tarantool.Connection):
         # Our fields first: tarantool.Connection.__init__ may connect.
         self.request_timeout = request_timeout
         self._resolutions = Resolutions()   # names the requests were encoded from
+        self._lookups = {}   # greenlet -> (frame, deadline): see _lookup_deadline
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.lazy_errors = bool(lazy_errors)
@@ -487,6 +488,42 @@ class Connection(RequestMethods, tarantool.Connection):
         timeout = self.request_timeout
         return None if timeout is None else time.monotonic() + timeout
 
+    def _lookup_started(self, frame) -> Optional[float]:
+        """A data method (``frame``, running) must look its space, index or
+        field names up before it can encode its request: the deadline of
+        the whole call by ``request_timeout`` (None without one), which the
+        lookups' requests and then its own honour (``_lookup_deadline``).
+        Taken once per call: a second lookup of the same call keeps it."""
+        if self.request_timeout is None:
+            return None
+        current = getcurrent()
+        lookups = self._lookups
+        entry = lookups.get(current)
+        if entry is not None and entry[0] is frame:
+            return entry[1]
+        for glet in [g for g in lookups if g.dead]:   # (killed in a call: not to be kept)
+            del lookups[glet]
+        deadline = self._call_deadline()
+        lookups[current] = (frame, deadline)
+        return deadline
+
+    def _lookup_deadline(self) -> Optional[float]:
+        """The deadline of the call this greenlet is in, when that call looked
+        names up first (``_lookup_started``) and has not returned: its frame is
+        on this greenlet's stack.  A call that raised before its request
+        leaves its entry behind, dropped here."""
+        current = getcurrent()
+        entry = self._lookups.get(current)
+        if entry is None:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame is entry[0]:
+                return entry[1]
+            frame = frame.f_back
+        del self._lookups[current]
+        return None
+
     def _reach(self, deadline=None):
         """The live transport, (re)connecting first: ``_ensure_connected``
         for a call that needs the connection before it frames a request (a
@@ -637,6 +674,8 @@ class Connection(RequestMethods, tarantool.Connection):
         """``_request`` for a call in a stream or with a ``request_timeout``,
         which bounds the whole call: one timer and one deadline for the wait
         for a connection, the request, and any re-send (docs/guarantees.rst)."""
+        if deadline is None and self._lookups:   # in a call that looked names up first
+            deadline = self._lookup_deadline()
         if deadline is None:   # (the usual call: one clock read)
             timeout = self.request_timeout
             deadline = None if timeout is None else time.monotonic() + timeout

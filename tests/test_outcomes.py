@@ -271,6 +271,48 @@ def test_calls_that_connect_before_they_send_end_within_request_timeout(srv):
 
 
 @pytest.mark.timing
+def test_a_call_that_looks_its_space_up_first_ends_within_request_timeout(srv):
+    """A space another client created is looked up before the request is
+    encoded: the lookup's requests and then the call's own share the one
+    ``request_timeout`` (each round trip here takes most of it), and what
+    the error says about the request is true."""
+    admin = connect(srv)
+    conn = connect(srv, request_timeout=1.0)
+    conn.ping()
+    for i in range(3):
+        admin.eval("box.schema.space.create('late%d'):create_index('pk')" % i)
+    admin.eval("""
+        local clock, fiber = require('clock'), require('fiber')
+        hogging = true
+        fiber.create(function()
+            while hogging do
+                local t = clock.monotonic()
+                while clock.monotonic() - t < 0.9 do end
+                fiber.sleep(0.001)
+            end
+        end)""")
+    gevent.sleep(0.5)
+    outcomes = []
+    try:
+        for i in range(3):
+            started = time.monotonic()
+            try:
+                conn.insert("late%d" % i, (i,))
+                outcomes.append(True)
+            except DatabaseError as exc:   # timed out, or refused without the time to resend
+                outcomes.append(applied(exc))
+            took = time.monotonic() - started
+            assert took <= 1.0 + slack(0.3), (i, took)
+    finally:
+        admin.eval("hogging = false")
+    for i, outcome in enumerate(outcomes):
+        if outcome is False:
+            assert admin.eval("return box.space.late%d:len()" % i).data == [0]
+    conn.close()
+    admin.close()
+
+
+@pytest.mark.timing
 def test_a_pipeline_waiting_for_room_ends_within_request_timeout(srv):
     """A pipeline's batch waits for room in ``max_in_flight`` within
     ``request_timeout``; the requests it could not hand over hold a
