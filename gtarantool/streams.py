@@ -185,6 +185,9 @@ class Stream(ConnectionRequestMethods):
     def commit(self) -> None:
         """Commit the transaction (IPROTO_COMMIT); it is over either way.
 
+        :raises tarantool.error.InterfaceError: no transaction is open (none
+            began, or a commit or rollback ended it, even one that raised):
+            nothing is sent, ``applied`` False.
         :raises tarantool.error.DatabaseError: the server refused the commit
             (the transaction was rolled back).
         :raises tarantool.error.NetworkError: the connection was lost during
@@ -192,6 +195,10 @@ class Stream(ConnectionRequestMethods):
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``
             (the transaction's outcome is unknown).
         """
+        if self._tx is None:   # (the server would answer OK: a commit of nothing)
+            raise not_sent(InterfaceError(
+                "stream %d has no open transaction to commit (begin() opens one; a "
+                "commit or rollback ends it, even one that raised)" % self.stream_id))
         try:
             self._request(IPROTO_COMMIT, b"")
         finally:
@@ -199,14 +206,16 @@ class Stream(ConnectionRequestMethods):
 
     def rollback(self) -> None:
         """Roll the transaction back (IPROTO_ROLLBACK).  When its connection
-        was lost the server has rolled it back already: nothing is sent.
+        was lost the server has rolled it back already, and with no
+        transaction open (a commit that raised ended it) there is nothing to
+        roll back: nothing is sent.
 
         :raises tarantool.error.DatabaseError: the server refused the rollback.
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
         """
         tx = self._tx
         try:
-            if tx is None or tx.error is None:
+            if tx is not None and tx.error is None:
                 self._request(IPROTO_ROLLBACK, b"")
         finally:
             self._tx = None

@@ -140,6 +140,40 @@ def test_thousand_concurrent_transactions_half_rolled_back(mconn):
 
 
 @needs_streams
+def test_a_commit_with_no_transaction_open_is_refused_not_reported_done(mvcc_server, mconn):
+    """A commit whose transaction a commit that timed out ended (the server
+    rolled it back: a conflict) is refused when asked again, not answered
+    with the server's OK for a commit of nothing; a rollback then sends
+    nothing."""
+    import signal
+    s = mconn.stream()
+    with pytest.raises(InterfaceError, match="no open transaction") as err:
+        s.commit()
+    assert err.value.applied is False
+    s.rollback()   # nothing open: nothing to roll back
+    timed = connect(mvcc_server, request_timeout=0.5)
+    mconn.replace("tester", (1, "before"))
+    t = timed.stream()
+    t.begin()
+    t.select("tester", 1)
+    t.replace("tester", (1, "from the transaction"))
+    mconn.replace("tester", (1, "another writer's"))   # commits first: a conflict
+    mvcc_server.signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(gtarantool.RequestTimeout) as err:
+            t.commit()
+        assert err.value.applied is None
+    finally:
+        mvcc_server.signal(signal.SIGCONT)
+    gevent.sleep(0.3)
+    with pytest.raises(InterfaceError, match="no open transaction"):
+        t.commit()
+    t.rollback()
+    assert mconn.select("tester", 1).data == [[1, "another writer's"]]
+    timed.close()
+
+
+@needs_streams
 def test_read_committed_reader_does_not_see_an_uncommitted_write(mconn):
     writer = mconn.stream()
     writer.begin()
