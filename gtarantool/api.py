@@ -218,6 +218,8 @@ class RequestMethods:
         space = self._spaces.get(space_name) or self._space(space_name)
         if index:
             space = self._index(space, index)
+        if on_push is not None:
+            _check_args((), on_push)
         if fetch_pos or after is not None:
             return self._request(REQUEST_TYPE_SELECT, pagination.select_body(
                 self, space, key, offset, limit, iterator, after, fetch_pos),
@@ -234,8 +236,6 @@ class RequestMethods:
                                             iterator_code(iterator), key)
             else:
                 body = space.join(space.select_prefix, key)
-        if on_push is not None:
-            _check_args((), on_push)
         return self._request(REQUEST_TYPE_SELECT, body, on_push, on_push_ctx)
 
     @_request_errors

@@ -51,7 +51,7 @@ from gtarantool.protocol.constants import IPROTO_GREETING_SIZE, REQUEST_TYPE_PIN
 from gtarantool.protocol.frames import request_header
 from gtarantool.protocol.responses import RESPONSE_CLASSES, Response, make_response
 from gtarantool.resolved import Resolutions
-from gtarantool.sql import PreparedStatement
+from gtarantool.sql import PreparedStatement, check_query
 from gtarantool.transport import (
     Draining,
     InheritedSocket,
@@ -890,6 +890,19 @@ class Connection(RequestMethods, tarantool.Connection):
             :class:`gtarantool.streams.Stream`.
         :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+)."""
         return streams.transaction(self, isolation, timeout)
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        """Execute an SQL query (tarantool-python's ``execute``), ``query``
+        checked before anything is sent.
+
+        :param query: the SQL text, with ``?`` or ``:name`` placeholders.
+        :param params: the values bound to them: a list, or a dict by name.
+        :returns: tarantool-python's SQL response (``.data``, ``.affected_row_count``).
+        :raises TypeError: ``query`` is not a str (nothing is sent).
+        :raises tarantool.error.DatabaseError: the server refused the query.
+        """
+        check_query(query)
+        return super().execute(query, params)
 
     def prepare(self, sql: str) -> PreparedStatement:
         """Prepare an SQL statement: a :class:`gtarantool.sql.PreparedStatement`

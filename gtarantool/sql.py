@@ -45,9 +45,14 @@ def bind_params(params):
                     % type(params).__name__)
 
 
-def execute_body(conn, query, params):
+def check_query(query):
+    """:raises TypeError: ``query`` is not a str (nothing is sent)."""
     if not isinstance(query, str):
         raise TypeError("query must be a str, not %s" % type(query).__name__)
+
+
+def execute_body(conn, query, params):
+    check_query(query)
     return conn._encoder.pack({IPROTO_SQL_TEXT: query, IPROTO_SQL_BIND: bind_params(params)})
 
 

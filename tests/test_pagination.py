@@ -95,6 +95,9 @@ def test_space_objects_streams_and_pipelines(rows):
 def test_bad_after(conn):
     with pytest.raises(TypeError, match="after must be"):
         conn.select("tester", after=12)
+    for paged in ({"fetch_pos": True}, {"after": (0,)}):
+        with pytest.raises(TypeError, match="on_push callback must be callable"):
+            conn.select("tester", on_push=5, **paged)
     with pytest.raises(ValueError, match="not a position"):
         conn.select("tester", after=b"\xff\xfe")
     with pytest.raises(gtarantool.DatabaseError):

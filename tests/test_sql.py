@@ -78,6 +78,11 @@ def test_bad_input(sql_conn):
         sql_conn.prepare("SELEKT 1")
     with pytest.raises(TypeError):
         sql_conn.prepare(b"SELECT 1")
+    sent = sql_conn.stats.requests
+    for query in (["SELECT 1"], None, b"SELECT 1"):
+        with pytest.raises(TypeError, match="query must be a str"):
+            sql_conn.execute(query)
+    assert sql_conn.stats.requests == sent   # refused before anything was written
     stmt = sql_conn.prepare("SELECT ?")
     with pytest.raises(TypeError):
         stmt.execute("not a sequence")
