@@ -251,10 +251,11 @@ class Watchers:
                     conn._ensure_connected()   # connect() calls attach()
                     return
                 except Exception as exc:  # noqa: BLE001 - retried until close()
-                    # (Expected while a server that announced its shutdown restarts.)
-                    level = logging.INFO if conn._graceful.restarting else logging.WARNING
-                    log.log(level, "watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
-                            conn.host, conn.port, delay, exc)
+                    # A connection event, logged as the others are (INFO): an
+                    # application that configures no logging hears of it from
+                    # its own calls, not from a background greenlet.
+                    log.info("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
+                             conn.host, conn.port, delay, exc)
                     conn = None   # (not held while sleeping: it may be dropped meanwhile)
                     gevent.sleep(delay)
                     conn = self._conn

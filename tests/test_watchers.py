@@ -240,9 +240,13 @@ def test_watchers_keep_trying_while_the_server_is_down(fresh_server, caplog):
         seen = []
         conn.watch("down", lambda key, value: seen.append(value))
         wait_for(lambda: seen)
-        with caplog.at_level(logging.WARNING, logger="gtarantool.watchers"):
+        with caplog.at_level(logging.INFO, logger="gtarantool.watchers"):
             fresh_server.kill()
             wait_for(lambda: "reconnect" in caplog.text)
+        # a connection event: INFO, never a WARNING an application without a
+        # logging set-up would see on stderr
+        assert {r.levelno for r in caplog.records if "reconnect" in r.getMessage()} \
+            == {logging.INFO}
         fresh_server.start()
         wait_for(lambda: len(seen) == 2, timeout=20)
         assert seen == [None, None]
