@@ -170,7 +170,8 @@ class Connection(RequestMethods, tarantool.Connection):
         # Our fields first: tarantool.Connection.__init__ may connect.
         self.request_timeout = request_timeout
         self._resolutions = Resolutions()   # names the requests were encoded from
-        self._lookups = {}   # greenlet -> (frame, deadline): see _lookup_deadline
+        # greenlet -> (frame, deadline): see _lookup_deadline
+        self._lookups: "dict[Any, Tuple[Any, Optional[float]]]" = {}
         self.max_in_flight = max_in_flight
         self.max_response_size = max_response_size
         self.lazy_errors = bool(lazy_errors)
@@ -516,7 +517,7 @@ class Connection(RequestMethods, tarantool.Connection):
         entry = self._lookups.get(current)
         if entry is None:
             return None
-        frame = sys._getframe(1)
+        frame: Any = sys._getframe(1)
         while frame is not None:
             if frame is entry[0]:
                 return entry[1]
