@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import start_http_server
-from tarantool.error import DatabaseError
+from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
 from gtarantool import Mode, RequestTimeout, monitoring
@@ -430,3 +430,27 @@ def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampl
     assert t.requests_recorded() == 22
     failed = [p for p in t.points("db.client.operation.duration") if "error.type" in p.attributes]
     assert [p.attributes["error.type"] for p in failed] == ["555"]
+
+
+
+def _refused_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_network_error_s_errno_is_no_box_error_code(telemetry):
+    """tarantool-python's NetworkError keeps a refused connect's errno as its code."""
+    lazy = gtarantool.Connection("127.0.0.1", _refused_port(), connect_now=False,
+                                 reconnect_max_attempts=0)
+    with pytest.raises(NetworkError) as raised:
+        lazy.select("tester", 1)
+    assert raised.value.code   # (the errno, ECONNREFUSED)
+    span, = telemetry.finished()
+    assert span.attributes["error.type"] == "tarantool.error.NetworkError"
+    assert "db.response.status_code" not in span.attributes
+    assert span.status.description == "tarantool.error.NetworkError"
+    point, = telemetry.points("db.client.operation.duration")
+    assert point.attributes["error.type"] == "tarantool.error.NetworkError"
+    assert "db.response.status_code" not in point.attributes

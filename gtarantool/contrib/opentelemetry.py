@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.metrics import CallbackOptions, NoOpMeter, Observation, get_meter
 from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
-from tarantool.error import DatabaseError
+from tarantool.error import DatabaseError, NetworkError
 
 import gtarantool
 from gtarantool import connection as _connection
@@ -200,8 +200,10 @@ class _Telemetry:
 
     @staticmethod
     def error_attributes(exc: BaseException) -> Dict[str, Any]:
-        code = getattr(exc, "code", None) if isinstance(exc, DatabaseError) else None
-        if isinstance(code, int) and not isinstance(exc, RequestTimeout) and code:
+        # (A NetworkError's code is the socket's errno, no box error code.)
+        code = (getattr(exc, "code", None) if isinstance(exc, DatabaseError)
+                and not isinstance(exc, NetworkError) else None)
+        if isinstance(code, int) and code:
             return {"error.type": str(code), "db.response.status_code": str(code)}
         kind = type(exc)
         return {"error.type": "%s.%s" % (kind.__module__, kind.__qualname__)}
