@@ -454,3 +454,58 @@ def test_a_network_error_s_errno_is_no_box_error_code(telemetry):
     point, = telemetry.points("db.client.operation.duration")
     assert point.attributes["error.type"] == "tarantool.error.NetworkError"
     assert "db.response.status_code" not in point.attributes
+
+
+needs_vshard = pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two replica sets (no buckets moved: the tests that move them make their own)."""
+    started = ShardedCluster(2, replicas=0, storage_lua=STORAGE).start()
+    try:
+        yield started
+    finally:
+        started.cleanup()
+
+
+def router_of(cluster, **options):
+    router = Router(cluster.cfg, user=cluster.user, password=cluster.password, **options)
+    if options.get("discovery_mode") != "off":
+        with gevent.Timeout(10):
+            while router.known_bucket_count < cluster.bucket_count:
+                gevent.sleep(0.02)
+    return router
+
+
+@needs_vshard
+def test_a_router_s_bad_arguments_raise_what_they_raise_uninstrumented(cluster):
+    router = router_of(cluster)
+    calls = [lambda: router.callrw([1], "put", (1, 1)),
+             lambda: router.callro(1, ["get"], (1,)),
+             lambda: router.callrw(0, "put", (1, 1)),
+             lambda: router.callrw(bucket_id={}, func="put"),
+             lambda: router.map_callrw(["get"], (1,), timeout=5)]
+
+    def outcomes():
+        found = []
+        for call in calls:
+            try:
+                call()
+                found.append(None)
+            except Exception as exc:
+                found.append(type(exc))
+        return found
+
+    t = Telemetry()
+    instrumentor = GtarantoolInstrumentor()
+    try:
+        plain = outcomes()
+        instrumentor.instrument(tracer_provider=t.tracer_provider,
+                                meter_provider=t.meter_provider)
+        assert outcomes() == plain
+    finally:
+        instrumentor.uninstrument()
+        router.close()
+        t.meter_provider.shutdown()
+    assert plain[0] is ValueError

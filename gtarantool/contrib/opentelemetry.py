@@ -162,7 +162,10 @@ class _Telemetry:
         """(span name, span attributes, metric attributes) of a request."""
         key = (None, None, op, target, query, extra) if conn is None else (
             conn.host, conn.port, op, target, query, extra)
-        found = self._cache.get(key)
+        try:
+            found = self._cache.get(key)
+        except TypeError:   # an unhashable argument, which the method itself refuses
+            return self._build(conn, op, target, query, extra)
         if found is None:
             if len(self._cache) >= CACHE_LIMIT:
                 self._cache.clear()
@@ -433,7 +436,11 @@ def _pool_method(telemetry: _Telemetry, op: str, original: Any, default_mode: An
 
 
 def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
-    def method(self, bucket_id, func, *args, **kwargs):
+    def method(self, *args, **kwargs):
+        # (Read as the method's own signature does, leaving a wrong call to it.)
+        bucket_id = args[0] if args else kwargs.get("bucket_id")
+        func = args[1] if len(args) > 1 else kwargs.get("func")
+
         def after(error):
             rs = None
             if type(bucket_id) is int and 0 < bucket_id <= self.bucket_count:
@@ -443,7 +450,7 @@ def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
                 rs = self.replicasets.get(rs_id)
             name = rs.name if rs is not None else rs_id
             return (() if name is None else (("tarantool.vshard.replicaset", str(name)),))
-        return telemetry.routed("call", func, original, (self, bucket_id, func) + args, kwargs,
+        return telemetry.routed("call", func, original, (self,) + args, kwargs,
                                 (("tarantool.vshard.bucket_id", bucket_id),
                                  ("tarantool.vshard.method", original.__name__)), after)
     return _named(method, original)
