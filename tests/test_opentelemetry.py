@@ -433,6 +433,29 @@ def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampl
 
 
 
+def test_the_duration_metric_has_no_per_stream_nor_per_batch_attribute(telemetry, conn):
+    """Stream ids and batch sizes are span attributes only: on the metric each
+    would open series without end."""
+    base = random.randrange(10 ** 6, 10 ** 9)
+    for size in (2, 3, 4):
+        with conn.pipeline() as pipe:
+            for i in range(size):
+                pipe.replace("tester", (base + i, "p"))
+    streams = [conn.stream() for _ in range(3)] if STREAMS else []
+    for stream in streams:
+        stream.replace("tester", (base, "s"))
+    spans = telemetry.finished()
+    assert [span.attributes["db.operation.batch.size"] for span in spans[:3]] == [2, 3, 4]
+    assert [span.attributes["tarantool.stream.id"] for span in spans[3:]] == [
+        stream.stream_id for stream in streams]
+    points = telemetry.points("db.client.operation.duration")
+    for point in points:
+        assert "tarantool.stream.id" not in point.attributes
+        assert "db.operation.batch.size" not in point.attributes
+    assert sorted((p.attributes["db.operation.name"], p.count) for p in points) == (
+        [("BATCH replace", 3)] + [("replace", 3)] * bool(streams))
+
+
 def _refused_port():
     import socket
     with socket.socket() as sock:
@@ -476,6 +499,26 @@ def router_of(cluster, **options):
             while router.known_bucket_count < cluster.bucket_count:
                 gevent.sleep(0.02)
     return router
+
+
+@needs_vshard
+def test_router_calls_keep_their_bucket_off_the_metric(telemetry, cluster):
+    router = router_of(cluster)
+    try:
+        for bucket_id in (1, 2, 3, 150, 299):
+            router.callrw(bucket_id, "put", (bucket_id, bucket_id), timeout=5)
+    finally:
+        router.close()
+    spans = [span for span in telemetry.finished() if span.name == "call put"]
+    assert [span.attributes["tarantool.vshard.bucket_id"] for span in spans] == [
+        1, 2, 3, 150, 299]
+    points = [p for p in telemetry.points("db.client.operation.duration")
+              if p.attributes.get("db.stored_procedure.name") == "put"]
+    for point in points:
+        assert "tarantool.vshard.bucket_id" not in point.attributes
+    assert sum(point.count for point in points) == 5
+    assert len(points) == len({span.attributes["tarantool.vshard.replicaset"]
+                               for span in spans})
 
 
 @needs_vshard

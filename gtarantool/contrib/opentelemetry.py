@@ -68,6 +68,10 @@ REQUEST_NAMES = {REQUEST_TYPE_INSERT: "insert", REQUEST_TYPE_REPLACE: "replace",
                  REQUEST_TYPE_UPSERT: "upsert", REQUEST_TYPE_DELETE: "delete"}
 # A cache of attributes by (address, operation, target) is emptied past this size.
 CACHE_LIMIT = 4096
+# Attributes of the span only: each value would open new series of the duration
+# metric (the conventions want its attributes of low cardinality).
+SPAN_ONLY = frozenset(("tarantool.stream.id", "tarantool.vshard.bucket_id",
+                       "db.operation.batch.size"))
 
 # The pool's or router's request this greenlet is in: its connection-level
 # requests add to that span instead of making their own.
@@ -186,8 +190,9 @@ class _Telemetry:
             metric["server.address"] = host
             if port is not None:
                 metric["server.port"] = port
-        metric.update(extra)
         span = dict(metric)
+        span.update(extra)
+        metric.update(item for item in extra if item[0] not in SPAN_ONLY)
         if query is not None:
             span["db.query.text"] = query
         if self.legacy:
