@@ -479,6 +479,26 @@ def test_a_network_error_s_errno_is_no_box_error_code(telemetry):
     assert "db.response.status_code" not in point.attributes
 
 
+def test_a_pipeline_of_one_request_is_that_request_s_span(telemetry, server, conn):
+    """The conventions' batch has two operations or more (its size is never 1)."""
+    key = random.randrange(10 ** 6, 10 ** 9)
+    with conn.pipeline() as pipe:
+        pipe.replace("tester", (key, "one"))
+    pipe = conn.pipeline()
+    pipe.select_many("tester", [key])
+    pipe.wait()
+    replace, select = telemetry.finished()
+    assert replace.name == "replace tester"
+    assert dict(replace.attributes) == dict(
+        {"db.system.name": "tarantool", "db.operation.name": "replace",
+         "db.collection.name": "tester"}, **address(server))
+    assert select.name == "select tester"
+    assert "db.operation.batch.size" not in select.attributes
+    assert sorted(p.attributes["db.operation.name"]
+                  for p in telemetry.points("db.client.operation.duration")) == [
+        "replace", "select"]
+
+
 needs_vshard = pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
 
 

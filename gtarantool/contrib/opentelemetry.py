@@ -177,8 +177,10 @@ class _Telemetry:
         return found
 
     def _build(self, conn, op, target, query, extra):
-        metric = {"db.system.name": SYSTEM, "db.operation.name": op}
-        name = op
+        metric = {"db.system.name": SYSTEM}
+        name = SYSTEM
+        if op is not None:
+            metric["db.operation.name"] = name = op
         if target is not None:
             name = "%s %s" % (op, target)
             if op == "call" or op.endswith(" call"):
@@ -197,7 +199,8 @@ class _Telemetry:
             span["db.query.text"] = query
         if self.legacy:
             span["db.system"] = SYSTEM
-            span["db.operation"] = op
+            if op is not None:
+                span["db.operation"] = op
             if query is not None:
                 span["db.statement"] = query
             if "server.address" in span:
@@ -313,14 +316,21 @@ class _Telemetry:
               start_ns: int, call: Callable[[], Any]) -> Any:
         """A pipeline's wait: one span from its first queued request to its
         replies; ``ops``: the (operation, target) of its requests, None where
-        not known."""
+        not known.  A pipeline of one request is that request's own span (the
+        conventions' batch has two or more)."""
         names = {op for op, _ in ops}
         targets = {target for _, target in ops}
-        op, target = "BATCH", None
+        op: Optional[str] = "BATCH"
+        target = None
         if len(names) == 1 and None not in names:
-            op = "BATCH " + names.pop()
+            op = names.pop()
             target = targets.pop() if len(targets) == 1 else None
-        extra: Tuple[Tuple[str, Any], ...] = (("db.operation.batch.size", size),)
+        extra: Tuple[Tuple[str, Any], ...] = ()
+        if size != 1:
+            op = op if op == "BATCH" else "BATCH " + op
+            extra = (("db.operation.batch.size", size),)
+        elif op == "BATCH":
+            op = None   # one request of an unknown operation: named for the system
         if stream_id is not None:
             extra += (("tarantool.stream.id", stream_id),)
         name, attributes, metric = self._build(conn, op, target, None, extra)
