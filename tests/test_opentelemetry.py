@@ -479,6 +479,21 @@ def test_a_network_error_s_errno_is_no_box_error_code(telemetry):
     assert "db.response.status_code" not in point.attributes
 
 
+def test_a_pool_s_execute_records_its_query_text(telemetry, server):
+    sql = "SELECT name FROM sqltest WHERE id = ?"
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD)
+    try:
+        pool.execute(sql, [0], mode=Mode.ANY)
+    finally:
+        pool.close()
+    span, = telemetry.finished()
+    assert span.name == "execute"
+    assert span.attributes["db.query.text"] == sql
+    point, = telemetry.points("db.client.operation.duration")
+    assert "db.query.text" not in point.attributes
+
+
 def test_a_pipeline_of_one_request_is_that_request_s_span(telemetry, server, conn):
     """The conventions' batch has two operations or more (its size is never 1)."""
     key = random.randrange(10 ** 6, 10 ** 9)
@@ -497,6 +512,33 @@ def test_a_pipeline_of_one_request_is_that_request_s_span(telemetry, server, con
     assert sorted(p.attributes["db.operation.name"]
                   for p in telemetry.points("db.client.operation.duration")) == [
         "replace", "select"]
+
+
+def test_requests_made_in_a_pool_request_s_on_push_are_their_own(telemetry, server, conn):
+    """The caller's on_push runs inside the pool's request: its requests are
+    spans of their own (children of it), not attempts of that request."""
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD)
+
+    def on_push(message, ctx):
+        pool.select("tester", 1, mode=Mode.ANY)
+        conn.select("tester", 2)
+
+    try:
+        pool.ping(mode=Mode.ANY)
+        telemetry.spans.clear()
+        pool.call("push_three", "v", mode=Mode.RW, on_push=on_push)
+    finally:
+        pool.close()
+    spans = telemetry.finished()
+    call = spans[-1]
+    assert call.name == "call push_three"
+    assert call.attributes["tarantool.pool.mode"] == "RW"
+    assert [event.name for event in call.events] == []
+    inner = spans[:-1]
+    assert [span.name for span in inner] == ["select tester"] * 6
+    assert [span.attributes.get("tarantool.pool.mode") for span in inner] == ["ANY", None] * 3
+    assert {span.parent.span_id for span in inner} == {call.context.span_id}
 
 
 needs_vshard = pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))

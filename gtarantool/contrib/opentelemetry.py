@@ -264,7 +264,8 @@ class _Telemetry:
 
     def routed(self, op: str, target: Any, call: Callable[..., Any], args: Tuple[Any, ...],
                kwargs: Dict[str, Any], extra: Tuple[Tuple[str, Any], ...],
-               after: Optional[Callable[[Any], Tuple[Tuple[str, Any], ...]]] = None) -> Any:
+               after: Optional[Callable[[Any], Tuple[Tuple[str, Any], ...]]] = None,
+               query: Optional[str] = None) -> Any:
         """A pool's or router's request: one span, naming the instance that
         answered (the last its requests went to)."""
         outer = _outer.get()
@@ -272,7 +273,10 @@ class _Telemetry:
             if outer is not _QUIET:
                 outer.mode = extra
             return call(*args, **kwargs)
-        name, attributes, _ = self.describe(None, op, target, None, extra)
+        push = kwargs.get("on_push")
+        if push is not None:   # the caller's callback: its requests are its own
+            kwargs = dict(kwargs, on_push=_outside(push))
+        name, attributes, _ = self.describe(None, op, target, query, extra)
         span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
         here = _Call(span)
         outer_token = _outer.set(here)
@@ -291,7 +295,7 @@ class _Telemetry:
                 otel_context.detach(token)
             _outer.reset(outer_token)
             more = here.mode + (after(error) if after is not None else ())
-            _, attributes, metric = self.describe(here.conn, op, target, None, extra + more)
+            _, attributes, metric = self.describe(here.conn, op, target, query, extra + more)
             if span.is_recording():
                 span.set_attributes(attributes)
             if error is None:
@@ -446,7 +450,8 @@ def _pool_method(telemetry: _Telemetry, op: str, original: Any, default_mode: An
         mode = kwargs.get("mode", default_mode)
         return telemetry.routed(op, _target(op, args, kwargs), original, (self,) + args,
                                 kwargs, (("tarantool.pool.mode", getattr(mode, "name",
-                                                                         str(mode))),))
+                                                                         str(mode))),),
+                                query=_query(op, args, kwargs))
     return _named(method, getattr(original, "__wrapped__", original))
 
 
@@ -520,6 +525,17 @@ def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
                                None if stream is None else stream.stream_id, batch[0],
                                lambda: original(self))
     return _named(wait, original)
+
+
+def _outside(push: Callable[..., Any]) -> Callable[..., Any]:
+    """``push`` (a caller's on_push) run outside the request that calls it."""
+    def on_push(*args, **kwargs):
+        token = _outer.set(None)
+        try:
+            return push(*args, **kwargs)
+        finally:
+            _outer.reset(token)
+    return on_push
 
 
 def _quiet(original: Callable[..., Any]) -> Any:
