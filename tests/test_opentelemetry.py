@@ -432,6 +432,46 @@ def test_a_sampler_that_drops_the_spans_leaves_the_durations(server, conn, sampl
     assert [p.attributes["error.type"] for p in failed] == ["555"]
 
 
+def test_schema_fetches_make_no_span(telemetry, server, conn):
+    """A space the schema cache does not know yet is fetched (selects of _vspace and
+    _vindex): neither a span of its own nor, in a pool's request, an attempt."""
+    names = ["otel_schema_%d_%d" % (random.randrange(10 ** 9), i) for i in range(2)]
+    pool = gtarantool.ConnectionPool(["%s:%s" % (server.host, server.port)], user=USER,
+                                     password=PASSWORD)
+    try:
+        pool.ping(mode=Mode.ANY)
+        for name in names:   # (created after both connected: unknown to their caches)
+            conn.eval("box.schema.space.create(...):create_index('pk')", name)
+        telemetry.spans.clear()
+        recorded = telemetry.requests_recorded()
+        conn.insert(names[0], (1,))
+        pool.insert(names[1], (1,))
+        spans = telemetry.finished()
+        assert telemetry.requests_recorded() - recorded == 2
+    finally:
+        pool.close()
+        for name in names:
+            conn.eval("box.space[...]:drop()", name)
+    assert [span.name for span in spans] == ["insert " + names[0], "insert " + names[1]]
+    assert [event.name for event in spans[1].events] == []
+
+
+def test_a_statement_s_own_re_prepare_is_an_event_on_its_execute_span(telemetry, conn):
+    """The same SQL prepared twice shares one id: the first's unprepare() frees the
+    second's, which execute() prepares again by itself."""
+    sql = "SELECT name FROM sqltest WHERE id = ? -- %d" % random.randrange(10 ** 9)
+    first, second = conn.prepare(sql), conn.prepare(sql)
+    first.unprepare()
+    telemetry.spans.clear()
+    recorded = telemetry.requests_recorded()
+    assert second.execute([0]).data == []
+    second.unprepare()
+    spans = telemetry.finished()
+    assert [span.name for span in spans] == ["execute"]
+    assert [event.name for event in spans[0].events] == ["gtarantool.reprepare"]
+    assert spans[0].attributes["db.query.text"] == sql
+    assert telemetry.requests_recorded() - recorded == 1
+
 
 def test_the_duration_metric_has_no_per_stream_nor_per_batch_attribute(telemetry, conn):
     """Stream ids and batch sizes are span attributes only: on the metric each
@@ -561,6 +601,51 @@ def router_of(cluster, **options):
             while router.known_bucket_count < cluster.bucket_count:
                 gevent.sleep(0.02)
     return router
+
+
+@needs_vshard
+def test_a_router_s_own_requests_make_no_span(telemetry, cluster):
+    """Connecting, counting the buckets, their discovery (again when woken), and a
+    bucket's search (bucket_stat to every master, from greenlets of its own)."""
+    router = router_of(cluster)
+    try:
+        router.discovery_wakeup()
+        gevent.sleep(0.3)
+        searching = router_of(cluster, discovery_mode="off")
+        try:
+            assert searching.callrw(7, "put", (7, 1), timeout=5) is True
+        finally:
+            searching.close()
+    finally:
+        router.close()
+    spans = telemetry.finished()
+    assert [span.name for span in spans] == ["call put"]
+    assert spans[0].events == ()
+    recorded = [(p.attributes.get("db.stored_procedure.name"), p.count)
+                for p in telemetry.points("db.client.operation.duration")]
+    assert recorded == [("put", 1)]
+
+
+@needs_vshard
+def test_map_callrw_is_one_span_under_the_caller_s(telemetry, cluster):
+    """Its stages go to every master from greenlets of their own."""
+    router = router_of(cluster)
+    try:
+        telemetry.spans.clear()
+        with telemetry.tracer.start_as_current_span("map") as parent:
+            assert len(router.map_callrw("get", (1,), timeout=5)) == 2
+            router.map_callrw("get", (1,), timeout=5, bucket_ids=[1, 2])
+    finally:
+        router.close()
+    spans = telemetry.finished()
+    assert [span.name for span in spans] == ["call get", "call get"]
+    for span in spans:
+        assert span.parent.span_id == parent.get_span_context().span_id
+        assert span.attributes["db.stored_procedure.name"] == "get"
+        assert span.attributes["tarantool.vshard.method"] == "map_callrw"
+    recorded = [(p.attributes.get("db.stored_procedure.name"), p.count)
+                for p in telemetry.points("db.client.operation.duration")]
+    assert recorded == [("get", 2)]
 
 
 @needs_vshard

@@ -11,9 +11,12 @@ Each request is one CLIENT span, started and ended in the caller's greenlet
 under the caller's current span, named and described as the OpenTelemetry
 database semantic conventions ask (``db.system.name`` = ``tarantool``); a
 pool's or router's request is one span naming the instance that answered,
-its re-sends being span events.  ``db.client.operation.duration`` records
-each such request; the connection metrics are read from the live
-connections when the meter collects.  See "Observability" in the manual.
+its re-sends being span events.  The requests the library makes for itself
+(connecting, the schema, a pool's role checks, a router's discovery, bucket
+searches and map stages) make none.  ``db.client.operation.duration``
+records each request the caller made, with the span's attributes of low
+cardinality only; the connection metrics are read from the live connections
+when the meter collects.  See "Observability" in the manual.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from opentelemetry.metrics import CallbackOptions, NoOpMeter, Observation, get_meter
 from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
 from tarantool.error import DatabaseError, NetworkError
+from tarantool.schema import Schema
 
 import gtarantool
 from gtarantool import connection as _connection
@@ -62,6 +66,8 @@ SPACE_METHODS = ("insert", "replace", "select", "update", "upsert", "delete")
 DATA_METHODS = SPACE_METHODS + ("call", "eval", "execute", "ping")
 STREAM_METHODS = DATA_METHODS + ("begin", "commit", "rollback")
 ROUTER_METHODS = ("callrw", "callro", "callbro", "callre", "callbre")
+# The router's methods that make its own requests (quiet).
+ROUTER_OWN = ("_discover_once", "_ask_count", "_resolve", "_each")
 # The operations of requests a pipeline takes encoded (send_frames' ``code``).
 REQUEST_NAMES = {REQUEST_TYPE_INSERT: "insert", REQUEST_TYPE_REPLACE: "replace",
                  REQUEST_TYPE_SELECT: "select", REQUEST_TYPE_UPDATE: "update",
@@ -73,11 +79,12 @@ CACHE_LIMIT = 4096
 SPAN_ONLY = frozenset(("tarantool.stream.id", "tarantool.vshard.bucket_id",
                        "db.operation.batch.size"))
 
-# The pool's or router's request this greenlet is in: its connection-level
+# The pool's or router's request (a _Call) this greenlet is in: its connection-level
 # requests add to that span instead of making their own.
 _outer: contextvars.ContextVar[Any] = contextvars.ContextVar("gtarantool_otel_outer",
                                                              default=None)
-_QUIET = object()   # ... or a request the library makes for itself: no span
+_QUIET = object()       # ... or a request the library makes for itself: no span
+_EXECUTING = object()   # ... or a prepared statement's execute: its re-prepare is an event
 _PARENT_BASED_OFF = "ParentBased{root:AlwaysOffSampler,remoteParentSampled:AlwaysOnSampler,"
 
 
@@ -228,7 +235,7 @@ class _Telemetry:
         pool's or router's request it is part of."""
         outer = _outer.get()
         if outer is not None:
-            if outer is not _QUIET:
+            if type(outer) is _Call:
                 outer.attempt(conn)
             return call(*args, **kwargs)
         name, attributes, metric = self.describe(conn, op, target, query, extra)
@@ -270,7 +277,7 @@ class _Telemetry:
         answered (the last its requests went to)."""
         outer = _outer.get()
         if outer is not None:   # a router's pool (its span covers it), or quiet
-            if outer is not _QUIET:
+            if type(outer) is _Call:
                 outer.mode = extra
             return call(*args, **kwargs)
         push = kwargs.get("on_push")
@@ -438,15 +445,39 @@ def _stream_method(telemetry: _Telemetry, op: str, original: Callable[..., Any])
     return _named(method, original)
 
 
-def _statement_method(telemetry: _Telemetry, op: str, original: Callable[..., Any]) -> Any:
-    def method(self, *args, **kwargs):
-        return telemetry.request(self._conn, op, None, original, (self,) + args, kwargs,
+def _statement_prepare(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
+    def _prepare(self, *args, **kwargs):
+        if _outer.get() is _EXECUTING:   # execute's own re-prepare, on a new session
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event("gtarantool.reprepare")
+            return original(self, *args, **kwargs)
+        return telemetry.request(self._conn, "prepare", None, original, (self,) + args,
+                                 kwargs, self.sql)
+    return _named(_prepare, original)
+
+
+def _statement_execute(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
+    def run(*args, **kwargs):
+        token = _outer.set(_EXECUTING)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _outer.reset(token)
+
+    def execute(self, *args, **kwargs):
+        return telemetry.request(self._conn, "execute", None, run, (self,) + args, kwargs,
                                  self.sql)
-    return _named(method, original)
+    return _named(execute, original)
 
 
 def _pool_method(telemetry: _Telemetry, op: str, original: Any, default_mode: Any) -> Any:
+    quiet = _quiet(original)
+
     def method(self, *args, **kwargs):
+        if (op == "call" and "_otel_router" in self.__dict__ and _outer.get() is None
+                and str(_target(op, args, kwargs)).startswith("vshard.storage.")):
+            return quiet(self, *args, **kwargs)   # a router's own, in a greenlet it spawned
         mode = kwargs.get("mode", default_mode)
         return telemetry.routed(op, _target(op, args, kwargs), original, (self,) + args,
                                 kwargs, (("tarantool.pool.mode", getattr(mode, "name",
@@ -474,6 +505,28 @@ def _router_method(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
                                 (("tarantool.vshard.bucket_id", bucket_id),
                                  ("tarantool.vshard.method", original.__name__)), after)
     return _named(method, original)
+
+
+def _router_map(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
+    def map_callrw(self, *args, **kwargs):
+        func = args[0] if args else kwargs.get("func")
+        return telemetry.routed("call", func, original, (self,) + args, kwargs,
+                                (("tarantool.vshard.method", original.__name__),))
+    return _named(map_callrw, original)
+
+
+def _router_own(original: Callable[..., Any]) -> Any:
+    """A router's method making its own requests (discovery, a bucket search, a
+    map's stages), quiet; its replica sets' pools are marked as the router's,
+    as the greenlets it spawns for them carry no context: such a pool's
+    ``vshard.storage`` calls outside a router's call are then the router's own."""
+    quiet = _quiet(original)
+
+    def own(self, *args, **kwargs):
+        for rs in self.replicasets.values():
+            rs.pool._otel_router = True
+        return quiet(self, *args, **kwargs)
+    return _named(own, original)
 
 
 def _queued(pipeline: Any, op: Optional[str], target: Any, count: int) -> None:
@@ -540,7 +593,7 @@ def _outside(push: Callable[..., Any]) -> Callable[..., Any]:
 
 def _quiet(original: Callable[..., Any]) -> Any:
     """``original`` with the requests it makes itself left out: a connect's
-    authentication and schema, a pool's role checks."""
+    authentication and schema, a schema's fetches, a pool's role checks."""
     def quiet(*args, **kwargs):
         token = _outer.set(_QUIET)
         try:
@@ -588,10 +641,10 @@ class GtarantoolInstrumentor(BaseInstrumentor):
             self._patch(Connection, op, _connection_method(telemetry, op, getattr(Connection, op)))
         for op in filter(functools.partial(hasattr, Stream), STREAM_METHODS):
             self._patch(Stream, op, _stream_method(telemetry, op, getattr(Stream, op)))
-        self._patch(PreparedStatement, "_prepare", _statement_method(
-            telemetry, "prepare", PreparedStatement._prepare))
-        self._patch(PreparedStatement, "execute", _statement_method(
-            telemetry, "execute", PreparedStatement.execute))
+        self._patch(PreparedStatement, "_prepare", _statement_prepare(
+            telemetry, PreparedStatement._prepare))
+        self._patch(PreparedStatement, "execute", _statement_execute(
+            telemetry, PreparedStatement.execute))
         for op in filter(functools.partial(hasattr, Pipeline), DATA_METHODS):
             self._patch(Pipeline, op, _pipeline_method(op, getattr(Pipeline, op)))
         self._patch(Pipeline, "select_many", _pipeline_select_many(Pipeline.select_many))
@@ -603,9 +656,16 @@ class GtarantoolInstrumentor(BaseInstrumentor):
             mode = (spec.__kwdefaults__ or {}).get("mode")
             self._patch(ConnectionPool, op, _pool_method(telemetry, op, original, mode))
         self._patch(Connection, "connect", _quiet(Connection.connect))
+        # (tarantool-python's Schema, which gtarantool's connections use: its
+        # fetches are a connection's select of _vspace and _vindex.)
+        for name in ("fetch_space_from", "fetch_index_from"):
+            self._patch(Schema, name, _quiet(getattr(Schema, name)))
         self._patch(roles, "_check", _quiet(roles._check))
         for name in ROUTER_METHODS:
             self._patch(Router, name, _router_method(telemetry, getattr(Router, name)))
+        self._patch(Router, "map_callrw", _router_map(telemetry, Router.map_callrw))
+        for name in ROUTER_OWN:
+            self._patch(Router, name, _router_own(getattr(Router, name)))
         monitoring.register(telemetry.on_event)
 
     def _patch(self, cls: Any, name: str, wrapper: Any) -> None:
