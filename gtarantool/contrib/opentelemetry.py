@@ -338,7 +338,7 @@ class _Telemetry:
             target = targets.pop() if len(targets) == 1 else None
         extra: Tuple[Tuple[str, Any], ...] = ()
         if size != 1:
-            op = op if op == "BATCH" else "BATCH " + op
+            op = op if op == "BATCH" else "BATCH %s" % op
             extra = (("db.operation.batch.size", size),)
         elif op == "BATCH":
             op = None   # one request of an unknown operation: named for the system
