@@ -3,7 +3,8 @@ caller gets says about its request: applied or not (docs/guarantees.rst).
 
 Each class derives from the tarantool-python error a caller of tarantool-python
 already catches for the same failure: ``RequestTimeout``, ``ProtocolError`` and
-``ConnectionClosed`` from ``NetworkError``, ``WrongOwner`` from
+``ConnectionClosed`` (and ``CopiedCall``, a forked child's copy of a call)
+from ``NetworkError``, ``WrongOwner`` from
 ``InterfaceError``, ``FeatureNotSupported`` from ``NotSupportedError``.
 
 Every exception the library raises carries ``applied``: ``False`` when the
@@ -45,9 +46,13 @@ def applied(exc: BaseException) -> Optional[bool]:
 def not_sent(exc: BaseException) -> BaseException:
     """``exc`` (an error that may be shared by many callers) as this caller's
     error for a request that was never written: a copy whose ``applied`` is False.
+    A ``CopiedCall`` is returned as it is: the parent, not this process, sends
+    its request (``applied`` None).
 
     :param exc: the error.
     :returns: the copy (``exc`` itself when it cannot be copied)."""
+    if isinstance(exc, CopiedCall):
+        return exc
     try:
         mine = copy.copy(exc)
     except Exception:  # noqa: BLE001 - an exotic exception: a fresh one below
@@ -96,6 +101,15 @@ class ConnectionClosed(NetworkError):
     before), ``False`` on an instance raised before it was written."""
 
     applied: Optional[bool] = None
+
+
+class CopiedCall(ConnectionClosed):
+    """This greenlet is a copy, in a forked child, of a caller of the parent's,
+    whose call goes on there: nothing of it is sent here (and no one re-sends
+    it).  ``applied`` is None: the parent may apply it, so that sending it
+    again from here could apply it twice."""
+
+    applied = None
 
 
 class WrongOwner(InterfaceError):

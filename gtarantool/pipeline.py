@@ -106,7 +106,7 @@ class Pipeline(ConnectionRequestMethods):
     ``NetworkError`` when the connection cannot be (re)established (the
     batch's requests hold it as their results).  A pipeline's requests are
     its process's: a forked child's copy sends none of them (each holds
-    ``CopiedCall``, ``applied`` False).  Made by ``Connection.pipeline()`` or
+    ``CopiedCall``, ``applied`` None: the parent sends them).  Made by ``Connection.pipeline()`` or
     ``Stream.pipeline()``.
     """
 

@@ -34,7 +34,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_EXECUTE,
 )
 from gtarantool.protocol.responses import Response, ResponseExecute
-from gtarantool.transport import Draining
+from gtarantool.transport import CopiedCall, Draining
 
 if TYPE_CHECKING:
     from gtarantool.transport import Transport
@@ -176,8 +176,8 @@ class Stream(ConnectionRequestMethods):
             except Draining:   # in line on a socket being drained: nothing sent, the next one
                 self._tx = None
             except BaseException as exc:
-                if applied(exc) is False:   # refused or never sent: nothing began
-                    self._tx = None
+                if applied(exc) is False or isinstance(exc, CopiedCall):
+                    self._tx = None   # refused or never sent, or the parent's: nothing here
                 else:   # it may have begun unanswered: roll it back, not waiting
                     self._abandon()
                 raise

@@ -55,7 +55,7 @@ from gevent.hub import Waiter, get_hub
 from tarantool.error import NetworkError
 
 from gtarantool import compiled
-from gtarantool.errors import ConnectionClosed, ProtocolError, not_sent
+from gtarantool.errors import ConnectionClosed, CopiedCall, ProtocolError, not_sent
 from gtarantool.protocol.codec import BodyDecoder, decode_or_error
 from gtarantool.protocol.constants import (
     IPROTO_CHUNK,
@@ -99,13 +99,6 @@ class Draining(ConnectionClosed):
     """The server announced its shutdown while the caller waited in line for
     ``max_in_flight``: nothing was sent on this socket, the connection sends
     the request on the next one."""
-
-    applied = False
-
-
-class CopiedCall(ConnectionClosed):
-    """This greenlet is a copy, in a forked child, of a caller of the parent's,
-    whose call goes on there: nothing of it is sent here (and no one re-sends it)."""
 
     applied = False
 

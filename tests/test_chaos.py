@@ -140,12 +140,16 @@ def test_a_copy_report_that_leaves_a_row_out_is_flagged():
 
 def test_a_parents_copy_writing_rows_in_a_forked_child_is_flagged():
     """The child's copy of the call ends in CopiedCall, its rows not applied
-    by the child (the parent's may have been); it must not end well, nor
-    write a row."""
+    by the child (the parent's may have been: ``applied`` None); it must not
+    end well, nor write a row, nor say a row the parent wrote was not applied."""
     history, facts = clean()
-    history.ops.append(copy_op(7, (h.RAISED, False), (h.RAISED, False), outcome="error",
-                               error="CopiedCall", applied=False, proc="child-1", copy=True))
+    history.ops.append(copy_op(7, (h.RAISED, None), (h.RAISED, None), outcome="error",
+                               error="CopiedCall", applied=None, proc="child-1", copy=True))
     assert promises(history, facts) == []
+    lying, facts = clean()
+    lying.ops.append(copy_op(7, (h.RAISED, False), (h.RAISED, False), outcome="error",
+                             error="CopiedCall", applied=False, proc="child-1", copy=True))
+    assert promises(lying, facts) == [h.LYING]
     history.ops.append(copy_op(7, (h.WRITTEN,), proc="child-1", copy=True))
     assert promises(history, facts) == [h.CHILD, h.CHILD]
 
@@ -208,11 +212,17 @@ def test_a_parents_call_completed_in_a_forked_child_is_flagged():
     assert promises(history, facts) == [h.CHILD]
 
 
-def test_a_copy_refused_in_the_child_is_no_lie_when_the_parent_applied_it():
+def test_a_copy_in_the_child_may_not_say_the_parents_applied_write_was_not_applied():
+    """The parent's call goes on and applies the write: its copy in the child
+    says "may have been applied" (CopiedCall, ``applied`` None), never False,
+    which would invite a second send from the child."""
     history, facts = clean()
-    history.ops.append(op(1, outcome="error", error="ConnectionClosed", applied=False,
+    history.ops.append(op(1, outcome="error", error="CopiedCall", applied=None,
                           proc="child-1", copy=True))
     assert promises(history, facts) == []
+    history.ops.append(op(1, outcome="error", error="ConnectionClosed", applied=False,
+                          proc="child-1", copy=True))
+    assert promises(history, facts) == [h.LYING]
 
 
 def test_an_error_outside_the_librarys_classes_is_flagged():

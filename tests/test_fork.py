@@ -266,6 +266,55 @@ def test_forked_child_never_reads_the_parents_replies(server, fork):
 
 
 @pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
+def test_a_caller_resending_what_was_not_applied_applies_nothing_twice_across_a_fork(
+        server, fork):
+    """Callers re-send a write only when its error says it was not applied
+    (``applied`` False: "sending it again cannot apply it twice"); the
+    process forks with their writes in flight and the child's hub runs their
+    copies.  A copy's error says the write may have been applied (the parent
+    applies it): nothing is re-sent from the child, every counter ends at
+    its number of rounds."""
+    from gtarantool.errors import applied
+    conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                              request_timeout=10)
+    tag, workers, rounds = "resend-%d" % os.getpid(), 10, 50
+    me = os.getpid()
+    copies = []
+
+    def worker(i):
+        for _ in range(rounds):
+            while True:
+                try:
+                    conn.update("kv", "%s-%d" % (tag, i), [("+", 1, 1)])
+                    break
+                except gtarantool.Error as exc:
+                    if os.getpid() != me:
+                        copies.append(applied(exc))
+                    if applied(exc) is not False:
+                        break
+            if os.getpid() != me:
+                return
+
+    try:
+        for i in range(workers):
+            conn.replace("kv", ("%s-%d" % (tag, i), 0))
+        greenlets = [gevent.spawn(worker, i) for i in range(workers)]
+        while not conn._transport._pending:   # their writes in flight
+            gevent.sleep(0)
+
+        def child():
+            gevent.sleep(0.5)                     # the copies run here
+            return 0 if copies and all(a is None for a in copies) else 1
+        got = _fork_running(fork, child)()
+        gevent.joinall(greenlets, timeout=30, raise_error=True)
+        assert got == b"\x00", "child outcome flags %r" % (got,)
+        counts = [conn.select("kv", "%s-%d" % (tag, i)).data[0][1] for i in range(workers)]
+        assert counts == [rounds] * workers
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
 def test_a_write_waiting_for_a_schema_reload_is_not_sent_from_a_forked_child(server, fork):
     """A write refused for a schema change (error 109) waits for the reload
     another greenlet is making; the process forks meanwhile.  The child's copy
@@ -364,7 +413,8 @@ def test_other_threads_still_get_wrong_owner(server, replicaset):
 def test_a_pipelines_queued_requests_are_sent_by_the_parent_only(server, fork, on):
     """Requests queued in a pipeline, not yet handed to the connection, when the
     process forks: the child's copy of the pipeline gets CopiedCall (``applied``
-    False) as their results and sends nothing; the parent's are applied once."""
+    None: the parent sends them) as their results and sends nothing; the
+    parent's are applied once."""
     from gtarantool.transport import CopiedCall
     conn = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
                               request_timeout=10)
@@ -376,7 +426,7 @@ def test_a_pipelines_queued_requests_are_sent_by_the_parent_only(server, fork, o
             p.upsert("kv", (key, 1), [("+", 1, 1)])
         def child():
             results = p.results()
-            return 0 if all(isinstance(r, CopiedCall) and r.applied is False
+            return 0 if all(isinstance(r, CopiedCall) and r.applied is None
                             for r in results) else 1
         got = _fork_running(fork, child)()
         assert got == b"\x00", "child outcome flags %r" % (got,)
@@ -413,7 +463,7 @@ def test_a_statement_unprepared_in_a_forked_child_sends_nothing(server, fork):
 @pytest.mark.parametrize("fork", list(FORKS), ids=list(FORKS))
 def test_a_pipeline_waited_on_across_a_fork_is_the_parents(server, fork):
     """A greenlet waits for a pipeline's replies when the process forks: its
-    copy in the child, woken there, gets CopiedCall (``applied`` False) for
+    copy in the child, woken there, gets CopiedCall (``applied`` None) for
     every request, as any call copied mid-flight; the parent gets the replies,
     each request applied once."""
     from gtarantool.transport import CopiedCall
@@ -432,7 +482,7 @@ def test_a_pipeline_waited_on_across_a_fork_is_the_parents(server, fork):
         def child():
             conn.ping()   # the child's own socket; the parent's requests fail here
             results = waiting.get(timeout=5)
-            return 0 if all(isinstance(r, CopiedCall) and r.applied is False
+            return 0 if all(isinstance(r, CopiedCall) and r.applied is None
                             for r in results) else 1
         got = _fork_running(fork, child)()
         assert got == b"\x00", "child outcome flags %r" % (got,)

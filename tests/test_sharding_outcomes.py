@@ -375,7 +375,7 @@ def test_a_write_waiting_for_a_master_is_sent_once_across_a_fork(cluster):
             write.get(timeout=10)
         finally:
             report = child()
-        assert report == ["CopiedCall", False], report
+        assert report == ["CopiedCall", None], report
         got = row(cluster, key)
         assert got is not None and got[2] == "once"
         # (kv_put counts every run, a second one failing on the key included.)
@@ -419,7 +419,7 @@ def test_a_write_waiting_for_a_bucket_search_is_sent_once_across_a_fork(cluster)
     """A callrw waits for the search of its unknown bucket when the process
     forks, the search not started yet: the child's hub runs the copy of the
     search, which finds the bucket there.  Only the parent's call sends the
-    write: the child's copy ends with CopiedCall (applied False)."""
+    write: the child's copy ends with CopiedCall (applied None: the parent's goes on)."""
     shard = cluster.shards[0]
     bucket_id = bucket_of(cluster, 0, nth=3)
     key = next(keys)
@@ -436,7 +436,7 @@ def test_a_write_waiting_for_a_bucket_search_is_sent_once_across_a_fork(cluster)
             assert write.get(timeout=10) == shard.uuid
         finally:
             copy = child()
-        assert copy == ["CopiedCall", False], copy
+        assert copy == ["CopiedCall", None], copy
         got = row(cluster, key)
         assert got is not None and got[2] == "once"
         # (kv_put counts every run, a second one failing on the key included.)
@@ -474,7 +474,7 @@ def test_map_callrw_waiting_for_a_bucket_search_refs_nothing_from_a_fork(cluster
             assert list(call.get(timeout=10)) == [shard.uuid]
         finally:
             copy = child()
-        assert copy == ["CopiedCall", False], copy
+        assert copy == ["CopiedCall", None], copy
         assert cluster.eval(shard.master, "return refs_made")[0] == 1
     finally:
         cluster.eval(shard.master, "vshard.storage._call = counted_call")

@@ -533,7 +533,7 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
         Router's storage refused the EVAL for lack of privilege, or ``rows``
         raised while it was read (its ``__cause__``; the rows sent before are
         settled first).
-    :raises gtarantool.ConnectionClosed: ``CopiedCall`` (``applied`` False):
+    :raises gtarantool.ConnectionClosed: ``CopiedCall`` (``applied`` None):
         this is a forked child's copy of a copy the parent began; the
         parent's goes on, nothing more is sent here.
     """

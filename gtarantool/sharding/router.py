@@ -49,7 +49,7 @@ from gtarantool.sharding.errors import (
 )
 from gtarantool.sharding.hashing import mpcrc32, strcrc32
 from gtarantool.sharding.replicaset import Replicaset, parse_uri
-from gtarantool.transport import check_process, process_token
+from gtarantool.transport import CopiedCall, check_process, process_token
 
 __all__ = ["Router"]
 
@@ -701,7 +701,9 @@ class Router:
                                  list(args))
             return {rs_id: [value] for rs_id, value in results.items() if value is not None}
         except Exception as exc:
-            if not mapped:
+            if isinstance(exc, CopiedCall):
+                pass   # the parent's map goes on: it may run the function (applied None)
+            elif not mapped:
                 if getattr(exc, "applied", None) is None:
                     exc.applied = False  # type: ignore[attr-defined]   # the refs only ran
             else:   # (one master's refusal says nothing of the others', which may have run it)

@@ -188,7 +188,9 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
         seen.add(op.id)
         if op.outcome == "ok" and not op.copy and count == 0:
             found.append(Violation(LOST, op, "acknowledged, not on any instance"))
-        if op.outcome == "error" and op.applied is False and not op.copy and count > 0:
+        # (a forked child's copy too: the parent's call may apply its write, so
+        # its copy's error must not say it was not applied)
+        if op.outcome == "error" and op.applied is False and count > 0:
             found.append(Violation(LYING, op, "applied %d time(s)" % count))
     for op_id in sorted(facts.by_child):
         found.append(Violation(CHILD, None, "op %d applied over a socket of a forked child"
@@ -212,8 +214,7 @@ def _check_rows(op: Op, facts: Facts) -> List[Violation]:
             found.append(Violation(LOST, op, "row %d reported written, on no instance%s"
                                    % (row.id, " that holds its bucket"
                                       if row.id in facts.misplaced else "")))
-        elif row.applied is False and row.state in (REJECTED, RAISED) and not op.copy \
-                and present:
+        elif row.applied is False and row.state in (REJECTED, RAISED) and present:
             found.append(Violation(LYING, op, "row %d %s with applied=False, but present%s"
                                    % (row.id, row.state, ": " + row.reason if row.reason
                                       else "")))
