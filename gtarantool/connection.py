@@ -10,6 +10,7 @@ from C) opens its own socket on first use, never touching the parent's.
 """
 from __future__ import annotations
 
+import _socket
 import itertools
 import os
 import socket
@@ -205,8 +206,7 @@ class Connection(RequestMethods, tarantool.Connection):
 
     def connect_tcp(self):
         try:
-            sock = gevent.socket.create_connection((self.host, self.port),
-                                                   timeout=self.connection_timeout)
+            sock = _connect_tcp(self.host, self.port, self.connection_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             raise NetworkError(exc) from exc
@@ -919,6 +919,32 @@ class Connection(RequestMethods, tarantool.Connection):
         # Set up the per-connection codec once the server version is known.
         self._packer = None
         self._encoder = Encoder.for_connection(self)
+
+
+def _connect_tcp(host, port, timeout):
+    """``gevent.socket.create_connection((host, port), timeout)``, without
+    gevent's resolver for a numeric address: that resolver runs getaddrinfo
+    in the hub's thread pool, whose thread, still starting in a server's
+    master when the master forks its workers from C without the GIL (uWSGI),
+    leaves every worker forked then waiting for the GIL forever.
+    ``AI_NUMERICHOST`` resolves in this thread, with no DNS (``_socket``'s:
+    never monkey-patched)."""
+    try:
+        infos = _socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0,
+                                    socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError, TypeError):   # a host name: gevent's resolver
+        return gevent.socket.create_connection((host, port), timeout=timeout)
+    error: Optional[OSError] = None
+    for family, kind, proto, _, address in infos:
+        sock = gevent.socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error or OSError("getaddrinfo returned no address for %s:%s" % (host, port))
 
 
 def _describe(exc):

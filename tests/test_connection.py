@@ -895,3 +895,30 @@ def test_a_value_equal_to_an_int_refused_by_the_server_leaves_the_ints_calls_alo
     finally:
         conn.delete("tester", 30_000_001)
         conn.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_numeric_address_is_connected_to_without_a_resolver_thread(server):
+    """A connection (and a pool's) to a numeric address starts no thread:
+    gevent's resolver would run getaddrinfo in the hub's thread pool, and a
+    thread still starting when a server's master forks its workers from C
+    without the GIL (uWSGI) leaves them waiting for the GIL forever.  A host
+    name still goes to gevent's resolver."""
+    script = textwrap.dedent("""
+        import os, gtarantool
+        conn = gtarantool.connect("127.0.0.1", %d, user=%r, password=%r)
+        pool = gtarantool.ConnectionPool([{"host": "127.0.0.1", "port": %d}],
+                                         user=%r, password=%r)
+        assert conn.ping(notime=True) == "Success"
+        assert pool.ping(notime=True, mode=gtarantool.Mode.ANY) == "Success"
+        print(len(os.listdir("/proc/self/task")))   # the process's threads
+        by_name = gtarantool.connect("localhost", %d, user=%r, password=%r)
+        assert by_name.ping(notime=True) == "Success"
+        for c in (conn, pool, by_name):
+            c.close()
+    """) % (server.port, USER, PASSWORD, server.port, USER, PASSWORD,
+            server.port, USER, PASSWORD)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"], done.stdout
