@@ -836,3 +836,42 @@ def test_storages_reached_over_a_unix_socket_and_ipv6(cluster, tmp_path):
                 router.close()
     finally:
         cluster.eval(master, "box.cfg{listen = ...}", "127.0.0.1:%d" % master.port)
+
+
+# -- closing, cancelling, arguments ----------------------------------------------------
+
+@needs_vshard
+def test_close_ends_calls_waiting_for_an_instance_or_a_failing_search_at_once(cluster):
+    """A replica set with no instance up: reads and writes wait for one (a
+    known bucket), or search again and again (an unknown one); close() ends
+    them all at once, ConnectionClosed, applied False."""
+    shard = cluster.shards[1]
+    bucket_id = bucket_of(cluster, 1)
+    quick = dict(timeout=8, connection_timeout=0.3, refresh_delay=0.05)
+    known = open_router(cluster, **quick)
+    unknown = open_router(cluster, discovery_mode="off", **quick)
+    for server in shard.servers:
+        server.signal(signal.SIGSTOP)
+    try:
+        with gevent.Timeout(5):   # every instance is seen as down
+            while any(i["healthy"] for router in (known, unknown)
+                      for i in router.replicasets[shard.uuid].pool.info().values()):
+                gevent.sleep(0.02)
+        calls = [gevent.spawn(getattr(router, name), bucket_id, "kv_get", (bucket_id, 0))
+                 for router in (known, unknown)
+                 for name in ("callrw", "callro", "callbro", "callre", "callbre")]
+        gevent.sleep(0.3)
+        started = time.monotonic()
+        known.close()
+        unknown.close()
+        gevent.joinall(calls, timeout=5)
+        assert time.monotonic() - started < 1
+        for call in calls:
+            assert isinstance(call.exception, gtarantool.ConnectionClosed), call.exception
+            assert "the router is closed" in str(call.exception)
+            assert call.exception.applied is False
+    finally:
+        for server in shard.servers:
+            server.signal(signal.SIGCONT)
+        known.close()
+        unknown.close()

@@ -152,6 +152,7 @@ class Router:
         self.zone, self.weights = zone, weights or {}
         self._varbinary = varbinary
         self._closed = False
+        self._closing = gevent.event.Event()   # set by close(): wakes the calls pausing
         self._broken: Optional[Exception] = None   # the cluster is not the router's
         self.known_bucket_count = 0
         self._ref_ids = itertools.count(1)
@@ -414,7 +415,12 @@ class Router:
 
     def _search(self, bucket_id):
         """The replica set holding ``bucket_id``, found by one search however many
-        callers wait for it."""
+        callers wait for it.
+
+        :raises gtarantool.ConnectionClosed: the router is (or gets) closed.
+        """
+        if self._closed:   # a closed pool would only fail the search, again and again
+            raise _closed()
         search = self._searches.get(bucket_id)
         if search is None:
             search = self._searches[bucket_id] = gevent.event.AsyncResult()
@@ -554,7 +560,9 @@ class Router:
             flight: it may have run (``applied`` None).
         :raises tarantool.error.ConfigurationError: the router's ``bucket_count``
             is not the cluster's.
-        :raises gtarantool.ConnectionClosed: the router is closed.
+        :raises gtarantool.ConnectionClosed: the router is closed, or gets closed
+            while the call waits (``applied`` False, or None when an earlier send
+            of it may have run).
         """
         return self._call(bucket_id, None, func, args, timeout)
 
@@ -885,8 +893,12 @@ class Router:
 
     def close(self) -> None:
         """Stop discovery, searches and unrefs (killing and joining their greenlets)
-        and close every pool."""
+        and close every pool.  Calls waiting (for a bucket's search, an instance
+        to send to, or their next attempt) end at once with
+        :class:`gtarantool.ConnectionClosed`: ``applied`` False, or None when an
+        earlier send of the call may have run."""
         self._closed = True
+        self._closing.set()
         discoveries = [rs.discovery for rs in self.replicasets.values() if rs.discovery]
         gevent.killall(discoveries)
         self._tasks.kill()
@@ -932,6 +944,8 @@ class _Call:
             # child's copy ends here, whatever it was waiting on (CopiedCall).
             check_process(self.token)
             if data is None and error is None:
+                if router._closed:   # close() ends every waiting call
+                    raise self.closed()
                 if router._broken is not None:
                     raise router._broken
                 rs = router._routes[bucket_id]
@@ -940,12 +954,14 @@ class _Call:
                         rs = router._search(bucket_id)
                     except ShardingError as exc:   # in transit, or one replica set is down
                         self.last = exc
-                        pause = _pause(pause)
+                        pause = self.pause(pause)
                         continue
+                    except ConnectionClosed:   # close() ended the search
+                        raise self.closed() from None
                 self.rs = rs
                 data, error = self.send(rs)
                 if data is None and error is None:   # no instance to send to
-                    pause = _pause(pause)
+                    pause = self.pause(pause)
                     continue
             if error is not None:
                 failure, error = error, None
@@ -990,15 +1006,17 @@ class _Call:
         rs, router = self.rs, self.router
         if isinstance(exc, PoolTopologyError):   # no instance of the role: refused unsent
             self.last = self.unreachable(rs)
-            return _pause(pause)
+            return self.pause(pause)
         if isinstance(exc, NetworkError):
             proven_unsent = getattr(exc, "applied", None) is False
             if not proven_unsent:
                 self.unsure = True
-            if self.kind is None or router._closed:
-                if proven_unsent and not router._closed:
+            if router._closed:   # close() broke the connection: say so, not how
+                raise self.closed() from exc
+            if self.kind is None:
+                if proven_unsent:
                     self.last = exc   # proven unsent: send it again
-                    return _pause(pause)
+                    return self.pause(pause)
                 exc.replicaset = rs.id
                 exc.applied = getattr(exc, "applied", None)
                 raise exc
@@ -1015,7 +1033,7 @@ class _Call:
         self.last = refused   # vshard raised it before the function: not run
         if refused.code not in NOT_READY:
             raise refused
-        return _pause(pause) if self.kind is None else self.elsewhere(self.instance, pause)
+        return self.pause(pause) if self.kind is None else self.elsewhere(self.instance, pause)
 
     def replied(self, data):
         """The function's result, or _AGAIN after a refusal (in ``last``)."""
@@ -1048,9 +1066,9 @@ class _Call:
             dest = router._moved(self.bucket_id, rs, refused)
             # The first redirect goes at once; a bucket still moving is
             # asked again after a growing pause.
-            return _pause(pause) if pause or dest is None else 0.001
+            return self.pause(pause) if pause or dest is None else 0.001
         if code in NOT_READY:
-            return _pause(pause) if self.kind is None else self.elsewhere(instance, pause)
+            return self.pause(pause) if self.kind is None else self.elsewhere(instance, pause)
         raise refused
 
     def elsewhere(self, instance, pause):
@@ -1059,7 +1077,23 @@ class _Call:
         if self.rs.pick(self.kind, self.tried) is not None:
             return pause
         self.tried = None
-        return _pause(pause)
+        return self.pause(pause)
+
+    def pause(self, pause):
+        """Wait ``pause`` seconds (less when close() comes first); the next pause."""
+        if pause:
+            self.router._closing.wait(pause)
+        else:
+            gevent.sleep(0)
+        return min(0.2, pause * 2 or 0.005)
+
+    def closed(self):
+        """The error of a call ended by close(): not run, unless a send may have."""
+        exc = _closed()
+        if self.unsure:
+            exc.applied = None
+        exc.replicaset = self.rs.id if self.rs is not None else None
+        return exc
 
     def unreachable(self, rs):
         info = rs.pool.info().values()
@@ -1095,7 +1129,3 @@ class _Call:
 
 _AGAIN = object()   # a refusal: the call goes on
 
-
-def _pause(pause):
-    gevent.sleep(pause)
-    return min(0.2, pause * 2 or 0.005)
