@@ -875,3 +875,34 @@ def test_close_ends_calls_waiting_for_an_instance_or_a_failing_search_at_once(cl
             server.signal(signal.SIGCONT)
         known.close()
         unknown.close()
+
+
+def _refs(cluster, master):
+    return cluster.eval(master, "return require('vshard.storage.ref').count")[0]
+
+
+@needs_vshard
+@pytest.mark.parametrize("how", ["timeout", "kill"])
+def test_map_callrw_ended_by_its_caller_releases_its_refs(cluster, router, how):
+    """A gevent.Timeout or a kill (BaseExceptions) ends map_callrw in its ref stage:
+    the refs taken are released then, not at their own timeout."""
+    waiting, answering = cluster.shards[1].master, cluster.shards[0].master
+    waiting.signal(signal.SIGSTOP)   # its ref waits: the others are taken
+    try:
+        if how == "timeout":
+            with pytest.raises(gevent.Timeout):
+                with gevent.Timeout(0.5):
+                    router.map_callrw("kv_count", timeout=20)
+        else:
+            greenlet = gevent.spawn(router.map_callrw, "kv_count", timeout=20)
+            gevent.sleep(0.5)
+            with gevent.Timeout(1):   # the kill does not wait for the unrefs
+                greenlet.kill()
+        with gevent.Timeout(2):
+            while _refs(cluster, answering):
+                gevent.sleep(0.05)
+    finally:
+        waiting.signal(signal.SIGCONT)
+    with gevent.Timeout(5):   # the late ref is released too
+        while _refs(cluster, waiting):
+            gevent.sleep(0.05)

@@ -708,9 +708,11 @@ class Router:
             results = self._each(replicasets, deadline, token, "map", "storage_map", rid, func,
                                  list(args))
             return {rs_id: [value] for rs_id, value in results.items() if value is not None}
-        except Exception as exc:
-            if isinstance(exc, CopiedCall):
-                pass   # the parent's map goes on: it may run the function (applied None)
+        except BaseException as exc:
+            # The caller's gevent.Timeout or a kill (BaseExceptions) ends the call
+            # too: its refs are released all the same, and it is told nothing.
+            if not isinstance(exc, Exception) or isinstance(exc, CopiedCall):
+                pass   # (a copy's: the parent's map goes on, it may run the function)
             elif not mapped:
                 if getattr(exc, "applied", None) is None:
                     exc.applied = False  # type: ignore[attr-defined]   # the refs only ran
@@ -718,7 +720,8 @@ class Router:
                 exc.applied = None  # type: ignore[attr-defined]
             if sent and process_token() == token:   # (a child's copy leaves them to the parent)
                 # Released in the background (owned by the router), so the rebalancer
-                # need not wait for the refs' timeout, nor the caller for the unrefs.
+                # need not wait for the refs' timeout, nor the caller (or a killed
+                # greenlet, which must not block) for the unrefs.
                 self._tasks.spawn(self._each, list(sent), time.monotonic() + max(timeout, 1.0),
                                   token, "unref", "storage_unref", rid, quiet=True)
             raise
