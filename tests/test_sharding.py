@@ -181,6 +181,50 @@ def test_bucket_ids_equal_vshards(cluster, router):
         conn.close()
 
 
+def tie_floats(rng):
+    """Floats exactly halfway between two 14-digit decimals (LuaJIT's tostring rounds
+    them away from zero, C's printf to even), others of every magnitude, and the
+    special ones."""
+    ties = ([rng.randrange(10 ** 13, 10 ** 14) * 10 + 5.0 for _ in range(300)]
+            + [(rng.randrange(10 ** 13, 10 ** 14) * 2 + 1) / 2 for _ in range(300)]
+            + [(rng.randrange(10 ** 12, 10 ** 13) * 4 + 1) / 4 for _ in range(300)]
+            + [(rng.randrange(10 ** 11, 10 ** 12) * 8 + 3) / 8 for _ in range(300)]
+            + [(rng.randrange(10 ** 13, 10 ** 14) * 2 + 1) / 2 ** 20 for _ in range(300)]
+            + [123456789012345.0, 99999999999999.5, 0.5, 2.5])
+    others = ([struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+               for _ in range(1000)]
+              + [rng.uniform(-1, 1) * 10.0 ** rng.randrange(-320, 308) for _ in range(1000)]
+              + [10.0 ** e for e in range(-310, 309)] + [5e-324, 2.0 ** -1074 * 3,
+                                                         1.7976931348623157e308]
+              + [-0.0, 0.0, float("inf"), float("-inf"), 1e-4, 1e-5, 1e13, 1e14])
+    floats = [f for f in ties + [-t for t in ties] + others if f == f]
+    return floats + [float("nan"), struct.unpack(">d", b"\xff\xf8" + bytes(6))[0]]
+
+
+def test_float_bucket_ids_equal_vshards_ties_and_nan_included(cluster, router):
+    conn = connect(cluster, cluster.router)
+    try:
+        keys = tie_floats(random.Random(11))
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start:start + 1000]
+            strs, mps = conn.call("hashes", [chunk]).data
+            for key, theirs_s, theirs_m in zip(chunk, strs, mps):
+                assert gtarantool.sharding.strcrc32(key) == theirs_s, ("strcrc32", key)
+                assert gtarantool.sharding.mpcrc32(key) == theirs_m, ("mpcrc32", key)
+                assert gtarantool.sharding.mpcrc32([key, 1]) == \
+                    gtarantool.sharding.mpcrc32([key, 1], False)
+        nested = [[f, "x"] for f in keys[::7]] + [[float("nan")]]
+        strs, mps = conn.call("hashes", [nested]).data
+        for key, theirs_s, theirs_m in zip(nested, strs, mps):
+            assert gtarantool.sharding.strcrc32(key) == theirs_s, ("strcrc32", key)
+            assert gtarantool.sharding.mpcrc32(key) == theirs_m, ("mpcrc32", key)
+        ids_s, ids_m = conn.call("bucket_ids", [[123456789012345.0, float("nan")]]).data
+        assert [router.bucket_id_strcrc32(123456789012345.0),
+                router.bucket_id_mpcrc32(float("nan"))] == [ids_s[0], ids_m[1]]
+    finally:
+        conn.close()
+
+
 def _nested_none(key):
     return isinstance(key, (list, tuple)) and any(part is None for part in key)
 

@@ -4,6 +4,8 @@ for every key vshard can hash the same way every time (others raise ValueError).
 """
 from __future__ import annotations
 
+import decimal
+import math
 import struct
 from typing import Any, Callable, Optional
 
@@ -17,6 +19,42 @@ __all__ = ["bucket_id_strcrc32", "bucket_id_mpcrc32", "strcrc32", "mpcrc32"]
 
 _NUMBER_MAX = 10 ** 14 - 1   # larger integers decode to int64/uint64 cdata on the server
 _NULL = b"cdata<void *>: NULL"   # tostring(box.NULL): a nil inside a key
+# LuaJIT keeps one NaN (its sign bit set): msgpackffi encodes every NaN as this double.
+_LUA_NAN = b"\xcb\xff\xf8\x00\x00\x00\x00\x00\x00"
+# Wide enough to hold a double's exact decimal expansion (767 significant digits).
+_EXACT = decimal.Context(prec=800, Emax=999999, Emin=-999999)
+
+
+def _lua_number(value):
+    """LuaJIT's ``tostring`` of a float: ``%.14g``, but with a tie (a value exactly
+    halfway between two 14-digit decimals) rounded away from zero, where C's and
+    Python's printf round it to even."""
+    if value != value:
+        return b"nan"   # (the server's NaN, whatever the client's sign bit)
+    if math.isinf(value):
+        return b"inf" if value > 0 else b"-inf"
+    if value == 0:
+        return b"-0" if math.copysign(1.0, value) < 0 else b"0"
+    exact = decimal.Decimal(value)   # a double's exact value
+    exponent = exact.adjusted()
+    digits = abs(exact).scaleb(13 - exponent, _EXACT).quantize(
+        decimal.Decimal(1), decimal.ROUND_HALF_UP, _EXACT)
+    text = str(int(digits))
+    if len(text) > 14:   # rounded up to the next power of ten
+        exponent += 1
+        text = text[:14]
+    text = text.rstrip("0")
+    sign = "-" if value < 0 else ""
+    if -4 <= exponent < 14:   # %g's fixed notation, trailing zeros dropped
+        if exponent >= 0:
+            whole, fraction = text[:exponent + 1].ljust(exponent + 1, "0"), text[exponent + 1:]
+        else:
+            whole, fraction = "0", "0" * (-exponent - 1) + text
+        out = sign + whole + ("." + fraction if fraction else "")
+    else:
+        out = "%s%s%s%se%s%02d" % (sign, text[0], "." if len(text) > 1 else "", text[1:],
+                                   "-" if exponent < 0 else "+", abs(exponent))
+    return out.encode()
 
 
 def _tostring(value):
@@ -40,7 +78,7 @@ def _tostring(value):
             raise ValueError("%d does not fit in int64" % value)
         return b"%dLL" % value
     if isinstance(value, float):
-        return (b"%.14g" % value).replace(b"-nan", b"nan")
+        return _lua_number(value)
     if value is None:
         return _NULL
     raise ValueError("a shard key part must be str, bytes, int, float, bool or None, not %s"
@@ -114,6 +152,8 @@ def _mp_nested(value, varbinary):
         # msgpackffi encodes an integral Lua number as an integer.
         if value == value and -(2.0 ** 63) <= value < 2.0 ** 64 and value.is_integer():
             return _pack_int(int(value))
+        if value != value:
+            return _LUA_NAN
         return b"\xcb" + struct.pack(">d", value)
     if isinstance(value, (list, tuple)):
         n = len(value)
@@ -168,6 +208,7 @@ def strcrc32(key: Any) -> int:
 
 def mpcrc32(key: Any, varbinary: bool = True) -> int:
     """vshard's ``mpcrc32``: the CRC of each part's MessagePack (strings as they are).
+    A NaN hashes as vshard's does: as LuaJIT's one NaN, whatever its sign or payload.
 
     :param key: str, bytes, int, float, bool, None inside a tuple, or a tuple/list.
     :param varbinary: the server decodes binary keys to varbinary (Tarantool 3.0+);
