@@ -906,3 +906,36 @@ def test_map_callrw_ended_by_its_caller_releases_its_refs(cluster, router, how):
     with gevent.Timeout(5):   # the late ref is released too
         while _refs(cluster, waiting):
             gevent.sleep(0.05)
+
+
+@needs_vshard
+def test_calls_refuse_a_function_name_that_is_not_a_str_before_sending(cluster, router):
+    before = [cluster.eval(s.master, "return calls")[0] for s in cluster.shards]
+    bucket_id = bucket_of(cluster, 0)
+    rs = router.route(bucket_id)
+    for bad in (None, 123, b"kv_get"):
+        for call in (lambda: router.callrw(bucket_id, bad, (bucket_id, 0)),
+                     lambda: router.callro(bucket_id, bad, (bucket_id, 0)),
+                     lambda: router.callbro(bucket_id, bad, (bucket_id, 0)),
+                     lambda: router.callre(bucket_id, bad, (bucket_id, 0)),
+                     lambda: router.callbre(bucket_id, bad, (bucket_id, 0)),
+                     lambda: router.map_callrw(bad, (bucket_id, 0)),
+                     lambda: router.map_callrw(bad, (bucket_id, 0), bucket_ids=[bucket_id]),
+                     lambda: rs.callrw(bad, (bucket_id, 0)),
+                     lambda: rs.callro(bad, (bucket_id, 0)),
+                     lambda: rs.callbro(bad, (bucket_id, 0))):
+            with pytest.raises(TypeError, match="func_name must be a str"):
+                call()
+    assert [cluster.eval(s.master, "return calls")[0] for s in cluster.shards] == before
+
+
+@needs_vshard
+def test_replicaset_calls_refuse_a_bad_timeout_before_sending(cluster, router):
+    before = [cluster.eval(s.master, "return calls")[0] for s in cluster.shards]
+    rs = router.route(bucket_of(cluster, 0))
+    for bad in (0, -1, float("nan"), float("inf"), "1", True):
+        for call in (rs.callrw, rs.callro, rs.callbro):
+            with pytest.raises(ValueError, match="positive, finite number of seconds"):
+                call("kv_get", (1, 0), timeout=bad)
+    assert [cluster.eval(s.master, "return calls")[0] for s in cluster.shards] == before
+    assert rs.callrw("kv_count", timeout=2) >= 0   # None: no limit but the pool's

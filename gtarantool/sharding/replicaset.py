@@ -26,6 +26,33 @@ HEALTHY = Status.HEALTHY
 RW, PREFER_RW, ANY = Mode.RW, Mode.PREFER_RW, Mode.ANY
 
 
+def seconds(value: Any, name: str = "timeout") -> float:
+    """``value`` when it is a positive, finite number of seconds.
+
+    :param value: the number to check.
+    :param name: the parameter's name, for the message.
+    :returns: ``value``.
+    :raises ValueError: anything else (gevent takes NaN for no timeout at all,
+        0 or less for an expired one, and True for 1).
+    """
+    if type(value) is bool or not isinstance(value, (int, float)) \
+            or not 0 < value < float("inf"):
+        raise ValueError("%s must be a positive, finite number of seconds, not %r"
+                         % (name, value))
+    return value
+
+
+def check_func(func: Any) -> None:
+    """Refuse a function name that is not a str, before anything is sent (as
+    :class:`gtarantool.Connection` does).
+
+    :param func: the function's name.
+    :raises TypeError: ``func`` is not a str.
+    """
+    if not isinstance(func, str):
+        raise TypeError("func_name must be a str, not %s" % type(func).__name__)
+
+
 def parse_uri(uri: Any) -> Tuple[Any, Union[int, str], Optional[str], Optional[str]]:
     """(host, port, user, password) of a vshard replica's ``uri``: ``[user[:password]@]
     host:port``, ``[ipv6]:port``, ``unix/:/path`` or ``/path`` (a unix socket: host None,
@@ -146,8 +173,10 @@ class Replicaset:
 
         :param func: the function's name.
         :param args: its arguments (a list or tuple).
-        :param timeout: seconds (default: none but the pool's).
+        :param timeout: seconds, a positive finite number (default: none but the pool's).
         :returns: the function's first return value.
+        :raises TypeError: ``func`` is not a str, or ``args`` not a list or tuple.
+        :raises ValueError: ``timeout`` is not a positive, finite number.
         :raises tarantool.error.DatabaseError: the function failed.
         :raises tarantool.error.PoolTopologyError: no master is up.
         :raises gtarantool.RequestTimeout: no reply within ``timeout``.
@@ -165,8 +194,11 @@ class Replicaset:
         return self._call(ANY, func, args, timeout)
 
     def _call(self, mode, func, args, timeout):
+        check_func(func)
         if not isinstance(args, (list, tuple)):
             raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
+        if timeout is not None:
+            seconds(timeout)
         if self.pool.is_closed():
             raise ConnectionClosed("the router is closed")
         with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):

@@ -48,7 +48,8 @@ from gtarantool.sharding.errors import (
     refusal,
 )
 from gtarantool.sharding.hashing import mpcrc32, strcrc32
-from gtarantool.sharding.replicaset import Replicaset, parse_uri
+from gtarantool.sharding.replicaset import Replicaset, check_func, parse_uri
+from gtarantool.sharding.replicaset import seconds as _seconds
 from gtarantool.transport import CopiedCall, check_process, process_token
 
 __all__ = ["Router"]
@@ -69,16 +70,6 @@ def _closed():
     exc = ConnectionClosed("the router is closed")
     exc.applied = False
     return exc
-
-
-def _seconds(value, name="timeout"):
-    """``value`` when it is a positive, finite number of seconds; else ValueError
-    (gevent takes NaN for no timeout at all, and 0 or less for an expired one)."""
-    if type(value) is bool or not isinstance(value, (int, float)) \
-            or not 0 < value < float("inf"):
-        raise ValueError("%s must be a positive, finite number of seconds, not %r"
-                         % (name, value))
-    return value
 
 
 def count_mismatch(bucket_count, cluster_count, where="the cluster's storages have"):
@@ -546,7 +537,7 @@ class Router:
         :returns: the function's first return value (as vshard's router).
         :raises ValueError: ``bucket_id`` is not an integer in 1..bucket_count, or
             ``timeout`` is not a positive, finite number.
-        :raises TypeError: ``args`` is not a list or tuple.
+        :raises TypeError: ``func`` is not a str, or ``args`` not a list or tuple.
         :raises StorageError: the function raised, or returned ``nil, err``
             (``applied`` None).
         :raises ShardingError: a vshard refusal that is not about the bucket's
@@ -610,6 +601,8 @@ class Router:
     def _call(self, bucket_id, kind, func, args, timeout):
         if self._closed or self._broken is not None:
             self._usable()
+        if type(func) is not str:
+            check_func(func)
         if type(bucket_id) is not int or not 0 < bucket_id <= self.bucket_count:
             self._check(bucket_id)
         if type(args) is not tuple and not isinstance(args, (list, tuple)):
@@ -674,13 +667,15 @@ class Router:
             when no function ran.
         :raises StorageError: the function failed on a master (``replicaset``).
         :raises gtarantool.RequestTimeout: a master did not answer within ``timeout``.
-        :raises TypeError: ``args`` is not a list or tuple.
+        :raises TypeError: ``func`` is not a str, or ``args`` not a list or tuple.
         :raises ValueError: ``timeout`` is not a positive, finite number.
+        :raises gtarantool.ConnectionClosed: the router is (or gets) closed.
 
         Once the function was sent (the map stage), every error says it may
         have run (``applied`` None): another master may have run it.
         """
         self._usable()
+        check_func(func)
         if not isinstance(args, (list, tuple)):
             raise TypeError("args must be a list or tuple, not %s" % type(args).__name__)
         timeout = self.timeout if timeout is None else _seconds(timeout)
