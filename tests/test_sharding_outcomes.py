@@ -939,3 +939,35 @@ def test_replicaset_calls_refuse_a_bad_timeout_before_sending(cluster, router):
                 call("kv_get", (1, 0), timeout=bad)
     assert [cluster.eval(s.master, "return calls")[0] for s in cluster.shards] == before
     assert rs.callrw("kv_count", timeout=2) >= 0   # None: no limit but the pool's
+
+
+@needs_vshard
+def test_a_uri_table_connects_as_its_login_and_errors_name_the_replicaset(cluster):
+    """vshard's (and Tarantool 3's) replica uri ``{uri, login, password}``: the
+    router connects as that login; an error of a bucket search (guest may not
+    call bucket_stat) names its replica set."""
+    def with_table_uris(credentials):
+        cfg = json.loads(json.dumps(cluster.cfg))
+        for rs_cfg in cfg["sharding"].values():
+            for replica in rs_cfg["replicas"].values():
+                _, port, login, password = parse_uri(replica["uri"])
+                replica["uri"] = {"uri": "127.0.0.1:%d" % port}
+                if credentials:
+                    replica["uri"].update(login=login, password=password)
+        return cfg
+
+    router = Router(with_table_uris(True), discovery_mode="off")
+    try:
+        bucket_id = bucket_of(cluster, 1)
+        assert router.callrw(bucket_id, "kv_get", (bucket_id, 0), timeout=5)[0] \
+            == cluster.shards[1].uuid
+    finally:
+        router.close()
+    router = Router(with_table_uris(False), bucket_count=cluster.bucket_count,
+                    discovery_mode="off")
+    try:
+        with pytest.raises(gtarantool.DatabaseError) as info:
+            router.route(bucket_of(cluster, 0), timeout=5)
+        assert info.value.replicaset in {s.uuid for s in cluster.shards}
+    finally:
+        router.close()

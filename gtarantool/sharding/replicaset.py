@@ -56,9 +56,24 @@ def check_func(func: Any) -> None:
 def parse_uri(uri: Any) -> Tuple[Any, Union[int, str], Optional[str], Optional[str]]:
     """(host, port, user, password) of a vshard replica's ``uri``: ``[user[:password]@]
     host:port``, ``[ipv6]:port``, ``unix/:/path`` or ``/path`` (a unix socket: host None,
-    port the path), or a bare port number."""
+    port the path), a bare port number, or a table ``{"uri": ..., "login": ...,
+    "password": ...}`` (as Tarantool 3's configuration gives it to vshard: its
+    ``login``/``password`` over the uri's own).
+
+    :param uri: the replica's ``uri``.
+    :returns: (host, port, user, password); user and password None when not given.
+    :raises tarantool.error.ConfigurationError: a uri that names no address.
+    """
     if isinstance(uri, dict):
-        uri = uri.get("uri", uri)
+        if "uri" not in uri:
+            raise ConfigurationError("a replica's uri table needs a uri: %r" % (uri,))
+        host, port, user, password = parse_uri(uri["uri"])
+        if uri.get("login") is not None:
+            # vshard: the table's login replaces the uri's, password included.
+            user, password = uri["login"], uri.get("password")
+        elif uri.get("password") is not None:
+            password = uri["password"]
+        return host, port, user, password
     if isinstance(uri, int):
         return "127.0.0.1", uri, None, None
     if not isinstance(uri, str):

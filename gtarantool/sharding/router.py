@@ -90,8 +90,9 @@ class Router:
         "zone": ...}}, "master": "auto", "name": ...}``; or a whole vshard
         configuration (``{"sharding": ..., "bucket_count": ..., "zone": ...,
         "weights": ...}``).
-    :param user: the user for every storage (default: the uri's).
-    :param password: that user's password (default: the uri's).
+    :param user: the user for every storage (default: each replica's uri's, or
+        its uri table's ``login``; a replica naming none: its replica set's first).
+    :param password: that user's password (default: the uri's, or its table's).
     :param bucket_count: vshard's ``bucket_count`` (default: the configuration's,
         else the storages'); checked against the storages'.
     :param timeout: a call's default timeout in seconds (vshard's: 0.5).
@@ -182,7 +183,7 @@ class Router:
         replicas = rs_cfg.get("replicas") if isinstance(rs_cfg, dict) else None
         if not isinstance(replicas, dict) or not replicas:
             raise ConfigurationError("replica set %s has no replicas" % (rs_id,))
-        addrs, zones = [], []
+        addrs, zones, logins = [], [], []
         for replica_id, replica in replicas.items():
             if not isinstance(replica, dict) or "uri" not in replica:
                 raise ConfigurationError("replica %s of replica set %s has no uri"
@@ -190,10 +191,19 @@ class Router:
             host, port, uri_user, uri_password = parse_uri(replica["uri"])
             addrs.append({"host": host, "port": port})
             zones.append(replica.get("zone"))
-            if user is None and uri_user is not None:
-                user, password = uri_user, uri_password
+            logins.append((uri_user, uri_password))
+        given = user is not None
+        if not given:   # the first uri naming a user: the replica set's default
+            user, password = next(((u, p) for u, p in logins if u is not None),
+                                  (user, password))
         pool = ConnectionPool(addrs, user=user, password=password, connect_now=False,
                               **pool_options)
+        if not given:
+            # A replica connects as its own uri says (a uri table's login and
+            # password too), before its first connection.
+            for instance, (uri_user, uri_password) in zip(pool.pool.values(), logins):
+                if uri_user is not None and (uri_user, uri_password) != (user, password):
+                    instance.conn.user, instance.conn.password = uri_user, uri_password
         names = list(pool.pool)
         near = self.weights.get(self.zone, {}) if self.zone is not None else {}
         order = [name for _, _, name in sorted(
@@ -473,7 +483,10 @@ class Router:
                                     {"bucket_id": bucket_id}, rs.id)
         for greenlet in greenlets:
             if isinstance(greenlet.value, Exception):
-                raise greenlet.value
+                exc = greenlet.value
+                if getattr(exc, "replicaset", None) is None:
+                    exc.replicaset = owner[greenlet].id
+                raise exc
         raise ShardingError(NO_ROUTE_TO_BUCKET, "Bucket %d cannot be found. Is rebalancing "
                             "in progress?" % bucket_id, {"bucket_id": bucket_id})
 
