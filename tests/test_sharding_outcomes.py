@@ -655,6 +655,64 @@ REPLICASET = """      %(rs)s:
 """
 
 
+ADVERTISED = [   # (iproto section of one storage, credentials.users.storage)
+    ({"listen": [{"uri": "0.0.0.0:3301"}, {"uri": "[::]:3301"}, {"uri": "localhost:0"},
+                 {"uri": "10.0.0.1:3301"}],
+      "advertise": {"sharding": {"login": "storage", "password": "advertised"}}},
+     {"password": "secret", "roles": ["sharding"]}),
+    ({"listen": [{"uri": "0.0.0.0:3301"}],
+      "advertise": {"sharding": {"uri": "10.0.0.3:3301", "login": "storage"}}},
+     {"password": "secret", "roles": ["sharding"]}),
+    ({"listen": [{"uri": "0.0.0.0:3301"}],
+      "advertise": {"peer": {"uri": "10.0.0.2:3301", "login": "storage"}}},
+     {"password": "secret", "roles": ["sharding"]}),
+    ({"listen": [{"uri": "10.0.0.4:3301"}]}, {"password": "secret", "roles": ["sharding"]}),
+    ({"listen": [{"uri": "unix/:/tmp/storage.sock"}],
+      "advertise": {"sharding": {"login": "storage"}}}, {"roles": ["sharding"]}),
+]
+
+
+def _tarantool_instance_uri(iproto, user):
+    """Tarantool 3's own config:instance_uri('sharding') of that storage."""
+    import subprocess
+
+    from gtarantool.testing.server import find_binary
+    script = ("local ic = require('internal.config.instance_config') "
+              "local json = require('json') "
+              "local cfg = json.decode(os.getenv('GTARANTOOL_ICONFIG')) "
+              "print(json.encode(ic:instance_uri(cfg, 'sharding', {}) or box.NULL)) "
+              "os.exit(0)")
+    iconfig = {"iproto": iproto, "credentials": {"users": {"storage": user}}}
+    env = dict(os.environ, GTARANTOOL_ICONFIG=json.dumps(iconfig))
+    out = subprocess.run([find_binary(), "-e", script], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_from_config_reaches_storages_as_tarantools_router_does():
+    """Address, login and password as Tarantool 3's instance_uri('sharding') picks
+    them: advertise.sharding, else advertise.peer, else the first listen uri a
+    client can connect to; the advertised password, else the credentials'."""
+    from gtarantool.sharding.config import vshard_cfg
+    from gtarantool.testing.server import binary_version
+    for iproto, user in ADVERTISED:
+        document = {"credentials": {"users": {"storage": user}}, "groups": {"g": {
+            "sharding": {"roles": ["storage"]},
+            "replicasets": {"rs": {"instances": {"a": {"iproto": iproto}}}}}}}
+        cfg, login, password = vshard_cfg(document)
+        uri = cfg["sharding"]["rs"]["replicas"]["a"]["uri"]
+        if MISSING is None and binary_version() >= (3, 0):
+            theirs = _tarantool_instance_uri(iproto, user)
+            assert uri == {key: theirs[key] for key in ("uri", "login", "password")
+                           if key in theirs}, iproto
+        assert (login, password) == (uri.get("login"), uri.get("password"))
+    cfg, _, password = vshard_cfg(document, user="storage", password="given")
+    assert cfg["sharding"]["rs"]["replicas"]["a"]["uri"]["password"] == "given"
+    with pytest.raises(ConfigurationError, match="can connect to"):
+        vshard_cfg({"groups": {"g": {"sharding": {"roles": ["storage"]}, "replicasets": {
+            "rs": {"instances": {"a": {"iproto": {"listen": [{"uri": "0.0.0.0:3301"}]}}}}}}}})
+
+
 def test_from_config_reads_a_tarantool_3_cluster_configuration(tmp_path):
     """A cluster ``tarantool --name`` starts from one YAML file; the router reads
     the same file and routes over its storages."""

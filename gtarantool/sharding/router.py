@@ -276,20 +276,25 @@ class Router:
         """A Router over the storages of a Tarantool 3 cluster configuration (the
         YAML file ``tarantool --config`` reads, or the same document as a dict,
         e.g. from etcd): instances with ``sharding.roles`` containing ``storage``,
-        addressed by ``iproto.listen``, ``sharding.bucket_count``; the password
-        of ``user`` (default: the first user the storages' ``sharding`` user
-        names, else ``guest``) from ``credentials.users``.
+        each reached at the address and as the login Tarantool 3's own router
+        uses (``iproto.advertise.sharding``, else ``iproto.advertise.peer``,
+        else the first ``iproto.listen`` uri a client can connect to; the
+        advertised password, else the login's in ``credentials.users``; see
+        :func:`gtarantool.sharding.config.vshard_cfg`), ``sharding.bucket_count``.
 
         :param config: a path to the YAML file, or the parsed document.
-        :param user: the user to connect as.
-        :param password: its password (default: the configuration's).
+        :param user: the user to connect to every storage as (default: each
+            storage's advertised login, else guest).
+        :param password: its password (default: ``credentials.users[user]``'s).
         :param options: :class:`Router`'s keyword arguments.
         :returns: the :class:`Router`, connected to the storages.
         :raises tarantool.error.ConfigurationError: the configuration names no
             storage, or one without an address.
         """
-        cfg, user, password = vshard_cfg(config, user, password)
-        return cls(cfg, user=user, password=password, **options)
+        cfg, _, found = vshard_cfg(config, user, password)
+        if user is None:   # each replica's uri table holds its own login and password
+            return cls(cfg, **options)
+        return cls(cfg, user=user, password=found, **options)
 
     # -- bucket ids ---------------------------------------------------------------------
 
