@@ -148,7 +148,7 @@ def vshard_cfg(config: Any, user: Optional[str] = None,
         raise ConfigurationError("the configuration names no instance with the sharding "
                                  "role 'storage'")
     if user is None:
-        user, password = first
+        user, password = first or (None, None)   # (set with the first storage)
     elif password is None:
         password = _password(document, user)
     return ({"bucket_count": bucket_count or DEFAULT_BUCKET_COUNT, "sharding": sharding},
