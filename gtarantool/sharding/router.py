@@ -280,7 +280,7 @@ class Router:
         uses (``iproto.advertise.sharding``, else ``iproto.advertise.peer``,
         else the first ``iproto.listen`` uri a client can connect to; the
         advertised password, else the login's in ``credentials.users``; see
-        :func:`gtarantool.sharding.config.vshard_cfg`), ``sharding.bucket_count``.
+        ``gtarantool.sharding.config.vshard_cfg``), ``sharding.bucket_count``.
 
         :param config: a path to the YAML file, or the parsed document.
         :param user: the user to connect to every storage as (default: each
