@@ -554,9 +554,9 @@ def _outcome(glet):
 
 def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):
     """A caller reconnecting (the lock held, between attempts) when the process
-    forks: its copy in the child gets ConnectionClosed, not applied, and makes
-    no attempt there (and releases the lock it took); the child's own call gets
-    its own outcome; the parent's call goes on."""
+    forks: its copy in the child gets CopiedCall (a ConnectionClosed, "may have
+    been applied": the parent's call goes on) and makes no attempt there (and
+    releases the lock it took); the child's own call gets its own outcome."""
     path = str(tmp_path / "nobody.sock")   # nothing listens: every attempt is refused
     conn = gtarantool.Connection(None, path, connect_now=False, reconnect_max_attempts=3,
                                  reconnect_delay=0.3)
@@ -570,7 +570,7 @@ def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):
         return {"copy": _outcome(parent), "own": _outcome(own)}
 
     got = _in_child(child)
-    assert got == {"copy": ["ConnectionClosed", False], "own": ["NetworkError", False]}, got
+    assert got == {"copy": ["ConnectionClosed", None], "own": ["NetworkError", False]}, got
     parent.join(timeout=5)
     assert isinstance(parent.exception, NetworkError)
     assert not isinstance(parent.exception, ConnectionClosed)
