@@ -458,12 +458,7 @@ def _statement_prepare(telemetry: _Telemetry, original: Callable[..., Any]) -> A
 
 
 def _statement_execute(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
-    def run(*args, **kwargs):
-        token = _outer.set(_EXECUTING)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _outer.reset(token)
+    run = _with_outer(_EXECUTING, original)
 
     def execute(self, *args, **kwargs):
         return telemetry.request(self._conn, "execute", None, run, (self,) + args, kwargs,
@@ -580,27 +575,26 @@ def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
     return _named(wait, original)
 
 
-def _outside(push: Callable[..., Any]) -> Callable[..., Any]:
-    """``push`` (a caller's on_push) run outside the request that calls it."""
-    def on_push(*args, **kwargs):
-        token = _outer.set(None)
+def _with_outer(value: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with the ``_outer`` context variable set to ``value``."""
+    def run(*args, **kwargs):
+        token = _outer.set(value)
         try:
-            return push(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             _outer.reset(token)
-    return on_push
+    return run
+
+
+def _outside(push: Callable[..., Any]) -> Callable[..., Any]:
+    """``push`` (a caller's on_push) run outside the request that calls it."""
+    return _with_outer(None, push)
 
 
 def _quiet(original: Callable[..., Any]) -> Any:
     """``original`` with the requests it makes itself left out: a connect's
     authentication and schema, a schema's fetches, a pool's role checks."""
-    def quiet(*args, **kwargs):
-        token = _outer.set(_QUIET)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _outer.reset(token)
-    return _named(quiet, original)
+    return _named(_with_outer(_QUIET, original), original)
 
 
 def _named(wrapper: Any, original: Any) -> Any:
