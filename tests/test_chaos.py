@@ -4,6 +4,7 @@ history must pass.  Then the server side (a second application of an id is
 counted even when its insert fails, a copied row sent twice is named) and one
 short live run, whose report names the seed to replay."""
 import re
+import time
 
 import gevent
 import pytest
@@ -154,10 +155,16 @@ def test_a_parents_copy_writing_rows_in_a_forked_child_is_flagged():
     assert promises(history, facts) == [h.CHILD, h.CHILD]
 
 
+# A forked child's socket from local port 6000 to a server on 3301, open from
+# 100.0 to 200.0 (wall times).
+CHILD_SOCKETS = [(6000, 3301, 100.0, 200.0)]
+
+
 def test_a_parents_row_written_over_a_childs_socket_is_flagged():
-    rows = [(7 * ROWS_PER_OP, "127.0.0.1:5000", True), (8 * ROWS_PER_OP, "127.0.0.1:6000", True),
-            (CHILD_BASE * ROWS_PER_OP + 1, "127.0.0.1:6000", True)]
-    facts = tally([([], [], rows), ([], [], rows[:1])], child_ports={6000})
+    rows = [(7 * ROWS_PER_OP, "127.0.0.1:5000>3301@150.0", True),
+            (8 * ROWS_PER_OP, "127.0.0.1:6000>3301@150.0", True),
+            (CHILD_BASE * ROWS_PER_OP + 1, "127.0.0.1:6000>3301@150.0", True)]
+    facts = tally([([], [], rows), ([], [], rows[:1])], CHILD_SOCKETS, copied={7, 8})
     assert facts.rows == {r for r, _, _ in rows}
     assert facts.by_child == {8}
     history, applied = clean()
@@ -245,9 +252,24 @@ def test_a_history_survives_its_json_form():
     assert isinstance(again.ops[6].rows[0], h.Row)
 
 
+def test_a_local_port_a_child_used_names_it_only_at_its_server_and_time():
+    """The kernel hands a closed socket's local port to the next connection,
+    and shares one among connections to different servers: a parent's write
+    over such a port is not the child's."""
+    log = [("a", 1, "127.0.0.1:6000>3301@50.0"),    # before the child's socket opened
+           ("b", 2, "127.0.0.1:6000>3301@250.0"),   # after it closed
+           ("c", 3, "127.0.0.1:6000>3302@150.0"),   # at once, towards another server
+           ("d", 4, "127.0.0.1:6000>3301@150.0"),   # over it, but not in flight at the fork
+           ("e", 5, "127.0.0.1:6000>3301@150.0"),   # over it, copied into the child
+           ("f", 6, "127.0.0.1:6000")]              # no origin recorded
+    facts = tally([(log, [])], CHILD_SOCKETS, copied={1, 2, 3, 5, 6})
+    assert facts.by_child == {5}
+
+
 def test_replicated_rows_count_once_and_counters_as_their_largest_value():
-    log = [("a", 1, "127.0.0.1:5000"), ("b", 1, "127.0.0.1:5001"), ("c", 2, "127.0.0.1:6000")]
-    facts = tally([(log, [(9, 1)]), (log[:2], [(9, 2)])], child_ports={6000})
+    log = [("a", 1, "127.0.0.1:5000>3301@150.0"), ("b", 1, "127.0.0.1:5001>3301@150.0"),
+           ("c", 2, "127.0.0.1:6000>3301@150.0")]
+    facts = tally([(log, [(9, 1)]), (log[:2], [(9, 2)])], CHILD_SOCKETS, copied={1, 2})
     assert facts.applications == {1: 2, 2: 1, 9: 2}
     assert facts.by_child == {2}
 
@@ -280,7 +302,7 @@ def test_a_second_application_is_counted_even_when_its_insert_fails():
             _settle(again, copy_from(conn, "chaos_rows", [(again.rows[0].id, 1)]))
             port = conn.eval("return box.session.peer()").data[0].rsplit(":", 1)[1]
             facts = tally([tuple(conn.eval("return chaos_facts()").data)],
-                          child_ports={int(port)})
+                          [(int(port), server.port, 0.0, time.time() + 1.0)], copied={5, 7})
         finally:
             conn.close()
     assert facts.applications == {5: 2, 6: 2}

@@ -49,6 +49,14 @@ COPY_SPACE = "chaos_rows"
 
 SCHEMA = """
 local uuid = require('uuid')
+local clock = require('clock')
+local function chaos_origin()
+    -- who applied a write: the caller's address, the port it reached and when
+    -- (wall clock), so a forked child's socket is told from a parent's that
+    -- reused its local port, before or at once towards another server
+    local port = tostring(box.cfg.listen or ''):match(':(%d+)$') or ''
+    return string.format('%s>%s@%.3f', box.session.peer() or '', port, clock.time())
+end
 local function chaos_schema()
     local log = box.schema.space.create('chaos_log', {if_not_exists = true})
     log:create_index('pk', {type = 'hash', parts = {1, 'string'}, if_not_exists = true})
@@ -69,7 +77,7 @@ local function chaos_peer(old, new)
     -- over an existing row it returns nothing: a returned tuple turns an insert
     -- into a replace, and the duplicate would go unseen)
     if old == nil and new ~= nil and new[3] == nil and box.session.type() == 'binary' then
-        return new:update{{'=', 3, box.session.peer() or ''}}
+        return new:update{{'=', 3, chaos_origin()}}
     end
 end
 require('fiber').create(function()
@@ -81,7 +89,7 @@ require('fiber').create(function()
 end)
 function chaos_write(id)
     -- (its own transaction: a second application stays even when the insert fails)
-    box.space.chaos_log:insert{uuid.str(), id, box.session.peer() or ''}
+    box.space.chaos_log:insert{uuid.str(), id, chaos_origin()}
     box.space.chaos_kv:insert{id}
     return id
 end
@@ -148,11 +156,26 @@ def parallel(fn, items):
     gevent.joinall([gevent.spawn(blocking, fn, item) for item in items], raise_error=True)
 
 
-def _port(peer):
+def _origin(peer):
+    """``(local port, server port, wall time)`` of a write, from the origin
+    ``chaos_origin()`` recorded ("host:port>server port@time"), or None."""
     try:
-        return int(str(peer).rsplit(":", 1)[1])
+        address, rest = str(peer).split(">", 1)
+        server, at = rest.split("@", 1)
+        return int(address.rsplit(":", 1)[1]), int(server), float(at)
     except (IndexError, ValueError):
         return None
+
+
+def _by_child(peer, child_sockets):
+    """Whether the origin ``peer`` is a socket a forked child held then:
+    ``child_sockets`` is [(local port, server port, opened after, closed before)]."""
+    origin = _origin(peer)
+    if origin is None:
+        return False
+    local, server, at = origin
+    return any(local == lp and server == sp and since <= at <= until
+               for lp, sp, since, until in child_sockets)
 
 
 class Target:
@@ -588,14 +611,14 @@ class Campaign:
         fd, path = tempfile.mkstemp(prefix="gtarantool-chaos-child-")
         os.close(fd)
         inflight = [op for op in self.history.ops if op.end is None]
-        parent_ports = _local_ports()
+        parent_sockets, forked_at = _local_sockets(), time.time()
         pid = gevent.fork()
         if pid:
             self.children.append((pid, path))
             return
-        report = {"ops": [], "ports": [], "stalls": [], "error": None}
+        report = {"ops": [], "sockets": [], "stalls": [], "error": None}
         try:
-            self.child(index, life, inflight, parent_ports, report)
+            self.child(index, life, inflight, SocketLog(parent_sockets, forked_at), report)
         except BaseException:
             report["error"] = traceback.format_exc()
         finally:
@@ -605,10 +628,10 @@ class Campaign:
             finally:
                 os._exit(0)
 
-    def child(self, index, life, inflight, parent_ports, report):
+    def child(self, index, life, inflight, sockets, report):
         tag = "child-%d" % index
         ids = itertools.count(index * CHILD_BASE)
-        ops, ports = [], set()
+        ops = []
 
         def child_worker(target, client, n):
             rng = random.Random(index * 1000 + n)
@@ -637,12 +660,12 @@ class Campaign:
         own = [gevent.spawn(child_worker, *args) for args in clients]
         deadline = time.monotonic() + life
         while time.monotonic() < deadline:
-            ports.update(_local_ports())
+            sockets.poll()
             gevent.sleep(0.02)
         self.stop.set()
         limit = time.monotonic() + self.longest() + self.slack
         while time.monotonic() < limit and any(op.end is None for op in inflight):
-            ports.update(_local_ports())
+            sockets.poll()
             gevent.sleep(0.02)
         gevent.joinall(own, timeout=max(0.0, limit - time.monotonic()))
         gevent.killall(own, timeout=1)
@@ -651,13 +674,13 @@ class Campaign:
         for op in inflight:
             op.copy, op.proc = True, tag
         report["ops"] = [h.asdict(op) for op in ops + inflight]
-        report["ports"] = sorted(ports - parent_ports)
+        report["sockets"] = sockets.windows()
         report["stalls"] = meter.stop()
 
     def reap(self):
-        """Wait for the children: their ops, the local ports they used and
-        their hubs' stalls by child."""
-        ops, ports, stalls = [], set(), {}
+        """Wait for the children: their ops, the sockets they opened (with when)
+        and their hubs' stalls by child."""
+        ops, sockets, stalls = [], [], {}
         for pid, path in self.children:
             try:
                 with gevent.Timeout(30):
@@ -669,7 +692,7 @@ class Campaign:
                 with open(path) as f:
                     report = json.load(f)
             except (OSError, ValueError):
-                report = {"ops": [], "ports": [], "stalls": [],
+                report = {"ops": [], "sockets": [], "stalls": [],
                           "error": "the child left no report"}
             finally:
                 if os.path.exists(path):
@@ -677,9 +700,9 @@ class Campaign:
             if report.get("error"):
                 self.note("child %d failed: %s" % (pid, report["error"]))
             ops.extend(h.Op.from_dict(fields) for fields in report["ops"])
-            ports.update(report["ports"])
+            sockets.extend(tuple(s) for s in report["sockets"])
             stalls["child-%d" % (len(stalls) + 1)] = [tuple(s) for s in report["stalls"]]
-        return ops, ports, stalls
+        return ops, sockets, stalls
 
     # -- faults --------------------------------------------------------------------------
 
@@ -742,9 +765,9 @@ class Campaign:
             limit = self.longest() + self.slack
             gevent.joinall(workers, timeout=limit)
             hung = [w for w in workers if not w.dead]
-            child_ops, child_ports, stalls = self.reap()
+            child_ops, child_sockets, stalls = self.reap()
             self.history.extend(child_ops)
-            facts = self.facts(child_ports)
+            facts = self.facts(child_sockets, {op.id for op in child_ops if op.copy})
             facts.stalls = dict(stalls, parent=self.meter.stop())
             gevent.killall(hung, timeout=5)
             return self.history, facts, h.check(self.history, facts, self.slack)
@@ -757,8 +780,9 @@ class Campaign:
                 except Exception as exc:
                     self.note("closing %s: %s" % (t.name, exc))
 
-    def facts(self, child_ports):
-        return tally([rows for t in self.targets.values() for rows in t.facts()], child_ports)
+    def facts(self, child_sockets, copied):
+        return tally([rows for t in self.targets.values() for rows in t.facts()],
+                     child_sockets, copied)
 
 
 def new_op(op_id, target, n, rng, proc="parent"):
@@ -818,14 +842,17 @@ def _rejected(row, rejected):
     row.reason = rejected.reason[:160]
 
 
-def tally(replies, child_ports=()):
+def tally(replies, child_sockets=(), copied=()):
     """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows and, when
     given, copied rows), one per instance: a log row counts once however many
     instances hold its copy, a counter counts as its largest value on any
     instance, and a copied row is present when any instance holds it.
 
     :param replies: [(log rows, count rows[, copied rows])], one per instance.
-    :param child_ports: local ports forked children connected from.
+    :param child_sockets: the sockets forked children opened, as
+        [(local port, server port, opened after, closed before)] (wall times).
+    :param copied: ids of the parent's ops a child held copies of (the calls in
+        flight when it forked: no other parent call can reach a child's socket).
     :returns: a ``history.Facts``.
     """
     facts = h.Facts()
@@ -841,11 +868,11 @@ def tally(replies, child_ports=()):
                 facts.misplaced.add(row_id)
                 continue
             facts.rows.add(row_id)
-            if row_id < CHILD_BASE * ROWS_PER_OP and _port(peer) in child_ports:
+            if row_id // ROWS_PER_OP in copied and _by_child(peer, child_sockets):
                 facts.by_child.add(row_id // ROWS_PER_OP)
     for op_id, peer in logs.values():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + 1
-        if op_id < CHILD_BASE and _port(peer) in child_ports:
+        if op_id in copied and _by_child(peer, child_sockets):
             facts.by_child.add(op_id)
     for op_id, count in counts.items():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + count
@@ -876,9 +903,39 @@ class StallMeter:
         return self.stalls
 
 
-def _local_ports():
-    """The local ports of this process's TCP connections."""
+def _local_sockets():
+    """``{(local port, remote port)}`` of this process's TCP connections."""
     import psutil
     proc = psutil.Process()
     listing = getattr(proc, "net_connections", None) or proc.connections
-    return {c.laddr.port for c in listing(kind="tcp") if c.raddr}
+    return {(c.laddr.port, c.raddr.port) for c in listing(kind="tcp") if c.raddr}
+
+
+class SocketLog:
+    """When a forked child held each TCP connection it opened: a local port is
+    reused, by the parent after the child closed it or at once towards
+    another server, so a write's origin names the child only when its ports
+    and its time match one of these windows."""
+
+    def __init__(self, inherited, forked_at):
+        self.inherited = inherited
+        self.open = {}      # (local, remote) -> opened after (the poll before it was seen)
+        self.closed = []    # (local, remote, opened after, closed before)
+        self.last = forked_at
+
+    def poll(self):
+        now = time.time()
+        current = _local_sockets() - self.inherited
+        for pair in current:
+            self.open.setdefault(pair, self.last)
+        for pair in [p for p in self.open if p not in current]:
+            self.closed.append(pair + (self.open.pop(pair), now))
+        self.last = now
+
+    def windows(self):
+        """[(local port, remote port, opened after, closed before)]: a socket
+        still open is counted open until now and a little after (the child
+        closes it as it exits)."""
+        self.poll()
+        until = time.time() + 1.0
+        return self.closed + [pair + (since, until) for pair, since in self.open.items()]
