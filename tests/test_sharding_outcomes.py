@@ -599,6 +599,34 @@ def test_the_bucket_count_is_the_clusters(cluster):
 
 # -- configuration -------------------------------------------------------------------
 
+def test_a_configuration_vshard_refuses_is_refused_before_connecting():
+    # Nothing listens here: each configuration is refused before any connection.
+    def sharding(rs2_second_uri="127.0.0.1:9"):
+        return {"rs1": {"replicas": {"a1": {"uri": "u:p@127.0.0.1:7", "zone": "a"},
+                                     "a2": {"uri": "127.0.0.1:8", "zone": "b"}}},
+                "rs2": {"replicas": {"b1": {"uri": "127.0.0.1:10", "zone": "a"},
+                                     "b2": {"uri": rs2_second_uri, "zone": "b"}}}}
+
+    # rs2 lists rs1's instance too: its calls and its map would run on rs1
+    for uri in ("127.0.0.1:7", "x:y@127.0.0.1:7", {"uri": "127.0.0.1:8"}):
+        with pytest.raises(ConfigurationError, match="Duplicate uri"):
+            Router(sharding(uri), bucket_count=10, discovery_mode="off")
+    twice = sharding()
+    twice["rs2"]["replicas"]["a1"] = twice["rs2"]["replicas"].pop("b2")
+    with pytest.raises(ConfigurationError, match="Duplicate id a1"):
+        Router(twice, bucket_count=10, discovery_mode="off")
+    named = sharding()   # a replica named as its replica set (Tarantool 3): no duplicate
+    named["rs1"]["replicas"]["rs1"] = named["rs1"]["replicas"].pop("a1")
+    Router(named, bucket_count=10, discovery_mode="off").close()
+    for weights, says in (({"a": {"b": "1"}}, "non-negative"), ({"a": {"b": -1}}, "non-negative"),
+                          ({"a": {"b": float("nan")}}, "non-negative"),
+                          ({"a": {"a": 5}}, "own zone"), ({"a": 3}, "map of relative"),
+                          ([("a", {"b": 1})], "weights must be")):
+        with pytest.raises(ConfigurationError, match=says):
+            Router(sharding(), bucket_count=10, discovery_mode="off", zone="a",
+                   weights=weights)
+
+
 def test_uris_with_ipv6_and_unix_sockets():
     assert parse_uri("u:p@[::1]:3301") == ("::1", 3301, "u", "p")
     assert parse_uri("[fe80::1]:3302") == ("fe80::1", 3302, None, None)

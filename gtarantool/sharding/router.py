@@ -72,6 +72,50 @@ def _closed():
     return exc
 
 
+def _check_sharding(sharding, weights):
+    """vshard's cfg checks the router relies on: no uri or id twice (two replica
+    sets sharing an instance would send one's calls and maps to the other), and
+    weights as ``{zone: {zone: weight >= 0}}``, a zone's own weight 0."""
+    # (A replica set and a replica may share a name: Tarantool 3's name_as_key.)
+    ids: set = set()
+    addresses: Dict[Any, Any] = {}
+    for rs_id, rs_cfg in sharding.items():
+        replicas = rs_cfg.get("replicas") if isinstance(rs_cfg, dict) else None
+        if not isinstance(replicas, dict):
+            continue   # (refused with its reason when the replica set is built)
+        for replica_id, replica in replicas.items():
+            if replica_id in ids:
+                raise ConfigurationError("Duplicate id %s (replica set %s)"
+                                         % (replica_id, rs_id))
+            ids.add(replica_id)
+            if not isinstance(replica, dict) or "uri" not in replica:
+                continue
+            host, port = parse_uri(replica["uri"])[:2]
+            if (host, port) in addresses:
+                raise ConfigurationError(
+                    "Duplicate uri %s: replica %s of replica set %s and replica %s of "
+                    "replica set %s" % (replica["uri"] if not isinstance(replica["uri"], dict)
+                                        else replica["uri"].get("uri"), replica_id, rs_id,
+                                        *addresses[(host, port)]))
+            addresses[(host, port)] = (replica_id, rs_id)
+    if not isinstance(weights, dict):
+        raise ConfigurationError("weights must be a map of zones to maps of weights")
+    for zone, near in weights.items():
+        if type(zone) is bool or not isinstance(zone, (str, int, float)):
+            raise ConfigurationError("Zone identifier must be either string or number")
+        if not isinstance(near, dict):
+            raise ConfigurationError("Zone must be map of relative weights of other zones")
+        for other, weight in near.items():
+            if type(other) is bool or not isinstance(other, (str, int, float)):
+                raise ConfigurationError("Zone identifier must be either string or number")
+            if type(weight) is bool or not isinstance(weight, (int, float)) \
+                    or not weight >= 0:
+                raise ConfigurationError("Zone weight must be either nil or non-negative "
+                                         "number, not %r" % (weight,))
+            if other == zone and weight != 0:
+                raise ConfigurationError("Weight of own zone must be either nil or 0")
+
+
 def count_mismatch(bucket_count, cluster_count, where="the cluster's storages have"):
     """The error of a router whose bucket_count is not the cluster's."""
     exc = ConfigurationError(
@@ -151,6 +195,7 @@ class Router:
         self._wakeup = gevent.event.Event()
         self._searches: Dict[int, gevent.event.AsyncResult] = {}
         self._tasks = gevent.pool.Group()   # bucket searches, unrefs: killed by close()
+        _check_sharding(sharding, self.weights)
         self.replicasets = {}
         pool_options.setdefault("fetch_schema", False)
         # No wait inside the pool: a call with no instance of its role is refused
