@@ -50,6 +50,7 @@ function own_wrong_bucket(bucket_id, id)
 end
 function kv_fail(message) error(message) end
 function kv_count() return box.space.kv:count() end
+function echo(...) return {...} end
 function slow_count(delay) fiber.sleep(delay) return box.space.kv:count() end
 function disable_for(seconds)
     vshard.storage.disable()
@@ -510,6 +511,12 @@ def test_replicaset_objects_call_without_a_bucket(cluster, router):
         master = cluster.shard(rs_id).master
         assert rs.callrw("kv_count", timeout=2) == cluster.eval(master, "return kv_count()")[0]
         assert isinstance(rs.callbro("kv_count", timeout=2), int)
+        # args is the argument list, whatever it holds: one list is one argument
+        for call in (rs.callrw, rs.callro, rs.callbro):
+            assert call("echo", [[1, 2]], timeout=2) == [[1, 2]]
+            assert call("echo", ((),)) == [[]]
+            assert call("echo", [1, [2]]) == [1, [2]]
+            assert call("echo", ()) == []
     assert router.bucket_discovery(1) is router.route(1)
     info = router.buckets_info()
     assert len(info) == cluster.bucket_count

@@ -217,7 +217,9 @@ class Replicaset:
         if self.pool.is_closed():
             raise ConnectionClosed("the router is closed")
         with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):
-            data = self.pool.call(func, *args, mode=mode).data
+            # One list, always the argument list (``call(func, *args)`` would take
+            # a lone list or tuple inside ``args`` for the arguments themselves).
+            data = self.pool.call(func, list(args), mode=mode).data
         return data[0] if data else None
 
     def info(self) -> Dict[str, Any]:
