@@ -518,6 +518,14 @@ def test_replicaset_objects_call_without_a_bucket(cluster, router):
             assert call("echo", [1, [2]]) == [1, [2]]
             assert call("echo", ()) == []
     assert router.bucket_discovery(1) is router.route(1)
+    closed = open_router(cluster, discovery_mode="off")
+    replicasets = closed.routeall().values()
+    closed.close()
+    for rs in replicasets:   # nothing left the process: not applied
+        for call in (rs.callrw, rs.callro, rs.callbro):
+            with pytest.raises(gtarantool.ConnectionClosed) as info:
+                call("echo", [1], timeout=1)
+            assert info.value.applied is False and info.value.replicaset == rs.id
     info = router.buckets_info()
     assert len(info) == cluster.bucket_count
     assert {v["status"] for v in info.values()} == {"available_rw"}

@@ -215,7 +215,10 @@ class Replicaset:
         if timeout is not None:
             seconds(timeout)
         if self.pool.is_closed():
-            raise ConnectionClosed("the router is closed")
+            exc = ConnectionClosed("the router is closed")
+            exc.applied = False   # nothing was sent
+            exc.replicaset = self.id
+            raise exc
         with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):
             # One list, always the argument list (``call(func, *args)`` would take
             # a lone list or tuple inside ``args`` for the arguments themselves).
