@@ -172,6 +172,25 @@ def test_a_disabled_storage_is_decoded_and_waited_out(cluster, router):
     assert info.value.replicaset == shard.uuid
     assert row(cluster, key) is None
     gevent.sleep(1.2)
+    # The same while the bucket is still to be found (its search meets the refusal).
+    unmapped = open_router(cluster, discovery_mode="off")
+    try:
+        cluster.eval(shard.master, "disable_for(...)", 0.7)
+        key = next(keys)
+        started = time.monotonic()
+        assert unmapped.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=5) == shard.uuid
+        assert time.monotonic() - started > 0.3
+        other = bucket_of(cluster, 0, nth=1)
+        cluster.eval(shard.master, "disable_for(...)", 1.5)
+        key = next(keys)
+        with pytest.raises(ShardingError) as info:
+            unmapped.callrw(other, "kv_put", (other, key, 1), timeout=0.4)
+        assert info.value.name == "STORAGE_IS_DISABLED" and info.value.applied is False
+        assert info.value.replicaset == shard.uuid
+        assert row(cluster, key) is None
+        gevent.sleep(1.2)
+    finally:
+        unmapped.close()
 
 
 @needs_vshard

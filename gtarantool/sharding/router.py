@@ -504,6 +504,9 @@ class Router:
             try:
                 data = rs.pool.call("vshard.storage.bucket_stat", bucket_id, mode=RW).data
             except Exception as exc:
+                if isinstance(exc, DatabaseError) and not isinstance(exc, NetworkError):
+                    # (a disabled or starting storage raises its refusal: waited out)
+                    return raised_refusal(exc, "vshard.storage.bucket_stat", rs.id) or exc
                 return exc
             stat = data[0] if data else None
             err = data[1] if len(data) > 1 else None
