@@ -522,6 +522,20 @@ def test_map_callrw_honours_its_timeout_and_releases_every_ref(cluster, router):
     moved = bucket_of(cluster, 0, nth=2)   # no ref left: a bucket moves at once
     assert cluster.bucket_send(moved, cluster.shards[1].uuid, timeout=2)
     assert move(cluster, moved, cluster.shards[0].uuid)
+    # Over buckets still to be found, the timeout may run out between two searches.
+    errors = []
+    for _ in range(8):
+        unmapped = open_router(cluster, discovery_mode="off")
+        def partial(t):
+            try:
+                unmapped.map_callrw("kv_count", timeout=t,
+                                    bucket_ids=range(1, cluster.bucket_count + 1))
+            except Exception as exc:   # noqa: BLE001 - each is checked below
+                errors.append(exc)
+        gevent.joinall([gevent.spawn(partial, 0.004 * (i + 1)) for i in range(8)])
+        unmapped.close()
+    assert errors and all(isinstance(exc, RequestTimeout) and exc.applied is False
+                          for exc in errors), {repr(exc) for exc in errors}
 
 
 @needs_vshard

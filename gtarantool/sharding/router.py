@@ -798,7 +798,10 @@ class Router:
             check_process(token)
             by_rs: Dict[Replicaset, List[int]] = {}
             for bucket_id in pending:
-                rs = self.route(bucket_id, max(0.0, deadline - time.monotonic()))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:   # (a search that ended just at the deadline)
+                    raise _map_timeout("bucket %d was not found" % bucket_id)
+                rs = self.route(bucket_id, remaining)
                 by_rs.setdefault(rs, []).append(bucket_id)
             targets = list(by_rs)
             fresh = [rs for rs in targets if rs not in refs]
