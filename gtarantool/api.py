@@ -380,8 +380,9 @@ class RequestMethods:
         """call and eval: a function name or Lua code, then its arguments."""
         if not isinstance(text, str):
             raise TypeError("%s must be a str, not %s" % (what, type(text).__name__))
-        if self._encoder is None:
-            self._conn._reach()
+        if self._encoder is None:   # never connected: the connect is part of the call
+            conn = self._conn
+            conn._reach(conn._lookup_started(sys._getframe(1)))
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
             args = args[0]
         _check_args(args, on_push)

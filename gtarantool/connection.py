@@ -494,14 +494,19 @@ class Connection(RequestMethods, tarantool.Connection):
         field names up before it can encode its request: the deadline of
         the whole call by ``request_timeout`` (None without one), which the
         lookups' requests and then its own honour (``_lookup_deadline``).
-        Taken once per call: a second lookup of the same call keeps it."""
+        Taken once per call: a second lookup of the same call, or a lookup
+        of a call made inside it (the schema's, while it connects), keeps it."""
         if self.request_timeout is None:
             return None
         current = getcurrent()
         lookups = self._lookups
         entry = lookups.get(current)
-        if entry is not None and entry[0] is frame:
-            return entry[1]
+        if entry is not None:
+            outer = frame
+            while outer is not None:
+                if outer is entry[0]:
+                    return entry[1]
+                outer = outer.f_back
         for glet in [g for g in lookups if g.dead]:   # (killed in a call: not to be kept)
             del lookups[glet]
         deadline = self._call_deadline()

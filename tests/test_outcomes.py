@@ -312,6 +312,31 @@ def test_a_call_that_looks_its_space_up_first_ends_within_request_timeout(srv):
     admin.close()
 
 
+
+@pytest.mark.timing
+@pytest.mark.parametrize("method", ["call", "eval"])
+def test_a_first_call_that_connects_ends_within_request_timeout(srv, method):
+    """A connection made with ``connect_now=False`` connects in its first
+    call: through a proxy that delays every reply, the connect (greeting,
+    authentication, schema) takes most of ``request_timeout`` and the
+    function then sleeps; the connect and the call share the one deadline."""
+    from gtarantool.testing.faults import FaultProxy
+    with FaultProxy(srv.host, srv.port) as proxy:
+        proxy.delay = 0.12
+        conn = gtarantool.Connection(proxy.host, proxy.port, user=USER, password=PASSWORD,
+                                     connect_now=False, request_timeout=1.0)
+        started = time.monotonic()
+        try:
+            if method == "call":
+                conn.call("sleep_and_return", 0.8, 1)
+            else:
+                conn.eval("require('fiber').sleep(0.8) return 1")
+        except RequestTimeout as exc:
+            assert applied(exc) is None   # written: it may still run
+        took = time.monotonic() - started
+        conn.close()
+    assert took <= 1.0 + slack(0.3), took
+
 @pytest.mark.timing
 def test_a_pipeline_waiting_for_room_ends_within_request_timeout(srv):
     """A pipeline's batch waits for room in ``max_in_flight`` within
