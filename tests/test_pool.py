@@ -698,3 +698,34 @@ def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
     started = [srv for srv in replicaset.servers[:-1] if srv.process is not None]
     assert len(started) == 2
     assert all(srv.process.poll() is not None for srv in started)
+
+
+@pytest.mark.timing
+def test_a_call_that_waited_for_a_master_ends_by_the_larger_timeout(rs, routes):
+    """No instance is writable; the master comes back just before
+    ``wait_timeout`` runs out and the call then takes long: it ends by the
+    larger of ``wait_timeout`` and ``request_timeout`` from its start, not a
+    whole ``request_timeout`` after its wait.  A routed write waits too."""
+    master = rs.servers[0]
+    pool = make_pool(rs, wait_timeout=2, request_timeout=1)
+    boss = admin(master)
+    try:
+        boss.eval("box.cfg{read_only = true}")
+        wait_until(lambda: all(i["role"] != "master" for i in pool.info().values()))
+        gevent.spawn_later(1.7, boss.eval, "box.cfg{read_only = false}")
+        started = time.monotonic()
+        try:
+            pool.call("sleep_and_return", 0.9, 1, mode=Mode.RW)
+        except gtarantool.RequestTimeout as exc:
+            assert gtarantool.errors.applied(exc) is None
+        took = time.monotonic() - started
+        assert took <= 2.0 + slack(0.3), took
+        wait_until(lambda: any(i["role"] == "master" for i in pool.info().values()))
+        boss.eval("box.cfg{read_only = true}")
+        wait_until(lambda: all(i["role"] != "master" for i in pool.info().values()))
+        gevent.spawn_later(0.5, boss.eval, "box.cfg{read_only = false}")
+        pool.insert("tester", (77, "waited"))
+        assert boss.eval("return box.space.tester:get(77) ~= nil").data == [True]
+    finally:
+        boss.close()
+        pool.close()

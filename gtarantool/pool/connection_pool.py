@@ -105,9 +105,9 @@ def _request_errors(method):
 
 
 def _by(end, call, args, kwargs):
-    """``call(*args, **kwargs)``, a re-routed write, ended at ``end`` (the first
-    send's ``request_timeout``): a RequestTimeout then, ``applied`` False when
-    it was not written yet."""
+    """``call(*args, **kwargs)``, a re-routed write or a call that waited for
+    an instance, ended at ``end`` (the call's): a RequestTimeout then,
+    ``applied`` False when it was not written yet."""
     timer = Timeout(max(0.0, end - time.monotonic()))
     timer.start()
     try:
@@ -115,8 +115,8 @@ def _by(end, call, args, kwargs):
     except Timeout as exc:
         if exc is not timer:
             raise
-        error = RequestTimeout("request_timeout ran out re-sending a write the old master "
-                               "refused; it may still execute on the new one")
+        error = RequestTimeout("the call's time ran out (its request_timeout, or wait_timeout "
+                               "when it waited for an instance); it may still execute")
         if getattr(exc, "unsent", False):
             error = not_sent(error)
         raise error from None
@@ -407,21 +407,25 @@ class ConnectionPool(_PoolBase):
         there is), else the strategy's picks through ``_pick``.  (Iterators, so
         that the C Routes take the next pick with no Python call.)"""
         self.strategy.update()
-        table = [None] * 6
         if type(self.strategy) is RoundRobinStrategy:
             self.strategy.build()
             any_, rw, ro = (itertools.cycle([self.pool[key] for key in keys]) if keys else None
                             for keys in (self.strategy.any, self.strategy.rw, self.strategy.ro))
-            table[1:] = [any_, rw, ro, rw or ro, ro or rw]
+            # A mode no instance fits is None: a call then waits for one in
+            # _request (a Route passes it there), which bounds its send too.
+            self._next = (None, any_, rw, ro, rw or ro, ro or rw)
+            return
         # (_pick never returns the sentinel None: iter() makes it an endless iterator.)
-        self._next = tuple(picker or iter(functools.partial(self._pick, mode), None)
-                           for mode, picker in zip((ANY,) + MODES, table))
+        self._next = tuple(iter(functools.partial(self._pick, mode), None)
+                           for mode in (ANY,) + MODES)
 
     def _route(self, mode):
         try:
             picks = self._next[mode._value_]
         except AttributeError:
             raise ValueError("Unexpected mode %r" % (mode,)) from None
+        if picks is None:   # none fits now
+            return self._wait_for(mode)
         return next(picks)
 
     def _pick(self, mode):
@@ -544,7 +548,19 @@ class ConnectionPool(_PoolBase):
             may_resend = False
 
     def _request(self, mode, method, *args, **kwargs):
-        return self._send(self._route(mode), mode, method, args, kwargs, method in READS)
+        try:
+            picks = self._next[mode._value_]
+        except AttributeError:
+            raise ValueError("Unexpected mode %r" % (mode,)) from None
+        if picks is not None:
+            return self._send(next(picks), mode, method, args, kwargs, method in READS)
+        # No instance fits now: wait up to wait_timeout for one; the call then
+        # ends by the larger of wait_timeout and request_timeout from its start.
+        start = time.monotonic()
+        instance = self._wait_for(mode, start + self.wait_timeout)
+        timeout = instance.conn.request_timeout
+        end = None if timeout is None else start + max(self.wait_timeout, timeout)
+        return self._send((instance, None, end), mode, method, args, kwargs, method in READS)
 
     # The data methods.  With the C extension, gtarantool._pool.Route does what
     # each does for the usual call (positional arguments, at most mode=) and
