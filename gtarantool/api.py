@@ -60,8 +60,8 @@ def _request_errors(method):
 
 
 def _named(lookup, *names):
-    """``lookup(*names)`` in the schema; its SchemaError (no such space or
-    index), or the RequestTimeout of a lookup's own request, says the
+    """``lookup(*names)`` in the schema; its SchemaError (no such space,
+    index or field), or the RequestTimeout of a lookup's own request, says the
     request was not sent: ``applied`` False."""
     try:
         return lookup(*names)
@@ -271,7 +271,7 @@ class RequestMethods:
             _check_args(op_list, on_push)
         for operation in op_list:
             if type(operation[1]) is not int:   # maybe a field name, to swap for its number
-                op_list = self._conn._ops_process(space.space_no, op_list)
+                op_list = _named(self._conn._ops_process, space.space_no, op_list)
                 break
         return self._request(REQUEST_TYPE_UPDATE, space.join(prefix, key, OPS_KEY, op_list),
                              on_push, on_push_ctx)
@@ -303,7 +303,7 @@ class RequestMethods:
         if index:
             space = self._index(space, index)
         _check_args(op_list, on_push)
-        op_list = self._conn._ops_process(space.space_no, op_list)
+        op_list = _named(self._conn._ops_process, space.space_no, op_list)
         return self._request(REQUEST_TYPE_UPSERT, self._encoder.upsert(
             space.space_no, space.index_no, tuple_value, op_list), on_push, on_push_ctx)
 

@@ -599,3 +599,17 @@ def test_a_reconnect_copied_into_a_child_stops_there(reader, tmp_path):
     parent.join(timeout=5)
     assert isinstance(parent.exception, NetworkError)
     assert not isinstance(parent.exception, ConnectionClosed)
+
+
+@pytest.mark.parametrize("method", ["update", "upsert"])
+def test_an_unknown_field_name_says_the_request_was_not_sent(srv, method):
+    """An operation naming a field the space lacks raises SchemaError before
+    anything is sent: ``applied`` False, as for an unknown space or index."""
+    conn = connect(srv)
+    with pytest.raises(SchemaError) as err:
+        if method == "update":
+            conn.update("tester", 1, [("=", "no_such_field", 1)])
+        else:
+            conn.upsert("tester", (1, "a"), [("=", "no_such_field", 1)])
+    assert applied(err.value) is False
+    conn.close()
