@@ -146,6 +146,8 @@ class Target:
             lua = f.read()
         try:
             self._eval(lua, space)
+        except tarantool.error.NetworkError:
+            raise   # (a DatabaseError too, but the server went away: not a missing grant)
         except tarantool.error.DatabaseError as exc:
             raise SetupError(
                 "cannot set up space %r as user %r: %s. On the server, either create it as "

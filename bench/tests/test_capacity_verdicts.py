@@ -114,3 +114,28 @@ def test_a_run_where_every_request_failed_exits_1(server, capsys):
         "--duration", "0.5", "-q"])
     assert code == 1
     assert "every request of run failed" in capsys.readouterr().err
+
+
+def _throwaway_server():
+    from gtarantool.testing.server import TarantoolServer
+    srv = TarantoolServer("box.schema.user.grant('guest', 'read,write,execute,create', "
+                          "'universe', nil, {if_not_exists = true})")
+    srv.start()
+    return srv
+
+
+def test_a_server_gone_during_setup_is_a_lost_connection_not_a_missing_grant():
+    import pytest
+    import tarantool
+
+    srv = _throwaway_server()
+    try:
+        target = Target(srv.host, srv.port, Config(host=srv.host, port=srv.port))
+        srv.kill()
+        try:
+            with pytest.raises(tarantool.error.NetworkError):
+                target.prepare("bench")
+        finally:
+            target.close()
+    finally:
+        srv.cleanup()
