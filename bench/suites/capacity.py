@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+import tarantool.error
+
 from bench import drivers
 from bench.core import config as options
 from bench.core import dataset, openloop
@@ -606,6 +608,9 @@ def main(argv=None):
         return 130
     except (SetupError, runner.BenchError) as exc:
         print("bench.capacity: %s" % exc, file=sys.stderr)
+        return 1
+    except tarantool.error.NetworkError as exc:   # (the server went away during a step)
+        print("bench.capacity: lost the server: %s; no capacity" % exc, file=sys.stderr)
         return 1
     for found in searches:
         print("\n== %s, SLO %s" % (found.driver, ", ".join(map(str, found.slos))))

@@ -139,3 +139,29 @@ def test_a_server_gone_during_setup_is_a_lost_connection_not_a_missing_grant():
             target.close()
     finally:
         srv.cleanup()
+
+
+def test_a_server_killed_during_the_search_gives_no_capacity(monkeypatch, capsys):
+    from bench.suites import capacity
+
+    srv = _throwaway_server()
+    readings = []
+
+    def read_steal():   # (read before and after each step: kill the server after the first)
+        readings.append(1)
+        if len(readings) == 2:
+            srv.kill()
+        return None
+    monkeypatch.setattr(capacity, "read_steal", read_steal)
+    try:
+        code = capacity_main([
+            "--host", srv.host, "--port", str(srv.port), "--mix", "select=100",
+            "--records", "100", "--greenlets", "10", "--slo", "p99=1s", "--start", "100",
+            "--step", "0.5", "--samples", "0", "--warmup", "0"])
+    finally:
+        srv.cleanup()
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "lost the server" in err and "no capacity" in err, err
+    import re
+    assert not re.search(r"^capacity: (>= )?[0-9]", out, re.M), out
