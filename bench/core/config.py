@@ -261,9 +261,10 @@ def add_arguments(parser, driver=True):
     run.add_argument("--distribution", choices=KEY_DISTRIBUTIONS, default=None,
                      help="key choice of the run phase: %s (default uniform, or the "
                           "preset's)" % ", ".join(KEY_DISTRIBUTIONS))
-    run.add_argument("--insert-order", choices=dataset.INSERT_ORDERS, default=d.insert_order,
+    run.add_argument("--insert-order", choices=dataset.INSERT_ORDERS, default=None,
                      help="keys in record order, or each record's key its number's FNV "
-                          "hash, as YCSB's insertorder=hashed (default %(default)s)")
+                          "hash, as YCSB's insertorder=hashed (default hashed for a YCSB "
+                          "preset, YCSB's default; ordered otherwise)")
     run.add_argument("--rate", type=float, default=None,
                      help="open loop: this many requests per second over all processes, "
                           "each at its intended time; latency counts from then "
@@ -354,6 +355,10 @@ def from_args(args, **overrides):
         values["mix"] = dict(preset[0]) if preset else Config().mix
     if values.get("distribution") is None:
         values["distribution"] = preset[1] if preset else Config().distribution
+    if values.get("insert_order") is None:
+        # YCSB's insertorder is hashed unless told otherwise (a tx writes consecutive keys).
+        values["insert_order"] = "hashed" if preset and not values["mix"].get("tx") \
+            else Config().insert_order
     if "password" not in overrides:
         values["password"] = read_password(values.get("password"),
                                            getattr(args, "password_file", None),

@@ -214,3 +214,17 @@ def test_hashed_insert_order_stores_each_record_under_its_hash(server, tmp_path,
     ids = server_eval(server, "local r = {} for _, t in box.space.bench:pairs() do "
                               "r[#r + 1] = t[1] end return r")
     assert sorted(ids) == sorted(fnv64(n) for n in range(300 + inserted))
+
+
+# YCSB's CoreWorkload inserts in hashed order unless told otherwise (insertorder's
+# default; workloads/workloade says so); a mix keeps its keys in record order.
+@pytest.mark.parametrize("workload, expected", [("ycsb-d", "hashed"), ("mix", "ordered")])
+def test_a_preset_inserts_in_ycsbs_default_hashed_order(server, tmp_path, workload, expected):
+    results = run(server, tmp_path, "--workload", workload, "--records", "200", "--ops", "200")
+    assert results["config"]["insert_order"] == expected
+    phase = results["phases"][1]
+    assert phase["errors"] == {} and phase["server"]["match"]
+    ids = server_eval(server, "local r = {} for _, t in box.space.bench:pairs() do "
+                              "r[#r + 1] = t[1] end return r")
+    key = fnv64 if expected == "hashed" else (lambda n: n)
+    assert ids and set(ids) <= set(key(n) for n in range(400))   # (200 loaded + inserts)
