@@ -194,6 +194,13 @@ class Window:
         return None
 
 
+def expected_inserts(ops, mix):
+    """The new records the scrambled zipfian's key space makes room for: YCSB's
+    ``expectednewkeys``, the inserts ``ops`` operations are expected to make times its
+    fudge factor of 2 (CoreWorkload)."""
+    return int(ops * mix.get("insert", 0) / sum(mix.values()) * 2.0)
+
+
 def run_items(mix, records, index, procs, distribution, seed, count=None, tx_size=1,
               guard=0, expected_ops=None, shared=None, expected_all=None, hashed=False,
               **params):
@@ -228,15 +235,14 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
         # One key space over all processes: the same scrambled zipfian in each, its
         # hottest records the same records.
         everyone = expected_all if expected_all is not None else expected_ops * procs
-        space = records + round(everyone * mix.get("insert", 0) / total) + 1
+        space = records + expected_inserts(everyone, mix) + 1
         params["space"] = space
     else:
         shared = None
     if distribution == "zipfian" and expected_ops is not None and "space" not in params:
         # YCSB's key space: the records plus the inserts the run is expected to make
         # (a run of unknown length: the window as it is).
-        params["space"] = share(records, index, procs) + round(
-            expected_ops * mix.get("insert", 0) / total) + 1
+        params["space"] = share(records, index, procs) + expected_inserts(expected_ops, mix) + 1
     if distribution == "latest" and "window" not in params:
         # Its generator built now, before the start barrier, not on the first draw.
         params["window"] = share(records, index, procs)

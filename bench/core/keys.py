@@ -92,10 +92,10 @@ def chooser(name, rng, theta=ZIPFIAN_CONSTANT, hot_set=HOT_SET, hot_ops=HOT_OPS,
     :param theta: the zipfian constant (zipfian, latest)
     :param hot_set: hotspot: the share of the window that is hot
     :param hot_ops: hotspot: the share of requests that go to it
-    :param space: zipfian: a fixed key space (the records plus the inserts expected, as
-        YCSB's): an item hashes onto it and a draw outside the window is drawn again, so
-        the popular records stay where they are as the window grows; None: onto the
-        window as it is now
+    :param space: zipfian: a fixed key space (the records plus YCSB's expected new
+        keys, ``bench.core.dataset.expected_inserts``): an item hashes onto it and a
+        draw outside the window is drawn again, so the popular records stay where they
+        are as the window grows; None: onto the window as it is now
     :param window: latest: the window's size at the start, for which its generator is
         built now rather than on the first draw (inside a measured phase)
     :returns: a function ``pick(lo, hi)`` -> a position in ``[lo, hi)``
