@@ -523,14 +523,25 @@ def plot(searches, path, title=""):
     plt.close(fig)
 
 
+def _option(parse):
+    """``parse`` as an argparse type: its ValueError's message is the usage error (argparse
+    itself would print only "invalid parse_slo value")."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
 def add_arguments(parser):
     group = parser.add_argument_group("capacity")
-    group.add_argument("--slo", type=parse_slo, action="append",
+    group.add_argument("--slo", type=_option(parse_slo), action="append",
                        help="[OPERATION:]PERCENTILE=BOUND the latency from the intended "
                             "start must meet, e.g. p99=2ms, p99.9=5ms, select:p99=2ms; "
                             "each SLO of all operations is a search of its own, the SLOs "
                             "of single operations hold in every search (default p99=2ms)")
-    group.add_argument("--max-errors", type=parse_percent, default=MAX_ERRORS,
+    group.add_argument("--max-errors", type=_option(parse_percent), default=MAX_ERRORS,
                        metavar="PERCENT",
                        help="percent of a step's requests that may fail (default %(default)g)")
     group.add_argument("--drivers", metavar="NAME,...",

@@ -165,3 +165,17 @@ def test_a_server_killed_during_the_search_gives_no_capacity(monkeypatch, capsys
     assert "lost the server" in err and "no capacity" in err, err
     import re
     assert not re.search(r"^capacity: (>= )?[0-9]", out, re.M), out
+
+
+def test_a_bad_slo_or_error_share_says_what_it_must_be(capsys):
+    import pytest
+
+    for argv, expected in ((["--slo", "p99=abc"], "SLO must be [OPERATION:]PERCENTILE=BOUND"),
+                           (["--slo", "p99=0ms"], "bound must be > 0"),
+                           (["--slo", "nosuchop:p99=1ms"], "operation must be one of"),
+                           (["--max-errors", "200"], "need a percentage in 0..100")):
+        with pytest.raises(SystemExit) as exit_:
+            capacity_main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and expected in err, (argv, err)
+        assert "Traceback" not in err
