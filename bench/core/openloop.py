@@ -22,7 +22,14 @@ import threading
 import time
 
 from bench.core.config import ARRIVALS
-from bench.core.recorder import LOWEST_US, Recorder, decode_histogram, new_histogram
+from bench.core.recorder import (
+    FAILED,
+    LOWEST_US,
+    Recorder,
+    decode_histogram,
+    is_failed,
+    new_histogram,
+)
 from bench.core.workloads import check
 
 EARLY = 0.001   # seconds: the timers' granularity (libev, libuv)
@@ -178,17 +185,21 @@ class OpenRecorder(Recorder):
         lag = t0 - intended
         us = int((t1 - (intended if lag > 0 else t0)) * 1e6)
         service_us = int((t1 - t0) * 1e6)
-        latency, service = self.latency[op], self.service_time[op]
-        latency[us] = latency.get(us, 0) + 1
-        service[service_us] = service.get(service_us, 0) + 1
-        self._second_latency[_bucket(us)] += 1
-        self._second_service[_bucket(service_us)] += 1
         if lag > self._second_lag:
             self._second_lag = lag
         self.interval[op] += 1
         if error is not None:
+            # counted, its times under <op>-failed; the second's percentiles are the
+            # successful requests'
             self.errors[op, error] += 1
             self._interval_errors[error] += 1
+            op = op + FAILED
+        else:
+            self._second_latency[_bucket(us)] += 1
+            self._second_service[_bucket(service_us)] += 1
+        latency, service = self.latency[op], self.service_time[op]
+        latency[us] = latency.get(us, 0) + 1
+        service[service_us] = service.get(service_us, 0) + 1
 
     def _send_second(self):
         """The second's tick, with its latency and service time buckets and largest lag."""
@@ -338,9 +349,10 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
     for part in parts:
         for op, encoded in (part.get("service_histograms") or {}).items():
             hists[op].add(decode_histogram(encoded))
-    everything = new_histogram()
-    for hist in hists.values():
-        everything.add(hist)
+    everything = new_histogram()   # the successful requests' (not <op>-failed)
+    for op, hist in hists.items():
+        if not is_failed(op):
+            everything.add(hist)
     figures = [p["open_loop"] for p in parts]
     # The rate the requests left at, worker by worker: one that kept up sent its last
     # request within its schedule's period; one that fell behind, later.  (Not ops over

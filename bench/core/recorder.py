@@ -25,6 +25,17 @@ from hdrh.histogram import HdrHistogram
 
 LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS = 1, 3_600_000_000, 3
 INTERVAL = 0.2   # seconds: --hlog's and the plot's intervals
+FAILED = "-failed"   # the suffix of a failed request's operation in the series of times
+
+
+def failed(op):
+    """The name a failed ``op``'s times go under: ``call`` -> ``call-failed``."""
+    return op + FAILED
+
+
+def is_failed(name):
+    """Whether a series' operation name is a failed operation's (:func:`failed`)."""
+    return name.endswith(FAILED)
 
 
 def new_histogram():
@@ -71,6 +82,7 @@ class Recorder:
         self._second_errors = collections.Counter()
         self._second_of = None                        # the whole second they belong to
         self._done = []   # [(interval index, {series: {op: (microseconds, counts) arrays}})]
+        self._done_counts = []   # [(interval index, {op: requests})], the same intervals
         self._built = None   # the same as HDR histograms, built once the phase is over
         self._index = interval_index(time.monotonic(), interval)
         self.next_tick = (self._index + 1) * interval
@@ -79,12 +91,13 @@ class Recorder:
         if t1 >= self.next_tick:
             self._next_interval(t1)
         us = int((t1 - t0) * 1e6)
-        latency = self.latency[op]
-        latency[us] = latency.get(us, 0) + 1
         self.interval[op] += 1
         if error is not None:
             self.errors[op, error] += 1
             self._interval_errors[error] += 1
+            op = op + FAILED
+        latency = self.latency[op]
+        latency[us] = latency.get(us, 0) + 1
 
     def flush(self, now=None):
         """End the current interval and send every count not sent yet (the phase is over)."""
@@ -108,6 +121,7 @@ class Recorder:
             self._second.update(self.interval)
             self._second_errors.update(self._interval_errors)
             self.counts.update(self.interval)
+            self._done_counts.append((self._index, dict(self.interval)))
             self.interval.clear()
             self._interval_errors.clear()
             kept = {}
@@ -146,6 +160,11 @@ class Recorder:
         return [[index, {name: {op: hist.encode() for op, hist in by_op.items()}
                          for name, by_op in hists.items()}]
                 for index, hists in self._interval_histograms()]
+
+    def interval_counts(self):
+        """``[[interval index, {op: requests}], ...]``: the requests of each interval,
+        failed ones included (a histogram's total is not a count of requests)."""
+        return [[index, counts] for index, counts in self._done_counts]
 
     def _interval_histograms(self):
         if self._built is None:

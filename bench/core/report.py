@@ -48,28 +48,44 @@ def second_line(t, phase, ops, errors, seconds, server_rps):
 
 
 def _rows(results):
-    """(label, figures) per reported row: one per phase, plus one per operation of a mix."""
+    """(label, figures) per reported row: one per phase, plus one per operation of a mix
+    and one per operation that failed (``<op>-failed``: the failed requests' latency, as
+    YCSB's READ-FAILED; the phase's and the operation's rows hold the successful ones')."""
     for phase in results["phases"]:
         yield phase["name"], phase
-        if len(phase["operations"]) > 1 or phase["name"] not in phase["operations"] \
+        failed = phase.get("failed") or {}
+        if len(phase["operations"]) > 1 or failed or phase["name"] not in phase["operations"] \
                 and phase["name"] != "load":
             for op, figures in phase["operations"].items():
                 yield "  " + op, dict(figures, seconds=phase["seconds"])
+                if op in failed:
+                    yield "  %s-failed" % op, dict(failed[op], seconds=phase["seconds"])
+
+
+def _ms(figures, percentile, width=8):
+    """A latency figure, or ``-`` in a row without latency (no request succeeded)."""
+    if figures is None or figures.get(percentile) is None:
+        return "%*s" % (width, "-")
+    return "%*.2f" % (width, figures[percentile])
 
 
 def final(results):
     """The end-of-run report."""
     is_open = any("open_loop" in p for p in results["phases"])
-    lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s"
-             % (("op", "ops", "secs", "ops/s") + PERCENTILES + ("errors",)),
-             "%-8s %10s %8s %10s %44s" % ("", "", "", "", "latency from the intended start, ms"
+    rows = list(_rows(results))
+    w = max([8] + [len(label) for label, _ in rows])
+    lines = ["", "%-*s %10s %8s %10s %8s %8s %8s %8s %8s  %s"
+             % ((w, "op", "ops", "secs", "ops/s") + PERCENTILES + ("errors",)),
+             "%-*s %10s %8s %10s %44s" % (w, "", "", "", "", "latency from the intended start, ms"
                                           if is_open else "latency, ms")]
-    for label, f in _rows(results):
-        latency = f["latency_ms"]
+    for label, f in rows:
         errors = ", ".join("%s %s" % (k, _n(v)) for k, v in sorted(f["errors"].items()))
-        lines.append("%-8s %10s %8.2f %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
-            (label, _n(f["ops"]), f["seconds"], _n(f["ops_per_sec"]))
-            + tuple(latency[p] for p in PERCENTILES) + (errors or "-",)))
+        lines.append("%-*s %10s %8.2f %10s %s  %s" % (
+            w, label, _n(f["ops"]), f["seconds"], _n(f["ops_per_sec"]),
+            " ".join(_ms(f["latency_ms"], p) for p in PERCENTILES), errors or "-"))
+    if any(p.get("failed") for p in results["phases"]):
+        lines.append("%-*s latency of the requests that succeeded; a failed request's is in "
+                     "its operation's -failed row" % (w, ""))
     if is_open:
         lines += open_loop_lines(results)
 
@@ -124,10 +140,13 @@ def final(results):
 
 def open_loop_lines(results):
     """Service times and whether each open-loop phase kept its rate."""
-    lines = ["", "%-8s %10s %8s %10s %8s %8s %8s %8s %8s  %s" % (
-        ("op", "target", "", "achieved") + PERCENTILES + ("schedule",)),
-        "%-8s %10s %8s %10s %44s" % ("", "ops/s", "", "ops/s", "service time (from the send), ms")]
-    for label, f in _rows(results):
+    rows = list(_rows(results))
+    w = max([8] + [len(label) for label, _ in rows])
+    lines = ["", "%-*s %10s %8s %10s %8s %8s %8s %8s %8s  %s" % (
+        (w, "op", "target", "", "achieved") + PERCENTILES + ("schedule",)),
+        "%-*s %10s %8s %10s %44s" % (w, "", "ops/s", "", "ops/s",
+                                     "service time (from the send), ms")]
+    for label, f in rows:
         service = f.get("service_time_ms")
         if not service:
             continue
@@ -142,8 +161,9 @@ def open_loop_lines(results):
             target, achieved = _n(loop["target_rate"]), _n(loop["achieved_rate"])
         else:
             note, target, achieved = "", "", _n(f["ops_per_sec"])
-        lines.append("%-8s %10s %8s %10s %8.2f %8.2f %8.2f %8.2f %8.2f  %s" % (
-            (label, target, "", achieved) + tuple(service[p] for p in PERCENTILES) + (note,)))
+        lines.append("%-*s %10s %8s %10s %s  %s" % (
+            w, label, target, "", achieved,
+            " ".join(_ms(service, p) for p in PERCENTILES), note))
     return lines
 
 
@@ -165,12 +185,14 @@ def compare_table(runs):
     # Open loop: p99 from the intended start, then the service time's p99 beside it.
     is_open = any("open_loop" in p for r in runs.values() for p in r["phases"])
     width = 43 if is_open else 35
-    head1 = "%-9s" % "" + "".join(" | %-*s" % (width, name) for name in drivers)
-    head2 = "%-9s" % "op" + (" | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms")
-                             + (" %7s" % "svc p99" if is_open else "")) * len(drivers)
-    lines = [head1, head2, "-" * len(head2)]
-    labels = [label for label, _ in _rows(runs[drivers[0]])]
     by_driver = {name: dict(_rows(results)) for name, results in runs.items()}
+    # every driver's rows, in the first's order (a -failed row: where a driver failed)
+    labels = list(dict.fromkeys(label for rows in by_driver.values() for label in rows))
+    w = max([9] + [len(label) + 1 for label in labels])
+    head1 = "%-*s" % (w, "") + "".join(" | %-*s" % (width, name) for name in drivers)
+    head2 = "%-*s" % (w, "op") + (" | %9s %7s %9s %7s" % ("ops/s", "secs", "ops/CPUs", "p99 ms")
+                                  + (" %7s" % "svc p99" if is_open else "")) * len(drivers)
+    lines = [head1, head2, "-" * len(head2)]
     for label in labels:
         cells = []
         for name in drivers:
@@ -178,11 +200,10 @@ def compare_table(runs):
             if f is None:
                 cells.append(" | %*s" % (width, "n/a"))
                 continue
-            cells.append(" | %9s %7.2f %9s %7.2f" % (
+            cells.append(" | %9s %7.2f %9s %s" % (
                 _n(f["ops_per_sec"]), f["seconds"], _n(f.get("ops_per_client_cpu_second")),
-                f["latency_ms"]["p99"]))
+                _ms(f["latency_ms"], "p99", 7)))
             if is_open:
-                service = f.get("service_time_ms")
-                cells.append(" %7s" % ("%.2f" % service["p99"] if service else "-"))
-        lines.append("%-9s" % label + "".join(cells))
+                cells.append(" " + _ms(f.get("service_time_ms"), "p99", 7))
+        lines.append("%-*s" % (w, label) + "".join(cells))
     return "\n".join(lines)

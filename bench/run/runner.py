@@ -21,7 +21,7 @@ import tarantool
 from bench.core import hlog, openloop, report
 from bench.core.config import MIX_OPERATIONS, OPERATIONS
 from bench.core.dataset import NEEDS
-from bench.core.recorder import INTERVAL, decode_histogram, new_histogram
+from bench.core.recorder import INTERVAL, decode_histogram, failed, is_failed, new_histogram
 from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
 from bench.run import worker
 from bench.targets import SetupError, open_target
@@ -189,7 +189,9 @@ class _Run:
         self.samples = []
         self.t0 = None
         self.t0_epoch = None
-        self.intervals = []   # (phase result, {interval index: {series: {op: histogram}}})
+        # (phase result, {interval index: {series: {op: histogram}}},
+        #  {interval index: {op: requests}})
+        self.intervals = []
         self.span = None  # (start, end) of the running phase, monotonic
         self.printed = set()
 
@@ -283,7 +285,7 @@ class _Run:
             _check_instances(result, parts, self.addresses, stat_before, stat_after)
         if hasattr(self.target, "check_phase"):   # per replica set (bench.targets.sharded)
             self.target.check_phase(result, stat_before, stat_after)
-        self.intervals.append((result, _merge_intervals(parts)))
+        self.intervals.append((result, *_merge_intervals(parts)))
         return result
 
     def _sample(self, phase, stat=None):
@@ -381,45 +383,54 @@ class _Run:
         the part of the interval the phase ran, from the start of the first phase), and
         ``(start, end, {tag: histogram})`` for :func:`bench.core.hlog.write`: tag None is
         every operation's latency, ``op`` one operation's, ``series`` and ``series.op``
-        another series of times (``Recorder.SERIES``)."""
+        another series of times (``Recorder.SERIES``).  The untagged histogram and an
+        interval's ``<series>_ms`` hold the successful requests' times; a failed
+        request's are tagged ``<op>-failed``.  ``ops`` and ``operations`` count the
+        requests (failed ones included), from the workers' counts."""
         figures, logged = [], []
-        for phase, merged in self.intervals:
+        for phase, merged, counted in self.intervals:
             start, end = phase["start"] + self.t0, phase["end"] + self.t0
-            for index in sorted(merged):
+            for index in sorted(set(merged) | set(counted)):
                 # (a worker may start a hair before the parent's clock: no negative times)
                 lo = max(index * INTERVAL - self.t0, start - self.t0, 0.0)
                 hi = max(min((index + 1) * INTERVAL, end) - self.t0, lo + 1e-3)
                 entry = {"t": round(lo, 4), "seconds": round(hi - lo, 4), "phase": phase["name"]}
+                operations = counted.get(index, {})
+                entry["ops"] = sum(operations.values())
+                entry["operations"] = dict(operations)
                 tagged = {}
-                for series, by_op in sorted(merged[index].items()):
+                for series, by_op in sorted(merged.get(index, {}).items()):
                     total = new_histogram()
-                    for hist in by_op.values():
-                        total.add(hist)
-                    entry[series + "_ms"] = latency_ms(total)
+                    for op, hist in by_op.items():
+                        if not is_failed(op):
+                            total.add(hist)
+                    figures_ms = latency_ms(total)
+                    if figures_ms is not None:   # (an interval of failures only: none)
+                        entry[series + "_ms"] = figures_ms
                     base = None if series == "latency" else series
                     tagged[base] = total
                     for op, hist in sorted(by_op.items()):
                         tagged[op if base is None else "%s.%s" % (base, op)] = hist
-                    if base is None:
-                        entry["ops"] = total.get_total_count()
-                        entry["operations"] = {op: hist.get_total_count()
-                                               for op, hist in by_op.items()}
                 figures.append(entry)
                 logged.append((lo, hi, tagged))
         return figures, logged
 
 
 def _merge_intervals(parts):
-    """The workers' intervals of one phase merged: ``{index: {series: {op: histogram}}}``."""
+    """The workers' intervals of one phase merged: ``{index: {series: {op: histogram}}}``
+    and the requests of each, ``{index: {op: n}}``."""
     merged = {}
+    counted = collections.defaultdict(collections.Counter)
     for part in parts:
+        for index, counts in part.get("interval_counts", ()):
+            counted[index].update(counts)
         for index, by_series in part["intervals"]:
             slot = merged.setdefault(index, {})
             for series, by_op in by_series.items():
                 for op, encoded in by_op.items():
                     slot.setdefault(series, {}).setdefault(op, new_histogram()).add(
                         decode_histogram(encoded))
-    return merged
+    return merged, {index: dict(counts) for index, counts in counted.items()}
 
 
 def _answered(ops, errors):
@@ -470,7 +481,10 @@ def _rate(n, seconds):
 
 
 def latency_ms(hist):
-    """Percentiles, max and mean of a histogram of microseconds, in milliseconds."""
+    """Percentiles, max and mean of a histogram of microseconds, in milliseconds; None
+    for an empty one (no latency: no request of the row succeeded)."""
+    if not hist.get_total_count():
+        return None
     figures = {"p%g" % p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
     figures["max"] = hist.get_max_value() / 1000
     figures["mean"] = hist.get_mean_value() / 1000
@@ -527,11 +541,12 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
         for series, by_op in part["histograms"].items():
             for op, encoded in by_op.items():
                 by_series[series][op].add(decode_histogram(encoded))
-    everything = {}   # series -> every operation's histogram
+    everything = {}   # series -> every operation's successful requests' histogram
     for series, by_op in by_series.items():
         everything[series] = new_histogram()
-        for hist in by_op.values():
-            everything[series].add(hist)
+        for op, hist in by_op.items():
+            if not is_failed(op):
+                everything[series].add(hist)
     hists = by_series["latency"]
     ops = sum(counts.values())
     cpu = sum(p["cpu_seconds"] for p in parts)
@@ -581,19 +596,21 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
         "seconds": seconds,
         "ops": ops,
         "ops_per_sec": _rate(ops, seconds),
+        # the successful requests' (None: none succeeded); failures: "failed" below
         "latency_ms": latency_ms(everything.get("latency", new_histogram())),
         # (and "<series>_ms" of every other series of times the recorder keeps)
         **{series + "_ms": latency_ms(hist) for series, hist in everything.items()
            if series != "latency"},
         "percentiles_ms": {series: percentile_curve(hist) for series, hist in everything.items()},
         "errors": dict(sum(errors.values(), collections.Counter())),
-        "operations": {op: {"ops": counts[op], "ops_per_sec": _rate(counts[op], seconds),
-                            "latency_ms": latency_ms(hists[op]),
-                            **{series + "_ms": latency_ms(by_op[op])
-                               for series, by_op in by_series.items()
-                               if series != "latency" and op in by_op},
-                            "errors": dict(errors[op])}
+        # Each operation's requests; its latency_ms the successful ones' (None: none
+        # succeeded), over "samples" times.
+        "operations": {op: _op_figures(counts[op], seconds, op, by_series, errors[op])
                        for op in MIX_OPERATIONS if counts[op]},
+        # ... and its failed requests' latency (YCSB's READ-FAILED): the row <op>-failed
+        "failed": {op: _op_figures(sum(errors[op].values()), seconds, failed(op), by_series,
+                                   errors[op])
+                   for op in MIX_OPERATIONS if failed(op) in hists},
         "client_cpu_seconds": cpu,
         "client_system_seconds": system,
         # Each worker process's CPU seconds per second of its phase: one process of an
@@ -634,4 +651,18 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
             parts, config.rate, config.arrivals, ops, seconds, latency_ms)
         for op, figures in result["operations"].items():
             figures["service_time_ms"] = service.get(op)
+        for op, figures in result["failed"].items():
+            figures["service_time_ms"] = service.get(failed(op))
     return result
+
+
+def _op_figures(n, seconds, name, by_series, errors):
+    """One row of a phase: ``n`` requests, the times recorded under ``name`` (``op`` or
+    ``<op>-failed``) in each series, and the operation's errors by kind."""
+    hist = by_series["latency"].get(name)
+    return {"ops": n, "ops_per_sec": _rate(n, seconds),
+            "latency_ms": None if hist is None else latency_ms(hist),
+            "samples": 0 if hist is None else hist.get_total_count(),
+            **{series + "_ms": latency_ms(by_op[name]) for series, by_op in by_series.items()
+               if series != "latency" and name in by_op},
+            "errors": dict(errors)}

@@ -153,6 +153,7 @@ def measure(driver, phase, config, send, profile):
         "errors": [[op, kind, n] for (op, kind), n in recorder.errors.items()],
         "histograms": recorder.histograms(),   # {series: {op: encoded}}
         "intervals": recorder.intervals(),
+        "interval_counts": recorder.interval_counts(),   # [[index, {op: requests}]]
         "connection": connection,
     }
 

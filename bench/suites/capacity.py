@@ -160,6 +160,8 @@ class Step:
             figures = self.latency_ms if slo.op is None else self.latency_by_op_ms.get(slo.op)
             if figures is None:
                 reasons.append("no %s ran" % slo.op)
+            elif figures[slo.percentile] is None:   # (latency: successful requests only)
+                reasons.append("no %s succeeded" % (slo.op or "request"))
             elif figures[slo.percentile] > slo.ms:
                 reasons.append("%s%s %.3f ms" % (slo.op + " " if slo.op else "",
                                                  slo.percentile, figures[slo.percentile]))
@@ -282,8 +284,8 @@ def search(measure, slo, start=1000.0, factor=2.0, precision=0.05, budget=None,
     return steps, best
 
 
-def _fmt(value, digits=2):
-    return "n/a" if value is None else "%.*f" % (digits, value)
+def _fmt(value, digits=2, none="n/a"):
+    return none if value is None else "%.*f" % (digits, value)
 
 
 def _errors_text(step):
@@ -307,9 +309,10 @@ def table(steps):
     for s in steps:
         lat = s.latency_ms
         verdict = "holds" if s.ok else "broken: " + "; ".join(s.reasons)
-        lines.append("%-10s %10s %10s %8.3f %8.3f %8.3f %8.3f %7s %7s %7s %6s  %s%s" % (
-            s.stage, "{:,.0f}".format(s.rate), "{:,.0f}".format(s.achieved), lat["p50"],
-            lat["p99"], lat["p99.9"], lat["max"], _percent(s.error_percent) if s.errors
+        lines.append("%-10s %10s %10s %8s %8s %8s %8s %7s %7s %7s %6s  %s%s" % (
+            s.stage, "{:,.0f}".format(s.rate), "{:,.0f}".format(s.achieved),
+            *(_fmt(lat[p], 3, "-") for p in ("p50", "p99", "p99.9", "max")),
+            _percent(s.error_percent) if s.errors
             else "-", _fmt(s.busiest), _fmt(s.server_cpu),
             _percent(100 * s.steal) if s.steal else "-", verdict, _errors_text(s)))
     return "\n".join(lines)
@@ -401,21 +404,25 @@ def step_from_results(rate, results):
     phase, not a warm-up), the worst of them when there are several."""
     phases = [p for p in results["phases"] if p["name"] not in UNMEASURED] \
         or results["phases"]
-    worst = max(phases, key=lambda p: p["latency_ms"]["p99"])
+    # Latency: the successful requests' (a failed one's is the phase's "failed"); a phase
+    # where none succeeded has none, and a step without any has None for each figure.
+    timed = [p for p in phases if p["latency_ms"] is not None]
+    worst = max(timed, key=lambda p: p["latency_ms"]["p99"], default={})
     ops = sum(p["ops"] for p in phases)
     seconds = sum(p["seconds"] for p in phases)
     cpu = sum(p["client_cpu_seconds"] for p in phases)
     server = [p["server"]["cpu_seconds"] for p in phases]
-    latency = {k: max(p["latency_ms"][k] for p in phases) for k in PERCENTILES}
+    latency = {k: max((p["latency_ms"][k] for p in timed), default=None) for k in PERCENTILES}
     open_loop = [p.get("open_loop") or {} for p in phases]
     achieved = [o["achieved_rate"] for o in open_loop if o.get("achieved_rate")]
     scheduled = [o["scheduled_rate"] for o in open_loop if o.get("scheduled_rate")]
     by_op: Dict[str, dict] = {}
     for phase in phases:
         for op, figures in phase["operations"].items():
-            mine = by_op.setdefault(op, dict(figures["latency_ms"]))
+            mine = by_op.setdefault(op, {k: None for k in PERCENTILES})
             for k in PERCENTILES:
-                mine[k] = max(mine[k], figures["latency_ms"][k])
+                if figures["latency_ms"] is not None:
+                    mine[k] = max(mine[k] or 0.0, figures["latency_ms"][k])
     kinds: Dict[str, int] = {}
     for phase in phases:
         for kind, n in phase["errors"].items():
@@ -491,7 +498,10 @@ def plot(searches, path, title=""):
         shown = ("p50", "p99", "p99.9") if len(by_driver) == 1 else ("p99",)
         for p, marker in zip(shown, "os^"):
             label = p if len(by_driver) == 1 else "%s %s" % (driver, p)
-            y = [sum(s.latency_ms[p] for s in at[r]) / len(at[r]) for r in rates]
+            # (a step where no request succeeded has no latency: no point)
+            y = [sum(s.latency_ms[p] for s in at[r]) / len(at[r])
+                 if all(s.latency_ms[p] is not None for s in at[r]) else float("nan")
+                 for r in rates]
             line, = ax.plot(x, y, marker + "-", label=label, markersize=4)
             bound = [(xi, yi) for xi, yi, r in zip(x, y, rates)
                      if any(s.client_bound for s in at[r])]
