@@ -27,7 +27,7 @@ from bench.core.recorder import (
     LOWEST_US,
     Recorder,
     decode_histogram,
-    is_failed,
+    is_own,
     new_histogram,
 )
 from bench.core.workloads import check
@@ -201,6 +201,17 @@ class OpenRecorder(Recorder):
         latency[us] = latency.get(us, 0) + 1
         service[service_us] = service.get(service_us, 0) + 1
 
+    def sample(self, op, t0, t1, failed=False):
+        """A part's time (``Recorder.sample``), in both series: a part's intended start
+        is its send (an rmw's update leaves when its read is answered)."""
+        if t1 >= self.next_tick:
+            self._next_interval(t1)
+        us = int((t1 - t0) * 1e6)
+        name = op + FAILED if failed else op
+        latency, service = self.latency[name], self.service_time[name]
+        latency[us] = latency.get(us, 0) + 1
+        service[us] = service.get(us, 0) + 1
+
     def _send_second(self):
         """The second's tick, with its latency and service time buckets and largest lag."""
         if self._second or self._second_errors:
@@ -239,6 +250,10 @@ class LockedOpenRecorder(OpenRecorder):
     def record_open(self, op, intended, t0, t1, error):
         with self._lock:
             super().record_open(op, intended, t0, t1, error)
+
+    def sample(self, op, t0, t1, failed=False):
+        with self._lock:
+            super().sample(op, t0, t1, failed)
 
 
 def _outcome(op, key, rows, payloads, expected, spread):
@@ -349,9 +364,9 @@ def phase_figures(parts, rate, arrivals, ops, seconds, latency_ms):
     for part in parts:
         for op, encoded in (part.get("service_histograms") or {}).items():
             hists[op].add(decode_histogram(encoded))
-    everything = new_histogram()   # the successful requests' (not <op>-failed)
+    everything = new_histogram()   # the operations' successful requests'
     for op, hist in hists.items():
-        if not is_failed(op):
+        if is_own(op):
             everything.add(hist)
     figures = [p["open_loop"] for p in parts]
     # The rate the requests left at, worker by worker: one that kept up sent its last

@@ -14,6 +14,17 @@ driver records; a second series (for example ``service_time``, from the actual s
 ``latency`` runs from the intended start) is another attribute of the same shape named in
 ``SERIES``, filled by the driver beside ``latency``; everything downstream (histograms,
 intervals, the JSON's ``<series>_ms``, ``--hlog`` tags, the plot) follows ``SERIES``.
+
+A failed request (an exception, or an answer ``check`` refuses) is counted under its
+operation like any other, but its time goes to the series under ``<op>-failed``
+(:func:`failed`), as YCSB measures ``READ-FAILED``: a fast failure never lowers the
+percentiles of the requests that succeeded.  What counts the requests is ``counts`` and
+the intervals' counts (:meth:`Recorder.interval_counts`), never a histogram's total.
+
+An operation made of requests (YCSB's read-modify-write) records its whole through
+``record`` and each request's time through :meth:`Recorder.sample` under
+``<whole>/<op>`` (:func:`part`: ``rmw/select``), as YCSB's DBWrapper measures each
+call: the report shows them in the ``select`` and ``update`` rows, no request counted.
 """
 import array
 import collections
@@ -36,6 +47,27 @@ def failed(op):
 def is_failed(name):
     """Whether a series' operation name is a failed operation's (:func:`failed`)."""
     return name.endswith(FAILED)
+
+
+PART = "/"
+
+
+def part(whole, op):
+    """The name the times of ``whole``'s requests of ``op`` go under: ``rmw/select``."""
+    return whole + PART + op
+
+
+def split(name):
+    """``(row, whole)`` of a series' operation name: ``select`` -> ``("select", None)``,
+    ``rmw/select-failed`` -> ``("select-failed", "rmw")``."""
+    whole, _, op = name.rpartition(PART)
+    return op, whole or None
+
+
+def is_own(name):
+    """Whether a series' operation name holds an operation's own successful requests
+    (not failed ones, not another operation's parts)."""
+    return not name.endswith(FAILED) and PART not in name
 
 
 def new_histogram():
@@ -97,6 +129,15 @@ class Recorder:
             self._interval_errors[error] += 1
             op = op + FAILED
         latency = self.latency[op]
+        latency[us] = latency.get(us, 0) + 1
+
+    def sample(self, op, t0, t1, failed=False):
+        """The time of one request an operation is made of (``op``, a :func:`part` name,
+        ``<op>-failed`` when ``failed``): a latency, no request counted."""
+        if t1 >= self.next_tick:
+            self._next_interval(t1)
+        us = int((t1 - t0) * 1e6)
+        latency = self.latency[op + FAILED if failed else op]
         latency[us] = latency.get(us, 0) + 1
 
     def flush(self, now=None):
@@ -193,3 +234,7 @@ class LockedRecorder(Recorder):
     def record(self, op, t0, t1, error):
         with self._lock:
             super().record(op, t0, t1, error)
+
+    def sample(self, op, t0, t1, failed=False):
+        with self._lock:
+            super().sample(op, t0, t1, failed)

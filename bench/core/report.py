@@ -86,6 +86,9 @@ def final(results):
     if any(p.get("failed") for p in results["phases"]):
         lines.append("%-*s latency of the requests that succeeded; a failed request's is in "
                      "its operation's -failed row" % (w, ""))
+    for label, f in rows:
+        if f.get("parts"):
+            lines.append("%-*s %s" % (w, "", parts_note(label.strip(), f)))
     if is_open:
         lines += open_loop_lines(results)
 
@@ -136,6 +139,16 @@ def final(results):
                   "equal the client's" if totals["server_counts_match"]
                   else "DIFFER from the client's")]
     return "\n".join(lines)
+
+
+def parts_note(label, figures):
+    """What a row's latency holds beyond its own requests: ``select: latency of 1,523
+    requests, 1,020 of them rmw's selects (ops counts the select operations)``."""
+    return "%s: latency of %s requests, %s (ops counts the %s operations)" % (
+        label, _n(figures["samples"]),
+        ", ".join("%s of them %s's %ss" % (_n(n), whole, label.replace("-failed", ""))
+                  for whole, n in sorted(figures["parts"].items())),
+        label)
 
 
 def open_loop_lines(results):

@@ -214,10 +214,10 @@ class Driver:
     def error_kind(self, exc):
         return error_kind(exc, self.server_error)
 
-    def _calls(self, conn, calls, phase):
+    def _calls(self, conn, calls, phase, recorder=None):
         ops = [op for op, n in self.config.mix.items() if n]
         return phase_calls(calls, phase, lambda window: operations.extra_calls(
-            self.kind, conn, self.config, window, self.requests, ops))
+            self.kind, conn, self.config, window, self.requests, ops, recorder))
 
     def _tarantool_connection(self):
         conn = tarantool.Connection(self.host, self.port, user=self.config.user,
@@ -235,7 +235,7 @@ class SyncDriver(Driver):
         self.calls = tarantool_calls(self.conn, self.config.space, self.payloads)
 
     def run(self, phase, recorder, started=None):
-        calls = self._calls(self.conn, self.calls, phase)
+        calls = self._calls(self.conn, self.calls, phase, recorder)
         if started is not None:
             started()
         if isinstance(phase, OpenPhase):
@@ -269,7 +269,7 @@ class ThreadsDriver(Driver):
 
         def calls(conn):
             return self._calls(conn, tarantool_calls(conn, self.config.space, self.payloads),
-                               phase)
+                               phase, recorder)
         if isinstance(phase, OpenPhase):
             threads = [threading.Thread(name="worker-%d" % i, target=serve_open, args=(
                 take, recorder, calls(conn), self.payloads, self.error_kind, time.sleep))
@@ -332,7 +332,7 @@ class GeventDriver(Driver):
         import gevent
         from gevent.event import Event
         go = Event()
-        calls = self._calls(self.client(), self.calls, phase)
+        calls = self._calls(self.client(), self.calls, phase, recorder)
         if isinstance(phase, OpenPhase):
             greenlets = [gevent.spawn(serve_open, phase.take, recorder, calls,
                                       self.payloads, self.error_kind, gevent.sleep, go.wait)
@@ -443,7 +443,7 @@ class AsynctntDriver(Driver):
 
         ops = [op for op, n in self.config.mix.items() if n]
         calls = async_phase_calls(self.calls, phase, lambda window: operations.extra_calls(
-            self.kind, self.conn, self.config, window, self.requests, ops))
+            self.kind, self.conn, self.config, window, self.requests, ops, recorder))
 
         async def main():
             go = asyncio.Event()

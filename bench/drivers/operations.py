@@ -3,6 +3,11 @@
 drawn uniformly from 1..``--scan``), a paginated scan (``scan-pages``) and YCSB's
 read-modify-write (``rmw``: a select, then an update of the record it read).
 
+Given the phase's recorder, an ``rmw`` also records its select's and its update's times
+(``Recorder.sample`` under ``rmw/select`` and ``rmw/update``: the report's select and
+update rows), as YCSB's DBWrapper measures the READ and the UPDATE of its
+READ-MODIFY-WRITE; the worker records the whole under ``rmw``.
+
 ``extra_calls(kind, conn, config, window, requests)`` returns ``{op: call(key) -> rows}``
 for the operations the mix asks for; each returns rows whose first is the record at
 ``key``, so the worker checks every answer as it checks a select.  Operations that send
@@ -13,13 +18,16 @@ more than one request count them in ``requests`` (a ``collections.Counter`` of
 "gtarantool" (also streams and pagination) or "asynctnt" (coroutines).
 """
 import random
+import time
 
 from bench.core.dataset import CALL_FUNCTION
+from bench.core.recorder import part
 
 EVAL_LUA = "local space, key = ... return box.space[space]:get(key)"
 SELECT_SQL = 'SELECT * FROM "%s" WHERE "id" = ?'
 UPDATE_OPS = [("+", 1, 1)]
 ITERATOR_GE = 5     # the protocol's number: every client takes it (not all take "GE")
+RMW_SELECT, RMW_UPDATE = part("rmw", "select"), part("rmw", "update")
 
 
 def tx_keys(window, key):
@@ -30,8 +38,9 @@ def tx_keys(window, key):
     return [window.key(s) for s in range(seq, top)]
 
 
-def extra_calls(kind, conn, config, window, requests, ops):
-    """``{op: function(key) -> rows}`` for the operations of ``ops`` beyond the four."""
+def extra_calls(kind, conn, config, window, requests, ops, recorder=None):
+    """``{op: function(key) -> rows}`` for the operations of ``ops`` beyond the four;
+    with ``recorder``, an rmw's parts are timed there too."""
     space = config.space
     function = getattr(config, "call_function", CALL_FUNCTION)
     sql = SELECT_SQL % space
@@ -41,7 +50,7 @@ def extra_calls(kind, conn, config, window, requests, ops):
     lengths = random.Random("scan-%s-%s" % (getattr(config, "seed", 0), window.index))
     if kind == "asynctnt":
         return _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan,
-                               lengths)
+                               lengths, recorder)
     if "call" in ops:
         calls["call"] = lambda key: conn.call(function, key).data
     if "eval" in ops:
@@ -75,7 +84,7 @@ def extra_calls(kind, conn, config, window, requests, ops):
             return conn.select(space, key, iterator=ITERATOR_GE,
                                limit=lengths.randint(1, scan)).data
         calls["scan"] = one_scan
-    if "rmw" in ops:
+    if "rmw" in ops and recorder is None:
         def rmw(key):
             requests["SELECT"] += 1
             rows = conn.select(space, key).data
@@ -83,6 +92,29 @@ def extra_calls(kind, conn, config, window, requests, ops):
             conn.update(space, key, UPDATE_OPS)
             return rows
         calls["rmw"] = rmw
+    elif "rmw" in ops:
+        sample, clock = recorder.sample, time.monotonic
+
+        def timed_rmw(key):
+            # each part's time, failed (raised, or no record read) under -failed
+            requests["SELECT"] += 1
+            t0 = clock()
+            try:
+                rows = conn.select(space, key).data
+            except Exception:
+                sample(RMW_SELECT, t0, clock(), True)
+                raise
+            sample(RMW_SELECT, t0, clock(), not rows)
+            requests["UPDATE"] += 1
+            t0 = clock()
+            try:
+                conn.update(space, key, UPDATE_OPS)
+            except Exception:
+                sample(RMW_UPDATE, t0, clock(), True)
+                raise
+            sample(RMW_UPDATE, t0, clock())
+            return rows
+        calls["rmw"] = timed_rmw
     if "scan-pages" in ops:
         def scan_(key):
             requests["SELECT"] += 1
@@ -102,7 +134,8 @@ def extra_calls(kind, conn, config, window, requests, ops):
     return calls
 
 
-def _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan, lengths):
+def _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan, lengths,
+                    recorder=None):
     calls = {}
     if "scan" in ops:
         async def one_scan(key):
@@ -110,7 +143,7 @@ def _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan, len
             return await conn.select(space, [key], iterator="GE",
                                      limit=lengths.randint(1, scan))
         calls["scan"] = one_scan
-    if "rmw" in ops:
+    if "rmw" in ops and recorder is None:
         async def rmw(key):
             requests["SELECT"] += 1
             rows = await conn.select(space, [key])
@@ -118,6 +151,28 @@ def _asynctnt_calls(conn, space, function, sql, window, requests, ops, scan, len
             await conn.update(space, [key], UPDATE_OPS)
             return rows
         calls["rmw"] = rmw
+    elif "rmw" in ops:
+        sample, clock = recorder.sample, time.monotonic
+
+        async def timed_rmw(key):
+            requests["SELECT"] += 1
+            t0 = clock()
+            try:
+                rows = await conn.select(space, [key])
+            except Exception:
+                sample(RMW_SELECT, t0, clock(), True)
+                raise
+            sample(RMW_SELECT, t0, clock(), not rows)
+            requests["UPDATE"] += 1
+            t0 = clock()
+            try:
+                await conn.update(space, [key], UPDATE_OPS)
+            except Exception:
+                sample(RMW_UPDATE, t0, clock(), True)
+                raise
+            sample(RMW_UPDATE, t0, clock())
+            return rows
+        calls["rmw"] = timed_rmw
     if "call" in ops:
         calls["call"] = lambda key: conn.call(function, [key])
     if "eval" in ops:

@@ -21,7 +21,7 @@ import tarantool
 from bench.core import hlog, openloop, report
 from bench.core.config import MIX_OPERATIONS, OPERATIONS
 from bench.core.dataset import NEEDS
-from bench.core.recorder import INTERVAL, decode_histogram, failed, is_failed, new_histogram
+from bench.core.recorder import INTERVAL, decode_histogram, failed, is_own, new_histogram, split
 from bench.core.workloads import MISMATCH, NOT_FOUND, is_server_error
 from bench.run import worker
 from bench.targets import SetupError, open_target
@@ -402,7 +402,7 @@ class _Run:
                 for series, by_op in sorted(merged.get(index, {}).items()):
                     total = new_histogram()
                     for op, hist in by_op.items():
-                        if not is_failed(op):
+                        if is_own(op):
                             total.add(hist)
                     figures_ms = latency_ms(total)
                     if figures_ms is not None:   # (an interval of failures only: none)
@@ -545,9 +545,11 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
     for series, by_op in by_series.items():
         everything[series] = new_histogram()
         for op, hist in by_op.items():
-            if not is_failed(op):
+            if is_own(op):
                 everything[series].add(hist)
-    hists = by_series["latency"]
+    rows = collections.defaultdict(list)   # a report's row -> the names it merges
+    for recorded in sorted(by_series["latency"]):
+        rows[split(recorded)[0]].append(recorded)
     ops = sum(counts.values())
     cpu = sum(p["cpu_seconds"] for p in parts)
     system = sum(p["cpu_system_seconds"] for p in parts)
@@ -604,13 +606,15 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
         "percentiles_ms": {series: percentile_curve(hist) for series, hist in everything.items()},
         "errors": dict(sum(errors.values(), collections.Counter())),
         # Each operation's requests; its latency_ms the successful ones' (None: none
-        # succeeded), over "samples" times.
-        "operations": {op: _op_figures(counts[op], seconds, op, by_series, errors[op])
-                       for op in MIX_OPERATIONS if counts[op]},
+        # succeeded), over "samples" times: its own and, in "parts", how many were
+        # requests of another operation (an rmw's select and update).
+        "operations": {op: _op_figures(counts[op], seconds, rows.get(op, ()), by_series,
+                                       errors[op])
+                       for op in MIX_OPERATIONS if counts[op] or op in rows},
         # ... and its failed requests' latency (YCSB's READ-FAILED): the row <op>-failed
-        "failed": {op: _op_figures(sum(errors[op].values()), seconds, failed(op), by_series,
-                                   errors[op])
-                   for op in MIX_OPERATIONS if failed(op) in hists},
+        "failed": {op: _op_figures(sum(errors[op].values()), seconds, rows[failed(op)],
+                                   by_series, errors[op])
+                   for op in MIX_OPERATIONS if failed(op) in rows},
         "client_cpu_seconds": cpu,
         "client_system_seconds": system,
         # Each worker process's CPU seconds per second of its phase: one process of an
@@ -647,22 +651,33 @@ def _phase_result(name, parts, stat_before, stat_after, server_cpu, t0, config=N
     }
     if all("open_loop" in p for p in parts):
         # Open loop: latency_ms counts from the intended start, service_time_ms from the send.
-        result["open_loop"], result["service_time_ms"], service = openloop.phase_figures(
+        # (each row's service_time_ms is its service_time series, as _op_figures gives)
+        result["open_loop"], result["service_time_ms"], _ = openloop.phase_figures(
             parts, config.rate, config.arrivals, ops, seconds, latency_ms)
-        for op, figures in result["operations"].items():
-            figures["service_time_ms"] = service.get(op)
-        for op, figures in result["failed"].items():
-            figures["service_time_ms"] = service.get(failed(op))
     return result
 
 
-def _op_figures(n, seconds, name, by_series, errors):
-    """One row of a phase: ``n`` requests, the times recorded under ``name`` (``op`` or
-    ``<op>-failed``) in each series, and the operation's errors by kind."""
-    hist = by_series["latency"].get(name)
+def _op_figures(n, seconds, names, by_series, errors):
+    """One row of a phase: ``n`` requests, the times recorded under ``names`` (``op``,
+    ``<op>-failed``, and the same as parts of another operation: ``rmw/select``) in each
+    series merged, and the operation's errors by kind."""
+    merged = {}
+    for series, by_op in by_series.items():
+        hists = [by_op[name] for name in names if name in by_op]
+        if hists:
+            merged[series] = new_histogram()
+            for hist in hists:
+                merged[series].add(hist)
+    latency = merged.get("latency")
+    parts = {}
+    for name in names:
+        whole = split(name)[1]
+        if whole is not None and name in by_series["latency"]:
+            parts[whole] = parts.get(whole, 0) + by_series["latency"][name].get_total_count()
     return {"ops": n, "ops_per_sec": _rate(n, seconds),
-            "latency_ms": None if hist is None else latency_ms(hist),
-            "samples": 0 if hist is None else hist.get_total_count(),
-            **{series + "_ms": latency_ms(by_op[name]) for series, by_op in by_series.items()
-               if series != "latency" and name in by_op},
+            "latency_ms": None if latency is None else latency_ms(latency),
+            "samples": 0 if latency is None else latency.get_total_count(),
+            **({"parts": parts} if parts else {}),
+            **{series + "_ms": latency_ms(hist) for series, hist in merged.items()
+               if series != "latency"},
             "errors": dict(errors)}

@@ -9,6 +9,7 @@ from bench.__main__ import main as bench_main
 from bench.core.config import Config
 from bench.core.dataset import PRESETS
 from bench.core.keys import fnv64
+from bench.core.report import final
 from gtarantool.testing.server import TarantoolServer, binary_version
 
 GRANT = "box.schema.user.grant('guest', 'read,write,execute,create', 'universe')"
@@ -111,7 +112,9 @@ def test_default_mix_has_no_accidental_errors(server, tmp_path, capsys):
 def test_presets_run_without_errors(server, tmp_path, preset):
     results = run(server, tmp_path, "--workload", preset, "--records", "200", "--ops", "600")
     phase = results["phases"][1]
-    assert set(phase["operations"]) == {op for op, n in PRESETS[preset][0].items() if n}
+    # (F's select and update rows also hold its rmw's requests: an update row of 0 ops)
+    assert {op for op, f in phase["operations"].items() if f["ops"]} == \
+        {op for op, n in PRESETS[preset][0].items() if n}
     assert phase["errors"] == {} and phase["server"]["match"]
     assert results["config"]["distribution"] == PRESETS[preset][1]
 
@@ -181,16 +184,39 @@ def test_operations_the_client_or_server_cannot_send(server):
 # read-modify-write, so ~1.0 server select and ~0.5 update per operation; E's scan is
 # one select of uniform 1..maxscanlength records, so ~0.95 select per operation and
 # a mean of ~(1 + max) / 2 records a scan.
-@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt"])
+@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt", "sync", "threads"])
 def test_ycsb_f_reads_then_updates_the_record(server, tmp_path, driver):
     results = run(server, tmp_path, "--driver", driver, "--workload", "ycsb-f",
                   "--records", "1000", "--ops", "2000")
     phase = results["phases"][1]
     assert phase["errors"] == {} and phase["server"]["match"]
     ops, counted = phase["ops"], phase["server"]["requests"]
-    assert ops == 2000 and set(phase["operations"]) == {"select", "rmw"}
+    assert ops == 2000 and set(phase["operations"]) == {"select", "update", "rmw"}
     assert counted["select"] / ops == pytest.approx(1.0, rel=0.1)
     assert counted["update"] / ops == pytest.approx(0.5, rel=0.1)
+    # As YCSB reports F: READ and UPDATE (each request, an rmw's too) beside
+    # READ-MODIFY-WRITE (the whole); an rmw counts once among the operations.
+    select, update, rmw = (phase["operations"][op] for op in ("select", "update", "rmw"))
+    assert select["ops"] + rmw["ops"] == ops == results["totals"]["ops"] - 1000   # (load)
+    assert sum(i["ops"] for i in results["intervals"] if i["phase"] == "run") == ops
+    assert rmw["samples"] == rmw["ops"] and "parts" not in rmw
+    assert select["samples"] == select["ops"] + rmw["ops"]
+    assert select["parts"] == update["parts"] == {"rmw": rmw["ops"]}
+    assert update["ops"] == 0 and update["samples"] == rmw["ops"]
+    assert update["latency_ms"]["max"] <= rmw["latency_ms"]["max"]
+    assert "update: latency of %s requests" % "{:,}".format(rmw["ops"]) in final(results)
+
+
+def test_an_open_loop_rmw_times_its_parts_in_both_series(server, tmp_path):
+    results = run(server, tmp_path, "--workload", "ycsb-f", "--records", "500",
+                  "--mix", "rmw=100", "--rate", "1000", "--duration", "0.5")
+    phase = results["phases"][1]
+    select, update, rmw = (phase["operations"][op] for op in ("select", "update", "rmw"))
+    assert phase["errors"] == {} and select["ops"] == update["ops"] == 0 < rmw["ops"]
+    assert select["samples"] == update["samples"] == rmw["samples"] == phase["ops"]
+    assert select["service_time_ms"]["p50"] <= rmw["service_time_ms"]["max"]
+    # the phase's latency is the operations' (the rmw's), not their parts'
+    assert phase["latency_ms"] == rmw["latency_ms"]
 
 
 @pytest.mark.parametrize("driver", ["gtarantool", "asynctnt", "sync"])
