@@ -115,12 +115,17 @@ install: server $(STAMP)
 
 # tests/: the library's; bench/tests/: the load generator's
 # PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m "not packaging"'
+# TEST_JOBS: test processes (pytest-xdist), each taking whole files (a file's
+# servers and clusters start once); most tests wait on servers and timers, so
+# three share two cores well.  TEST_JOBS=0 runs the suite in this process.
+TEST_JOBS ?= 3
+XDIST = -n $(TEST_JOBS) --dist loadfile
 test: install
-	$(PY) -m pytest -q tests bench/tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) tests bench/tests $(PYTEST_ARGS)
 
 # the suite with every compiled path switched off, as a build without a compiler runs
 test-python: install
-	GTARANTOOL_PURE_PYTHON=1 $(PY) -m pytest -q tests -m "not packaging" $(PYTEST_ARGS)
+	GTARANTOOL_PURE_PYTHON=1 $(PY) -m pytest -q $(XDIST) tests -m "not packaging" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS) --driver $(DRIVER) $(if $(SHARDS),--shards $(SHARDS))

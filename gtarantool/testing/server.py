@@ -57,8 +57,9 @@ def free_port():
     starts them, and two equal picks (one in 16,384 per pair) fail the second
     start with "Address already in use"."""
     low = _ephemeral_low()
+    first, last = _slice(max(1024, low - 16384), low)
     for _ in range(100):
-        port = _ports.randrange(max(1024, low - 16384), low)
+        port = _ports.randrange(first, last)
         if port in _given:
             continue
         with socket.socket() as sock:
@@ -74,6 +75,19 @@ def free_port():
 
 
 _ports = random.Random()   # (not the global one: tests seed that)
+
+
+def _slice(first, last):
+    """This process's share of the ports ``first`` to ``last``: tests run in
+    parallel processes (pytest-xdist) pick from disjoint slices, so two of
+    them never start servers on one port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return first, last
+    size = (last - first) // count
+    index = int(worker[2:]) % count
+    return first + index * size, first + (index + 1) * size
 _given = set()             # every port free_port returned in this process
 
 
