@@ -161,6 +161,34 @@ def test_sigterm_stops_the_import_with_a_summary_and_a_resume_point(conn, server
     assert [t[0] for t in conn.select("copy_kv", limit=resume).data] == list(range(resume))
 
 
+def test_sigterm_in_a_connection_greenlet_stops_an_import_in_this_process(conn, server,
+                                                                        tmp_path, capsys):
+    """--procs 0: the signal arrives in whichever greenlet runs (the
+    connection's, mostly); the import stops all the same, with its summary."""
+    import gevent
+
+    _kv(conn)
+    src = tmp_path / "in.csv"
+    _rows(src, 30000)
+
+    def terminate():   # (a greenlet other than the import's gets the signal)
+        while _count(server) < 2000:
+            gevent.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = gevent.spawn(terminate)
+    status = cli.main([str(a) for a in ("from", src, "--space", "copy_kv", "--procs", 0,
+                                        "--chunk", 500, "--rate", 10000,
+                                        *_conn_args(server))])
+    out, err = capsys.readouterr()
+    assert killer.dead and killer.successful(), killer.exception
+    assert status == 1 and "stopped: terminated (SIGTERM)" in out, (out, err)
+    assert "Traceback" not in err, err
+    resume = int(out.rsplit("--skip-rows ", 1)[1].split()[0])
+    assert 0 < resume < 30000
+    assert [t[0] for t in conn.select("copy_kv", limit=resume).data] == list(range(resume))
+
+
 def test_ctrl_c_to_the_process_group_gives_a_summary_and_no_tracebacks(conn, server, tmp_path):
     proc, workers = _running_import(conn, server, tmp_path, own_group=True)
     os.killpg(proc.pid, signal.SIGINT)   # (what a terminal's Ctrl-C does)

@@ -727,19 +727,39 @@ class _Stopping:
     def __init__(self) -> None:
         import threading
 
-        self.live, self.held = True, False
+        from greenlet import getcurrent
+
+        self.live, self.held, self.holding = True, False, False
+        self.owner = getcurrent()
         self.previous: Any = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.live:
-            self.live = False
+        from greenlet import getcurrent
+
+        if not self.live:
+            self.held = True
+            return
+        self.live = False
+        if getcurrent() is self.owner:
             raise _Terminated()
-        self.held = True
+        # (--procs 0: another greenlet, its connection's, was running: it would
+        # die of the exception and the import go on; the import's is told, at
+        # its next wait)
+        from gevent import get_hub
+
+        get_hub().loop.run_callback(self._throw)
+
+    def _throw(self) -> None:
+        if self.holding:
+            self.held = True
+        else:
+            self.owner.throw(_Terminated())
 
     def hold(self) -> None:
         self.live = False
+        self.holding = True
 
     def restore(self) -> None:
         if self.previous is not None:
