@@ -101,6 +101,22 @@ def test_every_field_type_round_trips_through_a_file(conn, server, tmp_path, fmt
     assert conn.select("copy_types").data == before
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_null_in_an_any_field_that_is_not_nullable_round_trips(conn, server, tmp_path, fmt):
+    """The server takes null in a field of type any, nullable or not."""
+    _space(conn, "copy_any", [("id", "unsigned"), ("x", "any")])
+    rows = [(1, None), (2, ""), (3, "null"), (4, [None])]
+    assert copy_from(conn, "copy_any", rows).written == 4
+    path = tmp_path / ("rows." + fmt)
+    status, out = _run("to", path, "--space", "copy_any", "--format", fmt, *_conn_args(server))
+    assert status == 0, out
+    conn.eval("box.space.copy_any:truncate()")
+    status, out = _run("from", path, "--space", "copy_any", "--format", fmt, "--procs", 0,
+                       *_conn_args(server))
+    assert status == 0 and "4 written, 0 rejected" in out, out
+    assert [tuple(t) for t in conn.select("copy_any").data] == rows
+
+
 def test_conversion_reasons_name_the_field_and_the_value():
     fields = [Field(n, t) for n, t in TYPES] + [Field("opt", "string", nullable=True)]
     conv = Converter(fields, [f.name for f in fields])

@@ -468,9 +468,11 @@ class Converter:
         for (slot, field, convert), value in zip(self._plan, record):
             if value is None or value == null and type(value) is str:
                 if not field.nullable:
-                    if value is None or field.type != "string":
+                    if value is None and field.type == "any":
+                        continue   # (the server takes null in any field of type any)
+                    if value is None or field.type not in ("string", "any", "scalar"):
                         raise BadRow("field %s (%s) cannot be null" % (field.name, field.type))
-                    out[slot] = value
+                    out[slot] = convert(value)   # (the text itself, as _text_row gives it)
                 continue
             try:
                 out[slot] = convert(value)
@@ -567,6 +569,9 @@ class Exporter:
                              % ", ".join(unwritten))
         self.fields, self.fmt, self.null = list(fields), fmt, null
         self._text = [_text(f.type) for f in fields]
+        # (null in an any field that is not nullable, which the server takes,
+        # as its JSON: the null text there is read as text)
+        self._nulls = ["null" if f.type == "any" and not f.nullable else null for f in fields]
         self._native = [_native(f.type) for f in fields]
 
     def header(self) -> List[str]:
@@ -585,7 +590,8 @@ class Exporter:
             for i in range(n, len(tup)):
                 out["field%d" % (i + 1)] = tup[i]
             return out
-        row = [self.null if (v := (tup[i] if i < len(tup) else None)) is None
+        nulls = self._nulls
+        row = [nulls[i] if (v := (tup[i] if i < len(tup) else None)) is None
                else self._text[i](v) for i in range(n)]
         if len(tup) > n:
             row += [self.null if v is None else _dumps(v) for v in tup[n:]]
