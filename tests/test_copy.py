@@ -117,6 +117,22 @@ def test_null_in_an_any_field_that_is_not_nullable_round_trips(conn, server, tmp
     assert [tuple(t) for t in conn.select("copy_any").data] == rows
 
 
+def test_a_number_too_large_for_a_double_is_rejected_not_made_infinite(conn, server,
+                                                                     tmp_path):
+    _space(conn, "copy_dbl", [("id", "unsigned"), ("d", "double"), ("n", "number")])
+    src, errors = tmp_path / "in.csv", tmp_path / "errors.csv"
+    _write(src, ["1,1e400,0\n", "2,0,-1e400\n", "3,inf,-Infinity\n", "4,1.7e308,-1e308\n"])
+    status, out = _run("from", src, "--space", "copy_dbl", "--procs", 0, "--errors", errors,
+                       *_conn_args(server))
+    assert status == 2 and "2 written, 2 rejected" in out, out
+    assert errors.read_text() == "1,1e400,0\n2,0,-1e400\n"
+    reasons = (tmp_path / "errors.csv.reasons").read_text().splitlines()
+    assert reasons[0].startswith("row 1: field d (double): '1e400': out of range")
+    assert reasons[1].startswith("row 2: field n (number): '-1e400': out of range")
+    assert [tuple(t) for t in conn.select("copy_dbl").data] == [
+        (3, float("inf"), float("-inf")), (4, 1.7e308, -1e308)]
+
+
 def test_conversion_reasons_name_the_field_and_the_value():
     fields = [Field(n, t) for n, t in TYPES] + [Field("opt", "string", nullable=True)]
     conv = Converter(fields, [f.name for f in fields])

@@ -88,11 +88,15 @@ def _in_range(v):
 
 
 def _float(text):
-    # (inf, -inf and nan too: a double holds them, and an export writes them so)
+    # (inf, -inf and nan too: a double holds them, and an export writes them so;
+    # but not a finite number too large for a double, which float() makes inf)
     try:
-        return float(text)
+        f = float(text)
     except ValueError:
         raise ValueError("not a number") from None
+    if f - f != 0.0 and f == f and "inf" not in text.lower():
+        raise ValueError("out of range: a double holds at most about 1.8e308")
+    return f
 
 
 def _unsigned(v):
