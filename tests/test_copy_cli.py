@@ -223,6 +223,16 @@ def test_a_worker_killed_while_the_parent_writes_to_it_stops_with_a_summary(
     assert [t[0] for t in conn.select("copy_kv", limit=resume).data] == list(range(resume))
 
 
+def test_more_worker_processes_than_a_host_could_start_are_refused(tmp_path):
+    """Each is a process and a connection, started one after the other: a
+    million would never be ready (and exhaust the host on the way)."""
+    argv = ["from", str(tmp_path / "in.csv"), "--space", "copy_kv"]
+    with pytest.raises(SystemExit, match="--procs must be at most %d .*not 1000000"
+                       % cli.MAX_PROCS):
+        cli._check(cli.parser().parse_args(argv + ["--procs", "1000000"]))
+    cli._check(cli.parser().parse_args(argv + ["--procs", str(cli.MAX_PROCS)]))
+
+
 def test_output_files_that_are_input_files_are_refused(conn, server, tmp_path):
     """Opening one for writing would empty it before it is read: refused
     before anything is read or written."""

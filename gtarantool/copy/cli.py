@@ -47,6 +47,8 @@ IN_FLIGHT_CHUNKS = 2        # chunks a worker holds: one it works on, one waitin
 BLOCK = 1 << 20             # bytes the feeder reads at a time (then to a record's end)
 CHUNK_BYTES = 4 << 20       # a chunk's most bytes (about: a block's rows at a time), so
                             # that wide rows keep a worker's memory bounded too
+MAX_PROCS = max(256, 4 * (os.cpu_count() or 1))   # --procs' most: a process and a
+                                                  # connection each, started one by one
 
 
 # -- the target ------------------------------------------------------------------------
@@ -970,6 +972,9 @@ def _check(args: argparse.Namespace) -> None:
             if value is not None and not good(value):   # (a NaN is refused too)
                 raise SystemExit("gtarantool-copy: %s must be %s, not %s"
                                  % (option(name), what, value))
+    if args.command == "from" and args.procs > MAX_PROCS:
+        raise SystemExit("gtarantool-copy: --procs must be at most %d (4 per core, 256 at "
+                         "least), not %d" % (MAX_PROCS, args.procs))
     for name in ("delimiter", "quote"):
         value = getattr(args, name)
         if value is not None and (len(value) != 1 or value in "\r\n"):
