@@ -133,6 +133,24 @@ def test_a_number_too_large_for_a_double_is_rejected_not_made_infinite(conn, ser
         (3, float("inf"), float("-inf")), (4, 1.7e308, -1e308)]
 
 
+def test_a_json_number_too_large_for_a_double_is_rejected_not_made_infinite(conn, server,
+                                                                          tmp_path):
+    _space(conn, "copy_dbl_json", [("id", "unsigned"), ("d", "double"), ("a", "any"),
+                                   ("arr", "array")])
+    src, errors = tmp_path / "in.jsonl", tmp_path / "errors.jsonl"
+    _write(src, ['[1, 1e400, 0, []]\n', '[2, 0, "1e400", []]\n', '[3, 0, 0, [-1e400]]\n',
+                 '[4, 1.5e308, "x", [2.5]]\n'])
+    status, out = _run("from", src, "--space", "copy_dbl_json", "--format", "jsonl",
+                       "--procs", 0, "--errors", errors, *_conn_args(server))
+    assert status == 2 and "2 written, 2 rejected" in out, out
+    reasons = (tmp_path / "errors.jsonl.reasons").read_text().splitlines()
+    assert [r.split(":")[0] for r in reasons] == ["row 1", "row 3"], reasons
+    assert all("out of range" in r for r in reasons), reasons
+    # (a JSON string stays a string, whatever it spells)
+    assert [tuple(t) for t in conn.select("copy_dbl_json").data] == [
+        (2, 0.0, "1e400", []), (4, 1.5e308, "x", [2.5])]
+
+
 def test_conversion_reasons_name_the_field_and_the_value():
     fields = [Field(n, t) for n, t in TYPES] + [Field("opt", "string", nullable=True)]
     conv = Converter(fields, [f.name for f in fields])

@@ -234,11 +234,29 @@ def _varbinary(v):
         raise ValueError("not base64") from None
 
 
+class _OutOfRange(ValueError):
+    """A JSON number no double holds (json makes 1e400 inf without a word)."""
+
+
+def _json_float(text):
+    f = float(text)
+    if f - f != 0.0:
+        raise _OutOfRange("%s is out of range: a double holds at most about 1.8e308" % text)
+    return f
+
+
+def _json(text):
+    """``json.loads(text)``, refusing a number too large for a double."""
+    return json.loads(text, parse_float=_json_float)
+
+
 def _json_of(kind, name):
     def convert(v):
         if type(v) is str:
             try:
-                value = json.loads(v)
+                value = _json(v)
+            except _OutOfRange:
+                raise
             except ValueError:
                 raise ValueError("not JSON") from None
             v = _json_ints(value, v)
@@ -251,7 +269,9 @@ def _json_of(kind, name):
 def _any(v):
     if type(v) is str:
         try:
-            value = json.loads(v)
+            value = _json(v)
+        except _OutOfRange:
+            raise
         except ValueError:
             return v    # text that is no JSON is the string itself
         return _json_ints(value, v)
@@ -854,7 +874,9 @@ def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]
                 out.append(text)
                 continue
             try:
-                out.append(json.loads(text))
+                out.append(_json(text))
+            except _OutOfRange as exc:
+                out.append(BadRow(str(exc)))
             except ValueError as exc:
                 out.append(BadRow("not JSON: %s" % exc))
         return out
