@@ -3,6 +3,8 @@ every request failing gives ``capacity: none`` and exit status 1; a client that 
 CPU on each answer (``--client-work``) ends the search ``client-bound``."""
 import json
 
+import pytest
+
 from bench.__main__ import main as bench_main
 from bench.core.config import Config
 from bench.suites.capacity import main as capacity_main
@@ -124,8 +126,9 @@ def _throwaway_server():
     return srv
 
 
+# (tarantool-python warns at each reconnect attempt to the server killed here)
+@pytest.mark.filterwarnings("ignore::tarantool.error.NetworkWarning")
 def test_a_server_gone_during_setup_is_a_lost_connection_not_a_missing_grant():
-    import pytest
     import tarantool
 
     srv = _throwaway_server()
@@ -141,6 +144,8 @@ def test_a_server_gone_during_setup_is_a_lost_connection_not_a_missing_grant():
         srv.cleanup()
 
 
+# (tarantool-python warns at each reconnect attempt to the server killed here)
+@pytest.mark.filterwarnings("ignore::tarantool.error.NetworkWarning")
 def test_a_server_killed_during_the_search_gives_no_capacity(monkeypatch, capsys):
     from bench.suites import capacity
 
