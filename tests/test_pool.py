@@ -701,13 +701,16 @@ def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
 
 
 @pytest.mark.timing
-def test_a_call_that_waited_for_a_master_ends_by_the_larger_timeout(rs, routes):
+@pytest.mark.parametrize("strategy", [RoundRobinStrategy, LeastInFlightStrategy,
+                                      tarantool.connection_pool.RoundRobinStrategy])
+def test_a_call_that_waited_for_a_master_ends_by_the_larger_timeout(rs, strategy, routes):
     """No instance is writable; the master comes back just before
     ``wait_timeout`` runs out and the call then takes long: it ends by the
     larger of ``wait_timeout`` and ``request_timeout`` from its start, not a
-    whole ``request_timeout`` after its wait.  A routed write waits too."""
+    whole ``request_timeout`` after its wait, whatever the strategy.  A
+    routed write waits too."""
     master = rs.servers[0]
-    pool = make_pool(rs, wait_timeout=2, request_timeout=1)
+    pool = make_pool(rs, wait_timeout=2, request_timeout=1, strategy_class=strategy)
     boss = admin(master)
     try:
         boss.eval("box.cfg{read_only = true}")

@@ -416,8 +416,18 @@ class ConnectionPool(_PoolBase):
             self._next = (None, any_, rw, ro, rw or ro, ro or rw)
             return
         # (_pick never returns the sentinel None: iter() makes it an endless iterator.)
+        # A mode the strategy has no instance for now is None, as above: a
+        # call waits in _request, which bounds its send by the call's end.
         self._next = tuple(iter(functools.partial(self._pick, mode), None)
-                           for mode in (ANY,) + MODES)
+                           if self._fits(mode) else None for mode in (ANY,) + MODES)
+
+    def _fits(self, mode):
+        """Whether the strategy has an instance for ``mode`` now."""
+        try:
+            self.strategy.getnext(mode)
+        except PoolTopologyError:
+            return False
+        return True
 
     def _route(self, mode):
         try:
