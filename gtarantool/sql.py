@@ -3,7 +3,9 @@
 A prepared statement lives in the server's session: after a reconnect its id
 names nothing, so ``PreparedStatement`` remembers the transport it was
 prepared on and prepares again, on first use, when the connection's
-transport is another one.
+transport is another one.  A session gives one SQL text one id, shared by
+every statement prepared from it there: only the last of them to unprepare
+frees it on the server.
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ from gtarantool.protocol.responses import ResponseExecute, make_response
 
 # ``conn`` is a Connection, annotated Any: connection.py imports this module, and
 # this module imports nothing of it, not even for the type checker.
+
+# The statements that hold each SQL text prepared on a session (transport):
+# transport -> {sql: WeakSet of PreparedStatement}.  A statement joins before
+# its PREPARE is sent, so that another one's unprepare() meanwhile sends nothing.
+_holders: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def bind_params(params):
@@ -98,9 +105,20 @@ class PreparedStatement:
         conn = self._conn
         if deadline is None:
             deadline = conn._call_deadline()
-        conn._reach(deadline)
-        resp = conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_SQL_TEXT: self.sql}),
-                             deadline=deadline)
+        transport = conn._reach(deadline)
+        self._release()   # (the session it was prepared on before is gone)
+        holders = _holders.setdefault(transport, {}).setdefault(self.sql, weakref.WeakSet())
+        holders.add(self)
+        try:
+            resp = conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_SQL_TEXT: self.sql}),
+                                 deadline=deadline)
+        except BaseException:
+            holders.discard(self)
+            raise
+        if conn._transport is not transport:   # (sent on the next socket)
+            holders.discard(self)
+            _holders.setdefault(conn._transport, {}).setdefault(
+                self.sql, weakref.WeakSet()).add(self)
         body = resp._body
         self.stmt_id = body[IPROTO_STMT_ID]
         self.params_count = body.get(IPROTO_BIND_COUNT)
@@ -144,8 +162,9 @@ class PreparedStatement:
         return as_execute_response(conn, resp)
 
     def unprepare(self) -> None:
-        """Free the statement on the server (when its session still exists);
-        a second call does nothing.
+        """Free the statement on the server (when its session still exists,
+        and no other statement prepared from the same SQL on it still
+        holds it: they share one id); a second call does nothing.
 
         :raises tarantool.error.DatabaseError: the server refused it.
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
@@ -153,10 +172,32 @@ class PreparedStatement:
         stmt_id, self.stmt_id = self.stmt_id, None
         conn = self._conn
         conn._check_owner()   # (a forked child's copy: the parent's session is not its own)
+        if stmt_id is None:
+            return
         transport = conn._transport
-        if (stmt_id is not None and transport is not None and transport.alive
+        last = self._release()
+        if (last and transport is not None and transport.alive
                 and self._prepared_on() is transport):
-            conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_STMT_ID: stmt_id}))
+            try:
+                conn._request(IPROTO_PREPARE, conn._encoder.pack({IPROTO_STMT_ID: stmt_id}))
+            except DatabaseError as exc:
+                if exc.code != ER_WRONG_QUERY_ID:   # (gone already: what was asked)
+                    raise
+
+    def _release(self):
+        """Leave the holders of this SQL on the session it was prepared on.
+
+        :returns: whether no other statement holds it there."""
+        transport = self._prepared_on() if self._prepared_on is not None else None
+        texts = _holders.get(transport) if transport is not None else None
+        holders = texts.get(self.sql) if texts else None
+        if holders is None:
+            return True
+        holders.discard(self)
+        if holders:
+            return False
+        del texts[self.sql]
+        return True
 
     def __enter__(self) -> PreparedStatement:
         return self

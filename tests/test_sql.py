@@ -63,14 +63,40 @@ def test_context_manager_unprepares(sql_conn):
 
 def test_the_same_sql_prepared_twice_survives_one_unprepare(sql_conn):
     """A session gives the same SQL one id: one statement's unprepare() (a web
-    handler's ``with``) removed it for the other, whose execute() now prepares
-    again (the refusal, 211, ran nothing)."""
+    handler's ``with``) leaves it to the other; freed behind the statement's
+    back, its execute() prepares again (the refusal, 211, ran nothing)."""
+    before = stmt_count(sql_conn)
     first = sql_conn.prepare("SELECT ? || 'x'")
     second = sql_conn.prepare("SELECT ? || 'x'")
     assert first.stmt_id == second.stmt_id
     first.unprepare()
+    assert stmt_count(sql_conn) == before + 1
     assert second.execute(["a"]).data == [["ax"]]
+    sql_conn.eval("box.unprepare(...)", second.stmt_id)
+    assert second.execute(["b"]).data == [["bx"]]
     second.unprepare()
+    assert stmt_count(sql_conn) == before
+
+
+def test_concurrent_handlers_preparing_the_same_sql(sql_conn):
+    """The docs' ``with conn.prepare(sql) as stmt:`` in many greenlets at
+    once: they share the session's one id for the text, and only the last of
+    them to leave unprepares it (an unprepare() under another's execute()
+    made that one fail, and the next unprepare() fail with error 211)."""
+    before = stmt_count(sql_conn)
+    failed = []
+
+    def handler(i):
+        try:
+            with sql_conn.prepare("SELECT ? * 3") as stmt:
+                assert stmt.execute([i]).data == [[3 * i]]
+                gevent.sleep(0.001 * (i % 3))
+                assert stmt.execute([i + 1]).data == [[3 * i + 3]]
+        except Exception as exc:  # noqa: BLE001 - counted below
+            failed.append(exc)
+    gevent.joinall([gevent.spawn(handler, i) for i in range(200)])
+    assert failed == []
+    assert stmt_count(sql_conn) == before
 
 
 def test_bad_input(sql_conn):
