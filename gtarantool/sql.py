@@ -5,7 +5,8 @@ names nothing, so ``PreparedStatement`` remembers the transport it was
 prepared on and prepares again, on first use, when the connection's
 transport is another one.  A session gives one SQL text one id, shared by
 every statement prepared from it there: only the last of them to unprepare
-frees it on the server.
+frees it on the server.  The server expires a session's statements at any
+schema change (DDL): a statement refused as expired is prepared again too.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tarantool.error import DatabaseError, InterfaceError
 
 from gtarantool.errors import not_sent
 from gtarantool.protocol.constants import (
+    ER_SQL_EXECUTE,
     ER_WRONG_QUERY_ID,
     IPROTO_BIND_COUNT,
     IPROTO_BIND_METADATA,
@@ -67,6 +69,14 @@ def as_execute_response(conn, resp):
     """An OK ``protocol.Response`` as tarantool-python's SQL response type."""
     return make_response(ResponseExecute, conn, resp._sync, resp._code, resp._schema_version,
                          resp._body)
+
+
+def _stale(exc):
+    """Whether the server refused a prepared statement unrun for its id: no
+    such statement in the session (211), or one prepared before a schema
+    change ("statement has expired", 159)."""
+    return exc.code == ER_WRONG_QUERY_ID or (
+        exc.code == ER_SQL_EXECUTE and "statement has expired" in str(exc.message))
 
 
 class PreparedStatement:
@@ -151,9 +161,9 @@ class PreparedStatement:
             resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(body),
                                  deadline=deadline)
         except DatabaseError as exc:
-            # The same SQL prepared twice on a session shares one id: another
-            # statement's unprepare() removed it.  Refused unrun: prepare again.
-            if exc.code != ER_WRONG_QUERY_ID:
+            # Gone (unprepared behind its back) or expired (a schema change
+            # since it was prepared): refused unrun, prepare again.
+            if not _stale(exc):
                 raise
             self._prepare(deadline)
             body[IPROTO_STMT_ID] = self.stmt_id

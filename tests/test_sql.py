@@ -99,6 +99,30 @@ def test_concurrent_handlers_preparing_the_same_sql(sql_conn):
     assert stmt_count(sql_conn) == before
 
 
+def test_prepared_again_after_a_schema_change(sql_conn):
+    """Any DDL expires the session's statements ("statement has expired",
+    refused unrun): execute() prepares again, once, and runs it once; a table
+    created again with other columns gives its new rows and metadata."""
+    sql_conn.execute("DROP TABLE IF EXISTS reshaped")
+    sql_conn.execute("CREATE TABLE reshaped (id INTEGER PRIMARY KEY, a TEXT)")
+    select = sql_conn.prepare("SELECT * FROM reshaped WHERE id >= 0")
+    insert = sql_conn.prepare("INSERT INTO reshaped (id) VALUES (?)")
+    assert select.execute().data == []
+    sql_conn.eval("box.schema.space.create(...):drop()", "unrelated")   # any DDL
+    assert insert.execute([1]).affected_row_count == 1
+    assert select.execute().data == [[1, None]]
+    sql_conn.execute("DROP TABLE reshaped")
+    sql_conn.execute("CREATE TABLE reshaped (id INTEGER PRIMARY KEY, b INTEGER, c TEXT)")
+    assert insert.execute([2]).affected_row_count == 1
+    assert select.execute().data == [[2, None, None]]
+    assert [column[0].upper() for column in select.metadata] == ["ID", "B", "C"]
+    count = sql_conn.execute("SELECT COUNT(*) FROM reshaped WHERE id >= 0").data
+    assert count == [[1]]   # run once
+    select.unprepare()
+    insert.unprepare()
+    sql_conn.execute("DROP TABLE reshaped")
+
+
 def test_bad_input(sql_conn):
     with pytest.raises(DatabaseError, match="Syntax error|syntax error"):
         sql_conn.prepare("SELEKT 1")

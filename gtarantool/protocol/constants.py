@@ -82,6 +82,7 @@ ER_NO_SUCH_PROC = 33
 ER_ACCESS_DENIED = 42
 ER_WRONG_SCHEMA_VERSION = 109
 ER_LOADING = 116
+ER_SQL_EXECUTE = 159           # an SQL statement refused (a prepared one: "statement has expired")
 ER_WRONG_QUERY_ID = 211         # no prepared statement has that id (in this session)
 ER_UNCOMMITTED_FOREIGN_SYNC_TXNS = 214
 ER_SYNC_QUEUE_UNCLAIMED = 227
