@@ -1,6 +1,8 @@
 """Select bodies with pagination (Tarantool 2.11+): IPROTO_AFTER_POSITION or
 IPROTO_AFTER_TUPLE, and IPROTO_FETCH_POSITION (the reply's position is read by
 ``protocol.Response.position``).  Plain selects never come here."""
+import sys
+
 from tarantool.utils import wrap_key
 
 from gtarantool import features
@@ -23,7 +25,12 @@ from gtarantool.protocol.constants import (
 def select_body(methods, space, key, offset, limit, iterator, after, fetch_pos):
     """The body of a select with pagination; ``methods`` is the connection,
     stream or pipeline whose ``select`` was called."""
-    features.require(methods._conn, features.PAGINATION)
+    conn = methods._conn
+    # A select that connects first (to learn the server's features): one
+    # request_timeout for the connect and its request, as a lookup's.
+    features.require(conn, features.PAGINATION,
+                     None if conn.connected and conn._transport is not None
+                     else conn._lookup_started(sys._getframe(1)))
     key = [key] if type(key) in (int, str) else wrap_key(key, select=True)
     if iterator is None:
         iterator = ITERATOR_EQ if key else ITERATOR_ALL

@@ -1,8 +1,14 @@
 """select(..., after=, fetch_pos=) and Response.position against a real server."""
+import signal
+import time
+
+import gevent
 import pytest
 
 import gtarantool
-from gtarantool.testing.server import binary_version
+from gtarantool.testing.server import TarantoolServer, binary_version
+from tests.conftest import PASSWORD, USER, _lua
+from tests.timing import slack
 
 VERSION = binary_version()
 needs_pagination = pytest.mark.skipif(
@@ -103,3 +109,51 @@ def test_bad_after(conn):
     with pytest.raises(gtarantool.DatabaseError):
         conn.select("tester", after=b"not base64 at all!")
     assert conn.ping(notime=True) == "Success"
+
+
+# Selects of ``tester`` sleep ``slow_selects`` seconds before the server runs
+# them (the schema's own selects, while connecting, do not).
+SLOW_SELECTS = """
+slow_selects = 0
+box.iproto.override(box.iproto.type.SELECT, function(header, body)
+    if slow_selects > 0 and body:decode()[0x10] == box.space.tester.id then
+        require('fiber').sleep(slow_selects)
+    end
+    return false
+end)
+"""
+
+
+@needs_pagination
+@pytest.mark.timing
+def test_a_select_that_connects_first_ends_within_request_timeout():
+    """A paged select on a connection to be (re)connected waits for the
+    connect (the server frozen 0.6 s) and then for its reply: one
+    ``request_timeout`` bounds both, as for a plain select (it took the
+    connect's time plus a whole ``request_timeout``)."""
+    srv = TarantoolServer(_lua() + SLOW_SELECTS)
+    srv.start()
+    conn = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD,
+                              request_timeout=1)
+    admin = gtarantool.connect(srv.host, srv.port, user=USER, password=PASSWORD,
+                               fetch_schema=False)
+    try:
+        for paged in ({}, {"fetch_pos": True}, {"after": (0,)}):
+            for methods in (conn, conn.stream()):
+                methods.select("tester", limit=1, **paged)
+                conn.close()
+                admin.eval("slow_selects = 3")
+                srv.signal(signal.SIGSTOP)
+                thaw = gevent.spawn_later(0.6, srv.signal, signal.SIGCONT)
+                started = time.monotonic()
+                with pytest.raises(gtarantool.RequestTimeout):
+                    methods.select("tester", limit=1, **paged)
+                took = time.monotonic() - started
+                thaw.join()
+                assert took <= 1 + slack(0.3), (paged, methods, took)
+                admin.eval("slow_selects = 0")
+    finally:
+        srv.signal(signal.SIGCONT)
+        admin.close()
+        conn.close()
+        srv.cleanup()
