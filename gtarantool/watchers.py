@@ -256,10 +256,12 @@ class Watchers:
                     # its own calls, not from a background greenlet.
                     log.info("watchers: reconnect to %s:%s failed (next try in %.1fs): %s",
                              conn.host, conn.port, delay, exc)
-                    conn = None   # (not held while sleeping: it may be dropped meanwhile)
-                    gevent.sleep(delay)
-                    conn = self._conn
-                    delay = min(delay * 2, MAX_RECONNECT_DELAY)
+                # Not held while sleeping, as the exception's frames would hold
+                # it inside the except clause: it may be dropped meanwhile.
+                conn = None
+                gevent.sleep(delay)
+                conn = self._conn
+                delay = min(delay * 2, MAX_RECONNECT_DELAY)
         finally:
             self._reconnector = None
 

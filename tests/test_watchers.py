@@ -222,6 +222,28 @@ def test_a_connection_whose_watchers_are_gone_can_be_collected(server):
 
 
 @needs_watchers
+def test_a_connection_dropped_while_its_server_is_down_is_collected(fresh_server):
+    """Its own watcher (``box.shutdown``) keeps a greenlet reconnecting it;
+    between tries that greenlet holds the connection only weakly (it held it
+    through the failed try's exception, so the connection lived, and the
+    greenlet tried, as long as the server stayed down)."""
+    conn = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, reconnect_delay=0.01, connection_timeout=1)
+    ref = weakref.ref(conn)
+    fresh_server.kill()
+    registry = conn._watchers   # (it refers to the connection weakly)
+    del conn
+    wait_for(lambda: registry._reconnector is not None)
+    reconnector = registry._reconnector
+    deadline = time.monotonic() + 5
+    while (ref() is not None or not reconnector.dead) and time.monotonic() < deadline:
+        gc.collect()
+        gevent.sleep(0.05)
+    assert ref() is None
+    assert reconnector.dead
+
+
+@needs_watchers
 def test_bad_arguments(conn):
     with pytest.raises(TypeError, match="key must be a str"):
         conn.watch(b"bytes", lambda key, value: None)
