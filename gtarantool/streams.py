@@ -248,6 +248,8 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
     """``Connection.transaction``: a new stream, begun on entry, committed on
     normal exit, rolled back when the block raises (the exception goes on;
     killed or timed out by its caller, the rollback is sent without waiting).
+    A transaction the block ended itself (``commit()`` or ``rollback()``) is
+    not committed again; one it began again is.
 
     :param conn: the connection.
     :param isolation: as :meth:`Stream.begin`.
@@ -268,4 +270,5 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
     except BaseException:   # killed or timed out by its caller: it does not wait
         stream._abandon()
         raise
-    stream.commit()
+    if stream.in_transaction:
+        stream.commit()

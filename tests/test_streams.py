@@ -118,6 +118,17 @@ def test_transaction_context_manager(mconn):
             tx.insert("tester", (4, "d"))
             tx.insert("tester", (1, "duplicate"))
     assert mconn.select("tester", 4).data == []
+    # A block that ends its transaction itself: not committed again (a second
+    # commit would raise InterfaceError for a transaction that was committed).
+    with mconn.transaction() as tx:
+        tx.insert("tester", (5, "e"))
+        tx.commit()
+    with mconn.transaction() as tx:
+        tx.insert("tester", (6, "f"))
+        tx.rollback()
+        tx.begin()
+        tx.insert("tester", (7, "g"))
+    assert [t[0] for t in mconn.select("tester").data] == [1, 2, 5, 7]
 
 
 @needs_streams
