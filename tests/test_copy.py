@@ -22,6 +22,7 @@ from gtarantool.copy.formats import BadRow, Converter, Field
 from gtarantool.testing.cluster import ShardedCluster, vshard_missing
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import binary_version
+from tests import children
 from tests.conftest import PASSWORD, USER, _lua
 from tests.timing import slack
 
@@ -917,17 +918,17 @@ def test_a_forked_childs_copy_of_a_running_copy_sends_nothing(conn, moment):
     if moment == "reading the input":   # (the fork falls in the middle: batch 1 in flight)
         rows = _first_then(lambda: gevent.sleep(0.3))
     else:   # (the copy forks itself once the replies of its one batch are in)
-        rows = _first_then(lambda: gevent.sleep(0.2) or forked.append(os.fork()))
+        rows = _first_then(lambda: gevent.sleep(0.2) or forked.append(children.fork()))
         rows = (row for row in rows if row[1] == "first")
     copying = gevent.spawn(copy_from, conn, "copy_kv", rows, batch=10)
     if moment == "reading the input":
         gevent.sleep(0.1)
-        forked.append(os.fork())
+        forked.append(children.fork())
     copying.join(5)
     if os.getpid() != parent:   # the child: report by exit status only
         os._exit(0 if isinstance(copying.exception, CopiedCall) else 2)
     report = copying.get(timeout=5)
-    _, status = os.waitpid(forked[0], 0)
+    status = children.wait(forked[0])
     assert os.WEXITSTATUS(status) == 0
     second = [[k, "second"] for k in range(10, 20)] if moment == "reading the input" else []
     assert report.written == 10 + len(second) and report.rejected == []

@@ -27,6 +27,7 @@ import gtarantool
 from gtarantool import ConnectionClosed, WrongOwner, compiled
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import binary_version
+from tests import children
 from tests.conftest import PASSWORD, USER, _lua
 
 pytestmark = pytest.mark.usefixtures("reader")
@@ -102,7 +103,7 @@ def _fork_and_run(fork, client, mode=None, before_fork=None):
             gevent.sleep(0)
     assert not any(w.ready() for w in workers), parent
     r, w = os.pipe()
-    pid = fork()
+    pid = children.fork(fork)
     if pid == 0:
         status = 1
         try:
@@ -110,8 +111,8 @@ def _fork_and_run(fork, client, mode=None, before_fork=None):
             # The copies of the parent's workers fail here: no tracebacks for them.
             gevent.get_hub().exception_stream = None
             with Timeout(30):
-                child, children = _run(client, "child", mode)
-                gevent.joinall(children)
+                child, own = _run(client, "child", mode)
+                gevent.joinall(own)
                 child["pid"] = os.getpid()
                 child["transport"] = id(getattr(client, "_transport", None))
             os.write(w, json.dumps(child).encode())
@@ -131,13 +132,13 @@ def _fork_and_run(fork, client, mode=None, before_fork=None):
                 if not chunk:
                     break
                 data += chunk
-        _, status = os.waitpid(pid, 0)
+        status = children.wait(pid)
     finally:
         os.close(r)
         if not data:
             try:
                 os.kill(pid, 9)
-                os.waitpid(pid, 0)
+                children.wait(pid)
             except OSError:
                 pass
     child = json.loads(data.decode())
@@ -229,7 +230,7 @@ def _fork_running(fork, body):
                 return gevent.os.nb_read(r, 1)
         finally:
             os.close(r)
-            os.waitpid(pid, 0)
+            children.wait(pid)
     return flags
 
 

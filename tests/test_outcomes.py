@@ -24,6 +24,7 @@ from gtarantool.testing.server import TarantoolServer, binary_version
 from gtarantool.transport import Draining, Stats, Transport
 from tests.conftest import PASSWORD, USER, _lua
 
+from . import children
 from .timing import slack
 
 WATCHERS = binary_version() >= (2, 10)   # box.shutdown, box.status
@@ -522,7 +523,7 @@ def test_a_write_waiting_for_a_master_is_applied_once_across_a_fork(replicaset, 
         write = gevent.spawn(pool.upsert, "kv", ("fork-counter", 1), [("+", 1, 1)])
         gevent.sleep(0.2)
         assert not write.ready()
-        pid = os.fork()
+        pid = children.fork()
         if pid == 0:
             gevent.get_hub().exception_stream = None
             try:
@@ -535,7 +536,7 @@ def test_a_write_waiting_for_a_master_is_applied_once_across_a_fork(replicaset, 
             rs.promote(new_master)
             write.get(timeout=10)
         finally:
-            in_thread(os.waitpid, pid, 0)
+            children.wait(pid)
         with connect(new_master) as conn:
             assert conn.select("kv", "fork-counter").data == [["fork-counter", 1]]
     finally:
@@ -546,7 +547,7 @@ def _in_child(body):
     """Fork; run ``body()`` in the child (its hub running) and return what it
     returns (a JSON value), as the parent reads it."""
     r, w = os.pipe()
-    pid = os.fork()
+    pid = children.fork()
     if pid == 0:
         status = 1
         try:
@@ -571,7 +572,7 @@ def _in_child(body):
                 data += chunk
     finally:
         os.close(r)
-        in_thread(os.waitpid, pid, 0)
+        children.wait(pid)
     return json.loads(data.decode())
 
 

@@ -10,7 +10,7 @@ from gtarantool.errors import ProtocolError
 from gtarantool.pipeline import BATCH
 from gtarantool.testing.server import binary_version
 
-from . import fakepeer
+from . import children, fakepeer
 from .conftest import PASSWORD, USER
 from .timing import slack
 
@@ -343,7 +343,7 @@ def test_send_frames_in_a_forked_child_sends_nothing_on_the_parents_socket(conn)
     p.wait()
     frames, first = _frames(p, "tester", [(base + i, "child") for i in range(10)])
     transport = conn._transport
-    pid = os.fork()
+    pid = children.fork()
     if pid == 0:   # the child: report by exit status only
         code = 1
         try:
@@ -354,7 +354,7 @@ def test_send_frames_in_a_forked_child_sends_nothing_on_the_parents_socket(conn)
                 code = 0 if not sink.syncs and sink.outstanding == 0 else 2
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    status = children.wait(pid)
     assert os.WEXITSTATUS(status) == 0
     assert conn.select("tester", base).data == []   # the parent's socket carried none
     assert conn.ping() is not None

@@ -23,6 +23,7 @@ from gtarantool.pool import ConnectionPool
 from gtarantool.testing.replicaset import ReplicaSet
 from gtarantool.testing.server import TarantoolServer, binary_version
 
+from . import children
 from .timing import slack
 
 USER, PASSWORD = "test", "secret"
@@ -211,7 +212,7 @@ def test_a_forked_childs_connections_come_back_after_graceful_restarts(srv):
     pool.ping(mode=Mode.ANY)
     stop_r, stop_w = os.pipe()
     report_r, report_w = os.pipe()
-    pid = os.fork()
+    pid = children.fork()
     if pid == 0:
         os.close(stop_w)
         os.close(report_r)
@@ -239,7 +240,7 @@ def test_a_forked_childs_connections_come_back_after_graceful_restarts(srv):
                     break
                 data += chunk
         os.close(report_r)
-        _, status = os.waitpid(pid, 0)
+        status = children.wait(pid)
         pool.close()
         conn.close()
     assert status == 0
