@@ -162,6 +162,31 @@ def methods(url):
                              for e in env.stats.errors.values())}
 
 
+class Tagged(Methods):
+    def context(self):
+        return {"tenant": "t1"}
+
+
+def contexts(url):
+    """Every request and step event carries the user's context(), which Locust's
+    own listeners (run_single_user's PrintListener) take as an argument."""
+    from locust import log
+    from locust.debug import PrintListener
+    env = Environment(user_classes=[Tagged], host=url, events=locust.events)
+    seen = []
+    listener = env.events.request.add_listener(lambda **kw: seen.append(kw.get("context")))
+    printed = PrintListener(env)
+    log.unhandled_greenlet_exception = False
+    try:
+        Tagged(env).steps()
+    except glocust.RequestFailed:
+        pass
+    env.events.request.remove_listener(listener)
+    env.events.request.remove_listener(printed.on_request)
+    return {"events": len(seen), "contexts": sorted({repr(c) for c in seen}),
+            "listener_failed": log.unhandled_greenlet_exception}
+
+
 def selects(url):
     """Each instance's box.stat SELECT total."""
     counts = []
@@ -313,7 +338,7 @@ def url_options(url):
 
 
 ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace", "imports",
-              "url_options")
+              "url_options", "contexts")
 
 
 if __name__ == "__main__":

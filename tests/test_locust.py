@@ -118,6 +118,12 @@ def test_methods_and_steps(cases):
                              ["tarantool", "call raise_error", "DatabaseError(555)"]]
 
 
+def test_request_events_carry_the_user_s_context(cases):
+    """Each event has the context argument Locust's own listeners require."""
+    got = cases["contexts"]
+    assert got == {"events": 11, "contexts": ["{'tenant': 't1'}"], "listener_failed": False}
+
+
 def test_several_instances_share_one_pool_per_process(server):
     """--host with two instances: a gtarantool.ConnectionPool per process (the
     instances are independent: both read-write), its selects spread over both;

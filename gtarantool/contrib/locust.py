@@ -354,11 +354,12 @@ class TarantoolClient:
             self._user._replied = True
             if exc.code in self._expected:
                 self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
-                           response_length=0, exception=None)
+                           response_length=0, exception=None, context=self._user.context())
                 return ErrorReply(self._conn, exc)   # (its message decoded if it is read)
         counters.failed += 1
         self._fire(request_type=REQUEST_TYPE, name=name, response_time=elapsed,
-                   response_length=0, exception=TarantoolError(error_name(exc), exc))
+                   response_length=0, exception=TarantoolError(error_name(exc), exc),
+                   context=self._user.context())
         return RequestFailed(name, exc)
 
     def ping(self, notime=False, **kwargs):
@@ -377,7 +378,8 @@ class TarantoolClient:
         _counters.reported += 1
         self._user._replied = True
         self._fire(request_type=REQUEST_TYPE, name="ping", response_time=elapsed,
-                   response_length=REPLY_HEADER_SIZE, exception=None)
+                   response_length=REPLY_HEADER_SIZE, exception=None,
+                   context=self._user.context())
         return result
 
     def space(self, space_name):
@@ -395,11 +397,13 @@ class TarantoolClient:
             error = exc.error if isinstance(exc, RequestFailed) else exc
             self._fire(request_type=STEP_TYPE, name=name,
                        response_time=(_clock() - start) * 1000, response_length=0,
-                       exception=TarantoolError(error_name(error), error))
+                       exception=TarantoolError(error_name(error), error),
+                       context=self._user.context())
             raise
         self._fire(request_type=STEP_TYPE, name=name,
                    response_time=(_clock() - start) * 1000,
-                   response_length=response_length, exception=None)
+                   response_length=response_length, exception=None,
+                   context=self._user.context())
 
 
 def _reported(method):
@@ -432,7 +436,7 @@ def _reported(method):
         self._fire(request_type=REQUEST_TYPE, response_time=elapsed,
                    name=names.get(target) or _name(names, method, target),
                    response_length=getattr(resp, "_size", None) or _reply_size(resp),
-                   exception=None)
+                   exception=None, context=self._user.context())
         return resp
 
     request.__name__ = request.__qualname__ = method
@@ -594,7 +598,7 @@ def _on_unreachable(environment, msg, **_kwargs):
                  msg.data["error"])
     environment.events.request.fire(request_type=REQUEST_TYPE, name="connect",
                                     response_time=0.0, response_length=0,
-                                    exception=msg.data["error"])
+                                    exception=msg.data["error"], context={})
     # Not from this greenlet: quit() kills the runner's greenlets (and users).
     gevent.spawn(environment.runner.quit)
 
