@@ -187,6 +187,36 @@ def contexts(url):
             "listener_failed": log.unhandled_greenlet_exception}
 
 
+def killed_connect(url):
+    """The user opening the process's connection is killed while it connects
+    (a server that never greets): the user waiting for it, and a later one,
+    try again (the server now refuses) instead of waiting forever."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    silent = "tarantool://test@127.0.0.1:%d" % listener.getsockname()[1]
+    first = gevent.spawn(glocust._process_connection, silent, {})
+    gevent.sleep(0.1)
+    waiting = gevent.spawn(glocust._process_connection, silent, {})
+    gevent.sleep(0.1)
+    first.kill()
+    listener.close()
+    out = {}
+    for name, get in (("waiting", waiting.get),
+                      ("later", lambda: glocust._process_connection(silent, {}))):
+        try:
+            with gevent.Timeout(3):
+                get()
+            out[name] = "connected"
+        except gevent.Timeout:
+            out[name] = "hung"
+        except Exception as exc:   # noqa: BLE001
+            out[name] = type(exc).__name__
+    waiting.kill()
+    return out
+
+
 def selects(url):
     """Each instance's box.stat SELECT total."""
     counts = []
@@ -338,7 +368,7 @@ def url_options(url):
 
 
 ONE_SERVER = ("lazy_connect", "fork", "naming", "methods", "pauses", "pace", "imports",
-              "url_options", "contexts")
+              "url_options", "contexts", "killed_connect")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,10 @@ def test_request_events_carry_the_user_s_context(cases):
     assert got == {"events": 11, "contexts": ["{'tenant': 't1'}"], "listener_failed": False}
 
 
+def test_a_connect_killed_midway_leaves_no_user_waiting_for_it(cases):
+    assert cases["killed_connect"] == {"waiting": "NetworkError", "later": "NetworkError"}
+
+
 def test_several_instances_share_one_pool_per_process(server):
     """--host with two instances: a gtarantool.ConnectionPool per process (the
     instances are independent: both read-write), its selects spread over both;

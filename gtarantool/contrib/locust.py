@@ -256,16 +256,25 @@ def _open(url, options):
 
 def _process_connection(url, options):
     """The connection this process shares for ``url``: the first caller opens
-    it, callers arriving meanwhile wait for it (``connect`` yields)."""
+    it, callers arriving meanwhile wait for it (``connect`` yields).  A caller
+    killed while it opens it (a user stopped, a ``gevent.Timeout``) leaves it
+    to the next caller, and those waiting try again."""
     key = (url, tuple(sorted(options.items())))
-    result = _shared.get(key)
-    if result is None:
-        result = _shared[key] = AsyncResult()
-        try:
-            result.set(_open(url, options))
-        except Exception as exc:
-            result.set_exception(exc)
-    return result.get()
+    while True:
+        result = _shared.get(key)
+        if result is None:
+            result = _shared[key] = AsyncResult()
+            try:
+                result.set(_open(url, options))
+            except Exception as exc:
+                result.set_exception(exc)
+            except BaseException:
+                del _shared[key]
+                result.set(None)
+                raise
+        conn = result.get()
+        if conn is not None:
+            return conn
 
 
 def process_report():
