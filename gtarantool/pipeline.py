@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Tuple
 import gevent
 from gevent import Timeout
 from gevent.hub import Waiter
+from gevent.lock import Semaphore
 from tarantool.error import NetworkError
 
 from gtarantool.api import ConnectionRequestMethods
@@ -122,8 +123,16 @@ class Pipeline(ConnectionRequestMethods):
         self._checking: Optional[ReplySink] = None
         # Its requests are this process's: a forked child's copy sends none of them.
         self._process = process_token()
+        # Held while requests are handed over (_flush, send_frames), when they
+        # are neither queued nor in the sink yet: a request queued meanwhile,
+        # by another greenlet, waits, or its place would not be its own.
+        self._handover = Semaphore()
+        self._handing = False   # whether it is held
 
     def _request(self, code, body, on_push=None, on_push_ctx=None):
+        if self._handing:   # another greenlet is handing requests over
+            with self._handover:
+                pass
         queued = self._queued
         queued.append((code, body))
         index = len(self._sink.syncs) + len(queued) - 1
@@ -138,6 +147,14 @@ class Pipeline(ConnectionRequestMethods):
         ``max_in_flight``).  Requests it could not hand over get the exception
         in their places (``RequestTimeout``, ``applied`` False, when the time
         ran out), and it is raised."""
+        with self._handover:
+            self._handing = True
+            try:
+                self._flush_now()
+            finally:
+                self._handing = False
+
+    def _flush_now(self):
         requests, self._queued = self._queued, []
         conn = self._conn
         sink = self._sink
@@ -269,8 +286,16 @@ class Pipeline(ConnectionRequestMethods):
         """
         if self._stream is not None:
             raise ValueError("send_frames: a stream's pipeline frames its own requests")
+        with self._handover:
+            self._handing = True
+            try:
+                return self._send_frames(frames, first_sync, count, check_only, code)
+            finally:
+                self._handing = False
+
+    def _send_frames(self, frames, first_sync, count, check_only, code):
         if self._queued:
-            self._flush()
+            self._flush_now()
         sink = self._sink
         waiter = sink
         if check_only:

@@ -161,6 +161,28 @@ def test_pipeline_and_other_greenlets_share_the_connection(conn):
     assert [g.get() for g in others] == list(range(200))
 
 
+@pytest.mark.parametrize("max_in_flight", [10, 1000])
+def test_pipeline_filled_by_two_greenlets_gives_each_request_its_place(server, max_in_flight):
+    # While one greenlet hands a batch over (waiting for room), the other's
+    # requests wait: each call returns the place its reply has in results().
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=max_in_flight)
+    p = c.pipeline()
+    places = {}
+
+    def fill(tag):
+        for i in range(600):
+            places[tag, i] = p.call("echo", tag, i)
+            if i % 7 == 0:
+                gevent.sleep(0)
+
+    gevent.joinall([gevent.spawn(fill, tag) for tag in "ab"], raise_error=True)
+    results = p.results()
+    assert len(results) == 1200 and sorted(places.values()) == list(range(1200))
+    assert all(results[k].data == [tag, i] for (tag, i), k in places.items())
+    c.close()
+
+
 def test_pipeline_timeout_and_connection_loss(fresh_server):
     c = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD,
                            request_timeout=0.3)
