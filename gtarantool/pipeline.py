@@ -441,5 +441,16 @@ class Pipeline(ConnectionRequestMethods):
     def __enter__(self) -> Pipeline:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            # A kill, a timer's Timeout, an interrupt: the block ends now, with
+            # nothing more sent and no reply awaited (results() awaits them).
+            requests, self._queued = self._queued, []
+            if requests:
+                error = not_sent(NetworkError("pipeline: not sent: %s interrupted it"
+                                              % exc_type.__name__))
+                syncs = list(itertools.islice(self._conn._syncs, len(requests)))
+                self._sink.syncs += syncs
+                self._sink.replies.update(dict.fromkeys(syncs, error))
+            return
         self.wait()

@@ -6,7 +6,7 @@ from tarantool.error import DatabaseError, NetworkError
 from tarantool.response import Response
 
 import gtarantool
-from gtarantool.errors import ProtocolError
+from gtarantool.errors import ProtocolError, applied
 from gtarantool.pipeline import BATCH
 from gtarantool.testing.server import binary_version
 
@@ -181,6 +181,32 @@ def test_pipeline_filled_by_two_greenlets_gives_each_request_its_place(server, m
     assert len(results) == 1200 and sorted(places.values()) == list(range(1200))
     assert all(results[k].data == [tag, i] for (tag, i), k in places.items())
     c.close()
+
+
+def test_a_kill_or_timeout_in_the_with_block_sends_nothing_more_and_waits_for_nothing(conn):
+    conn.delete("tester", 22_000_000)
+    pipelines = []
+
+    def fill():
+        with conn.pipeline() as p:
+            pipelines.append(p)
+            p.call("sleep_and_return", 2, 1)
+            p.replace("tester", (22_000_000, "k"))
+            gevent.sleep(10)
+
+    def bounded():
+        with gevent.Timeout(0.2):
+            fill()
+
+    for end in ("kill", "timeout"):
+        g = gevent.spawn(fill if end == "kill" else bounded)
+        gevent.sleep(0.1)
+        if end == "kill":
+            g.kill(block=False)
+        assert g.join(timeout=slack(1.0)) is None and g.dead, end
+        results = pipelines[-1].results()
+        assert [(type(r), applied(r)) for r in results] == [(NetworkError, False)] * 2, end
+        assert conn.select("tester", 22_000_000).data == []   # not sent
 
 
 def test_pipeline_timeout_and_connection_loss(fresh_server):
