@@ -208,6 +208,15 @@ def test_an_error_stack_is_decoded_when_first_used():
         make_response(Response, _Conn(), 1, 0x8003, None, {const.IPROTO_ERROR: {0: [{}]}})
     with pytest.raises(KeyError):
         malformed.value.extra_info.type
+    # An empty stack is no BoxError, as tarantool-python's is None (not one
+    # that fails whoever reads it).
+    empty = {const.IPROTO_ERROR_24: "m", const.IPROTO_ERROR: {0: []}}
+    with pytest.raises(DatabaseError) as theirs:
+        _reference(tarantool_response.Response, {const.IPROTO_REQUEST_TYPE: 0x8003,
+                                                 const.IPROTO_SYNC: 1}, empty)
+    assert theirs.value.extra_info is None
+    assert _raised(_Conn(), 0x8003, empty).extra_info is None
+    assert _raised(_LazyConn(), 0x8003, msgpack.packb(empty)).extra_info is None
 
 
 class _LazyConn(_Conn):

@@ -335,9 +335,14 @@ def error_body(decoder, sync, body):
     raise ProtocolError("the body of reply %d is a %s, not a map" % (sync, type(body).__name__))
 
 
+_EMPTY_STACK: dict = {0: []}   # (tarantool-python's decode_box_error gives None for it)
+
+
 def box_error(body):
     error_map = body.get(IPROTO_ERROR)
-    return LazyBoxError(error_map) if error_map is not None else None
+    if error_map is None or error_map == _EMPTY_STACK:
+        return None
+    return LazyBoxError(error_map)
 
 
 
