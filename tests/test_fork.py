@@ -213,7 +213,7 @@ def _fork_running(fork, body):
     outcome flags (0: all as it should be), sends them and exits.  Returns a
     function that waits for the flags (one byte) and reaps the child."""
     r, w = os.pipe()
-    pid = FORKS[fork]()
+    pid = children.fork(FORKS[fork])
     if pid == 0:
         try:
             os.close(r)
