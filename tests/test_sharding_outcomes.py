@@ -159,36 +159,29 @@ def test_a_disabled_storage_is_decoded_and_waited_out(cluster, router):
     raised as a refusal (applied False)."""
     shard = cluster.shards[0]
     bucket_id = bucket_of(cluster, 0)
-    cluster.eval(shard.master, "disable_for(...)", 0.7)
-    key = next(keys)
-    started = time.monotonic()
-    assert router.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=5) == shard.uuid
-    assert time.monotonic() - started > 0.3   # it waited for the storage
-    cluster.eval(shard.master, "disable_for(...)", 1.5)
-    key = next(keys)
-    with pytest.raises(ShardingError) as info:
-        router.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=0.4)
-    assert info.value.name == "STORAGE_IS_DISABLED" and info.value.applied is False
-    assert info.value.replicaset == shard.uuid
-    assert row(cluster, key) is None
-    gevent.sleep(1.2)
-    # The same while the bucket is still to be found (its search meets the refusal).
-    unmapped = open_router(cluster, discovery_mode="off")
-    try:
+
+    def waited_out_then_refused(router, waiting, refused):
+        """A disabled storage is waited out within the timeout; past it, the
+        call is refused unapplied."""
         cluster.eval(shard.master, "disable_for(...)", 0.7)
         key = next(keys)
         started = time.monotonic()
-        assert unmapped.callrw(bucket_id, "kv_put", (bucket_id, key, 1), timeout=5) == shard.uuid
-        assert time.monotonic() - started > 0.3
-        other = bucket_of(cluster, 0, nth=1)
+        assert router.callrw(waiting, "kv_put", (waiting, key, 1), timeout=5) == shard.uuid
+        assert time.monotonic() - started > 0.3   # it waited for the storage
         cluster.eval(shard.master, "disable_for(...)", 1.5)
         key = next(keys)
         with pytest.raises(ShardingError) as info:
-            unmapped.callrw(other, "kv_put", (other, key, 1), timeout=0.4)
+            router.callrw(refused, "kv_put", (refused, key, 1), timeout=0.4)
         assert info.value.name == "STORAGE_IS_DISABLED" and info.value.applied is False
         assert info.value.replicaset == shard.uuid
         assert row(cluster, key) is None
         gevent.sleep(1.2)
+
+    waited_out_then_refused(router, bucket_id, bucket_id)
+    # The same while the bucket is still to be found (its search meets the refusal).
+    unmapped = open_router(cluster, discovery_mode="off")
+    try:
+        waited_out_then_refused(unmapped, bucket_id, bucket_of(cluster, 0, nth=1))
     finally:
         unmapped.close()
 
