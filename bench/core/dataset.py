@@ -61,6 +61,10 @@ class Unsupported(ValueError):
     """An operation this client cannot send; the message says which clients can."""
 
 
+class Exhausted(ValueError):
+    """The run phase's mix cannot go on: no live record left for the operation drawn."""
+
+
 def check_supported(ops, driver, pool=False):
     """Raise :class:`Unsupported` when ``driver`` cannot send one of ``ops``."""
     name = "pool" if pool else driver
@@ -124,6 +128,7 @@ class Window:
         self.pick = pick
         self.tx_size = tx_size
         self.guard = guard
+        self.exhausted = None    # why the run phase's items ended early (run_items)
         # One key space over all processes: ``shared`` holds each process's ``lo`` and
         # ``acked`` (2 * procs integers, each process writing its own two), ``space`` the
         # records of them all (a draw is a record number).
@@ -264,7 +269,10 @@ def run_items(mix, records, index, procs, distribution, seed, count=None, tx_siz
                 if key is not None:
                     break
             else:
-                raise ValueError("the mix cannot go on: no live record left to %s "
-                                 "(load more --records or insert more)" % op)
+                # The stream ends here (raising would kill the driver's greenlet or task
+                # mid-phase); the worker reports why once the phase is over.
+                window.exhausted = ("the mix cannot go on: no live record left to %s "
+                                    "(load more --records or insert more)" % op)
+                return
             yield op, key
     return items(), window

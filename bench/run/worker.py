@@ -16,7 +16,7 @@ import time
 import traceback
 
 from bench import drivers
-from bench.core import otel, workloads
+from bench.core import dataset, otel, workloads
 from bench.core.openloop import OpenPhase, Schedule
 from bench.profiling import workers as profiling
 
@@ -50,6 +50,9 @@ def main(index, config, host, port, pipe, barrier, orders, shared=None):
         pipe.send(("done",))
     except threading.BrokenBarrierError:
         pass  # the parent gave up on the run and says why
+    except dataset.Exhausted as exc:   # (the workload's end, not a fault: no traceback)
+        barrier.abort()
+        pipe.send(("error", "worker %d: %s" % (index, exc)))
     except Exception:
         # Broken, the barrier frees the parent and the other workers at once.
         barrier.abort()
@@ -76,6 +79,9 @@ def run(index, config, driver, pipe, barrier, profile, shared=None):
                 count=phase.count, duration=phase_duration(config, phase.name)))
         barrier.wait(BARRIER_TIMEOUT)
         result = measure(driver, phase, config, pipe.send, profile)
+        window = getattr(getattr(phase, "phase", phase), "window", None)
+        if window is not None and window.exhausted:
+            raise dataset.Exhausted(window.exhausted)
         profile.ops += sum(result["counts"].values())
         pipe.send(("phase", result))
         if phase.name == "insert":

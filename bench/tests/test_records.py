@@ -180,6 +180,19 @@ def test_operations_the_client_or_server_cannot_send(server):
         Config(workload="mix", mix={"scan-pages": 1}, driver="asynctnt")
 
 
+@pytest.mark.parametrize("driver", ["gtarantool", "asynctnt", "threads"])
+@pytest.mark.parametrize("args", [["--mix", "select=100", "--records", "0"],
+                                  ["--mix", "delete=100", "--records", "20", "--ops", "50"]])
+def test_a_mix_that_runs_out_of_records_ends_with_one_line(server, capsys, driver, args):
+    # (no record to read at all, or the deletes took the last one mid-run)
+    code = bench_main(["--host", server.host, "--port", str(server.port), "-q",
+                       "--workload", "mix", "--greenlets", "4", "--driver", driver] + args)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the mix cannot go on: no live record left to" in err
+    assert "Traceback" not in err, err
+
+
 # YCSB's shapes (workloads/workloadf, workloade; CoreWorkload): F is 50% read and 50%
 # read-modify-write, so ~1.0 server select and ~0.5 update per operation; E's scan is
 # one select of uniform 1..maxscanlength records, so ~0.95 select per operation and
