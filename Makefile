@@ -28,7 +28,7 @@ STAMP := $(VENV)/.installed
 PROCS ?= $(or $(INSTANCES),1)
 GREENLETS ?= 100
 OPS ?= 100000
-SIZE ?= 1536
+SIZE ?=
 WORKLOAD ?= phases
 DRIVER ?= gtarantool
 DURATION ?=
@@ -62,7 +62,7 @@ MIX ?=
 SLO ?= p99=2ms
 SHARDS ?=
 
-BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) --size $(SIZE) \
+BENCH_ARGS = --procs $(PROCS) --greenlets $(GREENLETS) --ops $(OPS) $(if $(SIZE),--size $(SIZE)) \
 	--workload $(WORKLOAD) $(if $(DURATION),--duration $(DURATION)) $(if $(JSON),--json $(JSON)) \
 	$(if $(WAL),--wal $(WAL)) $(if $(PLOT),--plot $(PLOT)) \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \

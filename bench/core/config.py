@@ -243,9 +243,10 @@ def add_arguments(parser, driver=True):
                      help="a mix or preset: SECONDS of the run phase's own load (its rate, "
                           "its keys) before it, reported as the phase 'warmup' and not in "
                           "the run's figures (default %(default)g)")
-    run.add_argument("-s", "--size", type=parse_size, default=d.size,
+    run.add_argument("-s", "--size", type=parse_size, default=None,
                      help="payload bytes per tuple: BYTES, a range LOW-HIGH or a weighted "
-                          "list BYTES:WEIGHT,... (default %(default)s)")
+                          "list BYTES:WEIGHT,... (default %d; %d for a YCSB preset, its ten "
+                          "fields of 100 bytes)" % (d.size, dataset.YCSB_RECORD_BYTES))
     run.add_argument("-w", "--workload", choices=WORKLOADS, default=d.workload,
                      help="phases: insert, then select, update, delete, OPS each; "
                           "mix: a load phase of --records, then a run phase in --mix "
@@ -359,6 +360,9 @@ def from_args(args, **overrides):
         # YCSB's insertorder is hashed unless told otherwise (a tx writes consecutive keys).
         values["insert_order"] = "hashed" if preset and not values["mix"].get("tx") \
             else Config().insert_order
+    if values.get("size") is None:
+        # YCSB's records: fieldcount 10 of fieldlength 100 (CoreWorkload's defaults).
+        values["size"] = dataset.YCSB_RECORD_BYTES if preset else Config().size
     if "password" not in overrides:
         values["password"] = read_password(values.get("password"),
                                            getattr(args, "password_file", None),

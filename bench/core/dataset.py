@@ -45,6 +45,8 @@ PRESETS = {
     "ycsb-e": ({"scan": 95, "insert": 5}, "zipfian"),          # short ranges
     "ycsb-f": ({"select": 50, "rmw": 50}, "zipfian"),          # read-modify-write
 }
+# A preset's payload: YCSB's record, fieldcount (10) fields of fieldlength (100) bytes.
+YCSB_RECORD_BYTES = 10 * 100
 PRESET_TEXT = {
     "ycsb-a": "update heavy: 50% select, 50% update, zipfian",
     "ycsb-b": "read mostly: 95% select, 5% update, zipfian",

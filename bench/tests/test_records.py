@@ -267,3 +267,16 @@ def test_a_preset_inserts_in_ycsbs_default_hashed_order(server, tmp_path, worklo
                               "r[#r + 1] = t[1] end return r")
     key = fnv64 if expected == "hashed" else (lambda n: n)
     assert ids and set(ids) <= set(key(n) for n in range(400))   # (200 loaded + inserts)
+
+
+# YCSB's record is fieldcount (10) fields of fieldlength (100) bytes: a preset's payload
+# is those 1,000 bytes unless --size says otherwise; a mix keeps the bench's 1,536.
+@pytest.mark.parametrize("workload, args, expected", [
+    ("ycsb-c", [], 1000), ("mix", [], 1536), ("ycsb-a", ["--size", "200"], 200)])
+def test_a_presets_records_are_ycsbs_size(server, tmp_path, workload, args, expected):
+    results = run(server, tmp_path, "--workload", workload, "--records", "50", "--ops", "50",
+                  *args)
+    assert results["config"]["size"] == expected
+    sizes = server_eval(server, "local r = {} for _, t in box.space.bench:pairs() do "
+                                "r[#r + 1] = #t[3] end return r")
+    assert sizes and set(sizes) == {expected}
