@@ -364,10 +364,14 @@ def verdict(best, slo, steps=()):
         return "capacity: >= {:,.0f} ops/s (client-bound: {}; add -p)".format(
             achieved, _busy(bound))
     first = slos[0]
+    if first.op is not None:
+        # One operation's: the higher of the step's and its confirmation's, as the blend's.
+        again = confirmed(best, steps)
+        latency = {first.percentile: max(
+            s.latency_by_op_ms[first.op][first.percentile]
+            for s in [best] + ([again] if again else []))}
     line = "capacity: {:,.0f} ops/s at {} {:.3f} ms (SLO {})".format(
-        achieved, first.percentile, latency[first.percentile]
-        if first.op is None else best.latency_by_op_ms[first.op][first.percentile],
-        ", ".join(map(str, slos)))
+        achieved, first.percentile, latency[first.percentile], ", ".join(map(str, slos)))
     if steps and bound is None:
         line += ", at least: no step broke it"
     return line
