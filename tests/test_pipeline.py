@@ -1,4 +1,6 @@
 """Pipelines: many requests from one greenlet, replies matched in order."""
+import os
+
 import gevent
 import pytest
 import tarantool
@@ -13,6 +15,9 @@ from gtarantool.testing.server import binary_version
 from . import children, fakepeer
 from .conftest import PASSWORD, USER
 from .timing import slack
+
+MANUAL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                      "pipelines.rst")
 
 # Every test with the reader's C loop and with its Python loop.
 pytestmark = pytest.mark.usefixtures("reader")
@@ -502,3 +507,54 @@ def test_a_bad_reply_to_checked_requests_fails_the_unanswered_ones_at_once(case)
         assert c._transport is None or c._transport.in_flight == 0
         assert not peer.errors
         c.close()
+
+
+def _manual_samples():
+    """The Python samples of docs/pipelines.rst, in order, as a reader copies them."""
+    with open(MANUAL, encoding="utf-8") as f:
+        blocks = f.read().split(".. code-block:: python\n\n")[1:]
+    samples = []
+    for block in blocks:
+        lines = []
+        for line in block.splitlines():
+            if line and not line.startswith("    "):
+                break
+            lines.append(line[4:])
+        samples.append("\n".join(lines))
+    return samples
+
+
+def test_the_manuals_samples_run_as_it_says(fresh_server):
+    tnt = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER,
+                             password=PASSWORD, request_timeout=10)
+    tnt.eval("""
+        local c = box.schema.space.create('customers', {format = {{'id', 'unsigned'},
+                                                                  {'city', 'string'}}})
+        c:create_index('primary')
+        c:create_index('city', {parts = {'city'}, unique = false})
+        c:insert{1, 'Oslo'} c:insert{2, 'Rome'} c:insert{3, 'Oslo'}
+        function refresh() return true end""")
+    queued, many, bulk = _manual_samples()
+    scope = {"tnt": tnt}
+    exec(queued, scope)
+    results = scope["p"].results()
+    assert len(results) == 10001 and not any(isinstance(r, Exception) for r in results)
+    assert tnt.select("tester", 9999).data == [[9999, "x"]]
+
+    scope.update(ids=[1, 2, 3, 4], cities=["Oslo", "Rome"])
+    exec(many, scope)
+    assert scope["rows"] == [[[1, "Oslo"]], [[2, "Rome"]], [[3, "Oslo"]], []]
+    assert [scope["results"][i].data for i in scope["by_city"]] == [
+        [[1, "Oslo"], [3, "Oslo"]], [[2, "Rome"]]]
+
+    # "only the rows that failed, in order": the taken key, refused unapplied
+    # as the text says of a batch given its type
+    failed = []
+    scope.update(rows=[(20000, "new"), (1, "taken"), (20001, "new")], failed=failed)
+    exec(bulk.replace("\n    ...", "\n    failed.append((place, exc))"), scope)
+    ((place, exc),) = failed
+    assert place == 2 and isinstance(exc, DatabaseError) and exc.code == 3
+    assert exc.applied is False
+    assert tnt.select("tester", 20001).data == [[20001, "new"]]
+    assert tnt.select("tester", 1).data == [[1, "x"]]
+    tnt.close()
