@@ -96,7 +96,9 @@ class RequestMethods:
         connect, the lookups and its request."""
         conn = self._conn
         deadline = conn._lookup_started(sys._getframe(1))
-        if self._encoder is None:   # never connected (connect_now=False): connect first
+        if self._encoder is None or (conn.schema is None and conn.fetch_schema):
+            # Never connected (connect_now=False), or the last connect failed
+            # before the schema (authenticating, loading it): connect first.
             conn._reach(deadline)
         if conn.schema is None and conn.fetch_schema:
             # Another greenlet's connect() is between its handshake and the schema

@@ -671,6 +671,28 @@ def test_connect_now_false_callers_behind_the_first_wait_for_the_schema(server):
         c.close()
 
 
+def test_a_name_after_a_first_connect_that_failed_before_the_schema_connects(fresh_server):
+    """A first connect that ran out authenticating (the server's on_auth slow
+    once) leaves no schema: a later call naming a space connects again, as one
+    by id does, instead of failing with "not available ... fetch_schema=False"."""
+    admin = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD)
+    admin.eval("slow_once = true; box.session.on_auth(function(user) "
+               "if user == 'test' and slow_once then slow_once = false "
+               "require('fiber').sleep(1) end end)")
+    c = gtarantool.Connection(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, connect_now=False, request_timeout=0.3)
+    try:
+        with pytest.raises(RequestTimeout):
+            c.ping()
+        assert c.schema is None
+        gevent.sleep(1)   # (the slow authentication over)
+        assert c.replace("tester", (31_000_020, "named")).data == [[31_000_020, "named"]]
+        assert c.space("tester").select(31_000_020).data == [[31_000_020, "named"]]
+    finally:
+        c.close()
+        admin.close()
+
+
 def _pipelined(c):
     p = c.pipeline()
     p.select("tester", 31_000_001)
