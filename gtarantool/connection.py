@@ -116,9 +116,9 @@ class Connection(RequestMethods, tarantool.Connection):
         a ``DatabaseError`` whose message and ``extra_info`` are decoded when
         first read: for callers that tell errors apart by ``code`` (since 2.10
         a duplicate key's message quotes both tuples, escaped byte by byte).
-    :param connection_timeout: seconds for connecting and the greeting; 10 s
-        by default rather than forever, so connecting to a frozen server fails
-        instead of hanging.
+    :param connection_timeout: seconds for a connect attempt: connecting, the
+        greeting, authentication and the schema; 10 s by default rather than
+        forever, so connecting to a frozen server fails instead of hanging.
     :raises tarantool.error.ConfigurationError: a bad ``request_timeout``,
         ``socket_timeout``, ``connection_timeout``, ``max_in_flight`` or
         ``max_response_size``.
@@ -244,11 +244,19 @@ class Connection(RequestMethods, tarantool.Connection):
             check_process(token)
             self._drop_transport(ConnectionClosed("connection re-established; "
                                                   "requests on the old socket failed"))
+            timer = None
             try:
+                started = time.monotonic()
                 self._decoder = BodyDecoder.for_connection(self)
                 self.connect_basic()
                 check_process(token)
                 greeting = self._read_greeting(token)
+                # The rest of the attempt (authentication, the schema) within
+                # what connection_timeout leaves of it, as a pool's check: a
+                # server that greets and never answers held it for good.
+                timer = Timeout._start_new_or_dummy(
+                    None if self.connection_timeout is None
+                    else max(0.0, started + self.connection_timeout - time.monotonic()))
                 monitoring.emit(monitoring.ConnectionOpenedEvent, monitoring.address_of(self))
                 self._socket.settimeout(None)
                 transport = Transport(self._socket, self.stats, self.max_in_flight,
@@ -284,13 +292,23 @@ class Connection(RequestMethods, tarantool.Connection):
                 # required_protocol_version the server lacks...) is a NetworkError
                 # with the cause chained.  A timeout or kill leaves no half-made
                 # socket (one not authenticated yet) behind either.
+                timed_out = timer is not None and exc is timer
+                if timed_out:
+                    exc = NetworkError("no answer from %s:%s to its authentication or schema "
+                                       "within connection_timeout=%ss"
+                                       % (self.host, self.port, self.connection_timeout))
                 self._drop_transport(ConnectionClosed("connect failed: %r" % (exc,)))
                 monitoring.emit(monitoring.ConnectionFailedEvent, monitoring.address_of(self),
                                 error=_describe(exc))
+                if timed_out:
+                    raise exc from None
                 if isinstance(exc, NetworkError) or not isinstance(exc, Exception):
                     raise
                 raise NetworkError("cannot connect to %s:%s: %s"
                                    % (self.host, self.port, _describe(exc))) from exc
+            finally:
+                if timer is not None:
+                    timer.close()
             if self._connected_once:
                 self.stats.reconnects += 1
             self._connected_once = True

@@ -693,6 +693,33 @@ def test_a_name_after_a_first_connect_that_failed_before_the_schema_connects(fre
         admin.close()
 
 
+@pytest.mark.timing
+def test_connection_timeout_bounds_an_authentication_that_never_answers(fresh_server):
+    """A server that greets and then holds the authentication (its on_auth
+    slow) ends a connect within ``connection_timeout``, as a pool's check
+    does, with no ``request_timeout`` to bound it: NetworkError, no socket left."""
+    admin = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD)
+    admin.eval("box.session.on_auth(function(user) "
+               "if user == 'test' then require('fiber').sleep(5) end end)")
+    lazy = gtarantool.Connection(fresh_server.host, fresh_server.port, user=USER,
+                                 password=PASSWORD, connect_now=False, connection_timeout=0.5,
+                                 reconnect_max_attempts=0)
+    try:
+        for name, attempt in (("connect", lambda: gtarantool.Connection(
+                                  fresh_server.host, fresh_server.port, user=USER,
+                                  password=PASSWORD, connection_timeout=0.5)),
+                              ("first call", lambda: lazy.call("echo", 1))):
+            started = time.monotonic()
+            with pytest.raises(NetworkError, match="connection_timeout=0.5s"):
+                gevent.with_timeout(10, attempt)
+            took = time.monotonic() - started
+            assert took <= 0.5 + slack(0.5), (name, took)
+        assert lazy.is_closed()
+    finally:
+        lazy.close()
+        admin.close()
+
+
 def _pipelined(c):
     p = c.pipeline()
     p.select("tester", 31_000_001)
