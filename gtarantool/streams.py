@@ -23,7 +23,7 @@ from tarantool.error import InterfaceError, NetworkError
 
 from gtarantool import features, sql
 from gtarantool.api import ConnectionRequestMethods
-from gtarantool.errors import applied, not_sent
+from gtarantool.errors import RequestTimeout, applied, not_sent
 from gtarantool.pipeline import Pipeline
 from gtarantool.protocol.constants import (
     IPROTO_BEGIN,
@@ -247,7 +247,8 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
                 timeout: Optional[float] = None) -> Iterator[Stream]:
     """``Connection.transaction``: a new stream, begun on entry, committed on
     normal exit, rolled back when the block raises (the exception goes on;
-    killed or timed out by its caller, the rollback is sent without waiting).
+    killed or timed out by its caller, or by ``request_timeout``, the rollback
+    is sent without waiting).
     A transaction the block ended itself (``commit()`` or ``rollback()``) is
     not committed again; one it began again is.
 
@@ -261,6 +262,12 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
     stream.begin(isolation, timeout)
     try:
         yield stream
+    except RequestTimeout:
+        # The server did not answer within the caller's time: the caller hears
+        # of it now, not a request_timeout later (a frozen server would not
+        # answer the rollback either); the rollback goes unawaited.
+        stream._abandon()
+        raise
     except Exception:
         try:
             stream.rollback()

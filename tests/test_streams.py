@@ -389,3 +389,40 @@ def test_a_transaction_left_by_a_kill_or_a_timeout_is_rolled_back_without_waitin
         stream.rollback()
     finally:
         srv.cleanup()
+
+
+@needs_streams
+@pytest.mark.timing
+def test_a_transaction_block_whose_request_timed_out_ends_within_request_timeout():
+    """A request inside ``transaction()`` times out (the server frozen after
+    the first write): the block's RequestTimeout reaches the caller at the
+    request's deadline, not a whole request_timeout later for a rollback the
+    frozen server cannot answer; the rollback still goes, so nothing of the
+    transaction is committed."""
+    import signal
+    import time
+
+    from .timing import slack
+
+    srv = TarantoolServer(_lua(), cfg=MVCC)
+    srv.start()
+    try:
+        conn = connect(srv, request_timeout=0.5)
+        started = None
+        try:
+            with pytest.raises(gtarantool.RequestTimeout):
+                with conn.transaction() as tx:
+                    tx.insert("tester", (81, "first"))
+                    srv.signal(signal.SIGSTOP)
+                    started = time.monotonic()
+                    tx.insert("tester", (82, "unanswered"))
+            took = time.monotonic() - started
+        finally:
+            srv.signal(signal.SIGCONT)
+        assert took <= 0.5 + slack(0.3), took
+        conn.request_timeout = None
+        assert conn.select("tester", 81).data == []
+        assert conn.select("tester", 82).data == []
+        conn.close()
+    finally:
+        srv.cleanup()
