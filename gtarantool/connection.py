@@ -744,6 +744,11 @@ class Connection(RequestMethods, tarantool.Connection):
                         raise
                     refusal = None
                     retries -= 1
+        except NetworkError as exc:
+            # (a pool re-sending a read elsewhere ends there by the same time;
+            # set here, as it leaves: the error may be the transport's, shared)
+            exc.call_deadline = deadline
+            raise
         except Timeout as exc:
             if exc is not timer:
                 raise

@@ -535,6 +535,33 @@ def test_read_retry_on_another_instance_only_when_asked(rs, routes):
             in_thread(victim.start)
 
 
+@pytest.mark.timing
+def test_a_read_re_sent_to_another_instance_ends_by_the_calls_request_timeout(rs, routes):
+    """A read whose instance dies late in its request_timeout goes once to
+    another instance (retry_reads), which answers nothing either: the call
+    ends by its one deadline (it took a whole request_timeout more)."""
+    _, r1, r2 = rs.servers
+    with make_pool(rs, retry_reads=True, request_timeout=1.0) as pool:
+        wait_until(lambda: all(i["role"] for i in pool.info().values()))
+        for srv in (r1, r2):
+            srv.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            read = gevent.spawn(pool.select, "tester", 1, mode=Mode.RO)
+            gevent.sleep(0.7)
+            victim = [srv for srv in (r1, r2) if pool.info()[name(srv)]["in_flight"]]
+            assert len(victim) == 1
+            victim[0].kill()
+            read.join(10)
+            took = time.monotonic() - started
+            assert isinstance(read.exception, gtarantool.RequestTimeout), read.exception
+            assert took <= 1.0 + slack(0.3), took
+        finally:
+            for srv in (r1, r2):
+                if srv.process.poll() is None:
+                    srv.signal(signal.SIGCONT)
+
+
 def test_add_and_remove_under_load(rs):
     master, r1, r2 = rs.servers
     with make_pool(rs, servers=[master, r1]) as pool:

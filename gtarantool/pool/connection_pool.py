@@ -502,6 +502,10 @@ class ConnectionPool(_PoolBase):
             raise exc from None
         if other is instance:
             raise exc
+        if end is None:
+            end = getattr(exc, "call_deadline", None)
+        if end is not None:   # the re-sent read ends by the call's deadline
+            return other, deadline, end
         return other
 
     def _reroute_write(self, instance, exc, mode, deadline, end=None):
