@@ -193,16 +193,29 @@ class Stream(ConnectionRequestMethods):
         :raises tarantool.error.NetworkError: the connection was lost during
             the transaction (the server rolled it back).
         :raises gtarantool.RequestTimeout: no reply within ``request_timeout``
-            (the transaction's outcome is unknown).
+            (the transaction's outcome is unknown); ``applied`` False when
+            the commit was never sent (waiting for a slot): the transaction
+            is still open, to commit or roll back again.
         """
         if self._tx is None:   # (the server would answer OK: a commit of nothing)
             raise not_sent(InterfaceError(
                 "stream %d has no open transaction to commit (begin() opens one; a "
                 "commit or rollback ends it, even one that raised)" % self.stream_id))
+        self._end(IPROTO_COMMIT)
+
+    def _end(self, code):
+        """Send COMMIT or ROLLBACK (``code``): the transaction is over either
+        way, unless the request was never sent on a socket still up (the
+        server holds it open: forgotten here, the stream's next requests
+        would run in it, and never be committed)."""
         try:
-            self._request(IPROTO_COMMIT, b"")
-        finally:
-            self._tx = None
+            self._request(code, b"")
+        except BaseException as exc:
+            tx = self._tx
+            if not (applied(exc) is False and tx is not None and tx.error is None):
+                self._tx = None
+            raise
+        self._tx = None
 
     def rollback(self) -> None:
         """Roll the transaction back (IPROTO_ROLLBACK).  When its connection
@@ -211,14 +224,14 @@ class Stream(ConnectionRequestMethods):
         roll back: nothing is sent.
 
         :raises tarantool.error.DatabaseError: the server refused the rollback.
-        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``.
+        :raises gtarantool.RequestTimeout: no reply within ``request_timeout``;
+            ``applied`` False when the rollback was never sent (waiting for
+            a slot): the transaction is still open.
         """
         tx = self._tx
-        try:
-            if tx is not None and tx.error is None:
-                self._request(IPROTO_ROLLBACK, b"")
-        finally:
-            self._tx = None
+        if tx is not None and tx.error is None:
+            self._end(IPROTO_ROLLBACK)
+        self._tx = None
 
     def _abandon(self):
         """End the transaction without waiting: a ROLLBACK whose reply nobody
@@ -273,9 +286,14 @@ def transaction(conn: Any, isolation: Union[str, int, None] = None,
             stream.rollback()
         except Exception as exc:  # noqa: BLE001 - the block's exception matters more
             log.warning("rollback of stream %d failed: %s", stream.stream_id, exc)
+            stream._abandon()   # (one never sent: a last try, not waited for)
         raise
     except BaseException:   # killed or timed out by its caller: it does not wait
         stream._abandon()
         raise
     if stream.in_transaction:
-        stream.commit()
+        try:
+            stream.commit()
+        except BaseException:
+            stream._abandon()   # (a commit never sent left it open: rolled back unawaited)
+            raise

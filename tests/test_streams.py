@@ -426,3 +426,43 @@ def test_a_transaction_block_whose_request_timed_out_ends_within_request_timeout
         conn.close()
     finally:
         srv.cleanup()
+
+
+@needs_streams
+def test_a_commit_or_rollback_never_sent_leaves_the_transaction_open():
+    """A commit (or rollback) that ran out of request_timeout in line for
+    ``max_in_flight`` was never sent: the server still holds the transaction.
+    The stream holds it too (forgotten, the stream's next write ran in it,
+    answered OK and never committed; its next begin() was refused by the
+    server), so committing again commits it, and rolling back again rolls
+    it back."""
+    srv = TarantoolServer(_lua(), cfg=MVCC)
+    srv.start()
+    try:
+        conn = connect(srv, request_timeout=0.3, max_in_flight=1)
+        reader = connect(srv)
+        for end, rows in (("commit", [[91, "first"], [92, "after"]]), ("rollback", [])):
+            reader.eval("box.space.tester:truncate()")
+            stream = conn.stream()
+            stream.begin()
+            stream.insert("tester", (91, "first"))
+            conn.request_timeout = None
+            slot = gevent.spawn(conn.call, "sleep_and_return", 1.0, 1)   # the only slot
+            gevent.sleep(0.1)
+            conn.request_timeout = 0.3
+            with pytest.raises(gtarantool.RequestTimeout) as err:
+                getattr(stream, end)()
+            assert gtarantool.errors.applied(err.value) is False
+            assert stream.in_transaction, end
+            slot.join(5)
+            if end == "commit":
+                stream.insert("tester", (92, "after"))   # in the open transaction
+            getattr(stream, end)()
+            assert not stream.in_transaction
+            assert reader.select("tester").data == rows, end
+            stream.begin()   # the server has none open either
+            stream.rollback()
+        conn.close()
+        reader.close()
+    finally:
+        srv.cleanup()
