@@ -136,6 +136,15 @@ class PreparedStatement:
         self.metadata = body.get(IPROTO_METADATA)
         self._prepared_on = weakref.ref(conn._transport)
 
+    def _prepare_unsent(self, deadline):
+        """``_prepare`` before an EXECUTE: whatever it raises (its PREPARE
+        timed out, refused, or lost with the connection), the statement was
+        not run: ``applied`` False."""
+        try:
+            self._prepare(deadline)
+        except Exception as exc:
+            raise not_sent(exc) from exc.__cause__
+
     def execute(self, params: Union[Sequence[Any], Mapping[str, Any], None] = None) -> Any:
         """Run the statement with ``params`` (a sequence or a mapping).
 
@@ -155,7 +164,7 @@ class PreparedStatement:
         conn = self._conn
         deadline = conn._call_deadline()   # (one request_timeout for all its steps)
         if self._prepared_on() is not conn._reach(deadline):
-            self._prepare(deadline)   # a new session: the old id names nothing there
+            self._prepare_unsent(deadline)   # a new session: the old id names nothing there
         body = {IPROTO_STMT_ID: self.stmt_id, IPROTO_SQL_BIND: bind_params(params)}
         try:
             resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(body),
@@ -165,7 +174,7 @@ class PreparedStatement:
             # since it was prepared): refused unrun, prepare again.
             if not _stale(exc):
                 raise
-            self._prepare(deadline)
+            self._prepare_unsent(deadline)
             body[IPROTO_STMT_ID] = self.stmt_id
             resp = conn._request(REQUEST_TYPE_EXECUTE, conn._encoder.pack(body),
                                  deadline=deadline)

@@ -160,3 +160,30 @@ def test_prepared_again_after_a_server_restart(fresh_server):
         assert stmt_count(conn) == 1
     finally:
         conn.close()
+
+
+def test_an_execute_whose_prepare_failed_says_not_applied(server):
+    """On a new session execute() prepares the statement again first: when
+    that PREPARE times out (every reply held past request_timeout by a proxy)
+    the statement never ran, and its RequestTimeout says so (``applied``
+    False), as a call that ran out before its request was written."""
+    from gtarantool.errors import applied
+    from gtarantool.testing.faults import FaultProxy
+
+    with FaultProxy(server.host, server.port) as proxy:
+        conn = gtarantool.connect(proxy.host, proxy.port, user=USER, password=PASSWORD)
+        try:
+            stmt = conn.prepare("INSERT INTO sqltest VALUES (?, 'prepared')")
+            conn.close()
+            conn.ping()   # a new session, which has not the statement
+            proxy.delay = 0.2
+            conn.request_timeout = 0.1
+            with pytest.raises(gtarantool.RequestTimeout) as err:
+                stmt.execute([41])
+            assert applied(err.value) is False
+            proxy.delay = 0
+            conn.request_timeout = None
+            gevent.sleep(0.3)   # (the held PREPARE's reply is through)
+            assert conn.execute("SELECT * FROM sqltest WHERE id = 41").data == []
+        finally:
+            conn.close()
