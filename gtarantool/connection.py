@@ -92,7 +92,7 @@ _ATTRIBUTES = (
     "_socket", "_salt", "_sys_recv", "_packer_factory_impl", "_unpacker_factory_impl",
     "_protocol_version", "_features", "_client_protocol_version", "_client_features",
     "_server_protocol_version", "_server_features", "_client_auth_type", "_server_auth_type",
-    "_watchers", "_stream_ids", "_graceful", "_handshaking",
+    "_watchers", "_stream_ids", "_graceful", "_handshaking", "_closes",
 )
 
 
@@ -199,6 +199,7 @@ class Connection(RequestMethods, tarantool.Connection):
         self._graceful = graceful.State(self)   # announced shutdowns, see graceful.py
         # (greenlet, transport) while connect() authenticates
         self._handshaking = None
+        self._closes = 0   # close() calls: a connect they overtook gives its socket up
         _live.add(self)
         super().__init__(host, port, *args, connection_timeout=connection_timeout, **kwargs)
 
@@ -244,6 +245,7 @@ class Connection(RequestMethods, tarantool.Connection):
             check_process(token)
             self._drop_transport(ConnectionClosed("connection re-established; "
                                                   "requests on the old socket failed"))
+            closes = self._closes
             timer = None
             try:
                 started = time.monotonic()
@@ -287,6 +289,9 @@ class Connection(RequestMethods, tarantool.Connection):
                     self._load_schema_versioned()
                 else:
                     self.schema = None
+                if self._closes != closes:
+                    # close() came meanwhile: it must leave no socket up.
+                    raise ConnectionClosed("connection closed by close() while connecting")
             except BaseException as exc:
                 # As tarantool-python: whatever fails while connecting (auth, a
                 # required_protocol_version the server lacks...) is a NetworkError
@@ -379,6 +384,7 @@ class Connection(RequestMethods, tarantool.Connection):
         :raises gtarantool.WrongOwner: called from another OS thread.
         """
         self._check_owner()
+        self._closes += 1
         watchers, self._watchers = self._watchers, None
         if watchers is not None:
             watchers.close()
@@ -461,6 +467,7 @@ class Connection(RequestMethods, tarantool.Connection):
         # Callers queued behind a reconnect fail at once if it fails instead
         # of each retrying in turn.
         failures = self._connect_failures
+        closes = self._closes
         lock = self._lock
         if not lock.acquire(timeout=None if deadline is None
                             else max(0.0, deadline - time.monotonic())):
@@ -485,6 +492,8 @@ class Connection(RequestMethods, tarantool.Connection):
                     self.connect()
                 except NetworkError as exc:
                     check_process(token)
+                    if self._closes != closes:   # close() came meanwhile: no new socket
+                        raise not_sent(exc) from exc.__cause__
                     if (attempt >= self.reconnect_max_attempts and not patient) or (
                             deadline is not None
                             and time.monotonic() + delay > deadline):

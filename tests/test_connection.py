@@ -720,6 +720,30 @@ def test_connection_timeout_bounds_an_authentication_that_never_answers(fresh_se
         admin.close()
 
 
+def test_close_while_a_call_connects_leaves_no_socket_up(fresh_server):
+    """close() while another greenlet's call is connecting (its server's
+    on_auth slow): the connect gives its socket up and the call fails with
+    ConnectionClosed, not sent (it went on, and left a socket and its
+    greenlets up after close() had returned)."""
+    admin = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD)
+    admin.eval("box.session.on_auth(function(user) "
+               "if user == 'test' then require('fiber').sleep(0.5) end end)")
+    c = gtarantool.Connection(fresh_server.host, fresh_server.port, user=USER,
+                              password=PASSWORD, connect_now=False)
+    try:
+        call = gevent.spawn(c.replace, "tester", (31_000_030, "after close"))
+        gevent.sleep(0.1)
+        c.close()
+        call.join(10)
+        assert isinstance(call.exception, ConnectionClosed), call.exception
+        assert gtarantool.errors.applied(call.exception) is False
+        assert c.is_closed()
+        assert admin.select("tester", 31_000_030).data == []
+    finally:
+        c.close()
+        admin.close()
+
+
 def _pipelined(c):
     p = c.pipeline()
     p.select("tester", 31_000_001)
