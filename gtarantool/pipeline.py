@@ -442,15 +442,24 @@ class Pipeline(ConnectionRequestMethods):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and not isinstance(exc, Exception):
-            # A kill, a timer's Timeout, an interrupt: the block ends now, with
-            # nothing more sent and no reply awaited (results() awaits them).
+        if exc is not None and (not isinstance(exc, Exception)
+                                or isinstance(exc, RequestTimeout)):
+            # A kill, a timer's Timeout, an interrupt, or a call of the block
+            # out of request_timeout: the block ends now, with nothing more
+            # sent and no reply awaited (results() awaits them); the caller's
+            # time is up, and a silent server would not answer these either.
             requests, self._queued = self._queued, []
             if requests:
-                error = not_sent(NetworkError("pipeline: not sent: %s interrupted it"
+                error = not_sent(NetworkError("pipeline: not sent: %s ended its block"
                                               % exc_type.__name__))
                 syncs = list(itertools.islice(self._conn._syncs, len(requests)))
                 self._sink.syncs += syncs
                 self._sink.replies.update(dict.fromkeys(syncs, error))
             return
-        self.wait()
+        if exc is None:
+            self.wait()
+            return
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the block's exception goes on; results() has each
+            pass

@@ -1,5 +1,6 @@
 """Pipelines: many requests from one greenlet, replies matched in order."""
 import os
+import time
 
 import gevent
 import pytest
@@ -212,6 +213,33 @@ def test_a_kill_or_timeout_in_the_with_block_sends_nothing_more_and_waits_for_no
         results = pipelines[-1].results()
         assert [(type(r), applied(r)) for r in results] == [(NetworkError, False)] * 2, end
         assert conn.select("tester", 22_000_000).data == []   # not sent
+
+
+def test_a_request_timeout_in_the_with_block_reaches_the_caller_at_once(server):
+    # A call of the block out of request_timeout: the caller hears of it then,
+    # not a request_timeout later, and the pipeline's own wait does not take
+    # its place; a block's other errors go on too, whatever the wait gives.
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           request_timeout=0.5)
+    c.delete("tester", 22_000_001)
+    started = time.monotonic()
+    with pytest.raises(gtarantool.RequestTimeout) as caught:
+        with c.pipeline() as p:
+            p.call("sleep_and_return", 3, 1)
+            p.replace("tester", (22_000_001, "k"))
+            c.call("sleep_and_return", 3, 2)
+    assert time.monotonic() - started < slack(0.5) + 0.25
+    assert "pipeline" not in str(caught.value)
+    results = p.results()
+    assert [(type(r), applied(r)) for r in results] == [(NetworkError, False)] * 2
+    assert c.select("tester", 22_000_001).data == []   # not sent
+
+    with pytest.raises(ZeroDivisionError):
+        with c.pipeline() as p:
+            p.call("sleep_and_return", 3, 1)
+            1 / 0
+    assert isinstance(p.results()[0], gtarantool.RequestTimeout)   # waited, not raised
+    c.close()
 
 
 def test_pipeline_timeout_and_connection_loss(fresh_server):
