@@ -820,6 +820,66 @@ def test_rows_of_a_locked_bucket_wait_for_it_or_are_rejected_unwritten(sharded):
     assert router.callro(locked, "customer_get", [203]) == [203, locked, "c"]
 
 
+# a bucket's _bucket record set without vshard's triggers (status None: deleted)
+MARK = """
+local id, status, dest = ...
+box.space._bucket:run_triggers(false)
+local ok, err = pcall(function()
+    if status == nil then box.space._bucket:delete(id)
+    elseif box.space._bucket:get(id) == nil then box.space._bucket:insert{id, status, dest}
+    else box.space._bucket:update(id, {{'=', 2, status}, {'=', 3, dest}}) end
+end)
+box.space._bucket:run_triggers(true)
+if not ok then error(err) end
+"""
+
+
+@needs_vshard
+def test_a_row_whose_bucket_is_in_transit_when_read_waits_for_it(sharded):
+    """A row read while its bucket is unknown to the router and being sent (no
+    replica set holds it active, so it cannot be routed) is routed again until
+    retry_timeout, as a row refused for its bucket is: it was rejected at once,
+    'no route'."""
+    cluster, _ = sharded
+    src, dst = cluster.shards
+    bucket = 41 if cluster.buckets()[41] == src.uuid else 42
+    if cluster.buckets()[bucket] != src.uuid:
+        src, dst = dst, src
+    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                               fetch_schema=True, discovery_mode="off")
+    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
+    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+
+    def arrived():
+        cluster.eval(src.master, MARK, bucket, "active", None)
+        cluster.eval(dst.master, MARK, bucket, None, None)
+
+    sender = gevent.spawn_later(0.5, arrived)
+    try:
+        report = copy_from(router, "customers", [(501, bucket, "a"), (502, bucket, "b")],
+                           retry_timeout=10)
+    finally:
+        sender.join(5)
+        router.close()
+    assert report.written == 2 and not report.rejected, report.rejected
+    assert _stored(cluster, src.uuid, 502) == [502, bucket, "b"]
+
+    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                               fetch_schema=True, discovery_mode="off")
+    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
+    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+    try:
+        report = copy_from(router, "customers", [(503, bucket, "c")], retry_timeout=0.3)
+    finally:
+        arrived()
+        router.close()
+    assert report.written == 0
+    assert [(r.position, r.applied) for r in report.rejected] == [(0, False)]
+    assert "NO_ROUTE_TO_BUCKET" in report.rejected[0].reason \
+        or "code 9" in report.rejected[0].reason, report.rejected
+    assert _stored(cluster, src.uuid, 503) is None
+
+
 @needs_vshard
 def test_a_router_reads_the_spaces_format_from_any_instance(sharded):
     """The format is on every storage: with no replica set writable (masters

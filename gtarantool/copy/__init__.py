@@ -41,7 +41,7 @@ from tarantool.error import (
 
 from gtarantool.copy.formats import Field
 from gtarantool.copy.report import CopyError, CopyReport, Rejected
-from gtarantool.errors import RequestTimeout
+from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.protocol.constants import (
     ER_LOADING,
     ER_READONLY,
@@ -630,9 +630,19 @@ def _copy_routed(run, rows, names, first, plan):
         if row is None:
             continue
         try:
-            row, bucket, key = _route(router, plan, row)
-        except (ValueError, TypeError, IndexError, DatabaseError) as exc:
+            row, bucket = _bucket(plan, row)
+            router._check(bucket)
+        except (ValueError, TypeError, IndexError) as exc:
             run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
+            continue
+        try:
+            key = router.route(bucket)
+        except ConnectionClosed:   # the router is closed: the copy stops
+            raise
+        except DatabaseError as exc:
+            # (a bucket in transit, its replica set away: routed again, as a
+            # row refused for its bucket is, for up to retry_timeout)
+            run.park(index, row, bucket, exc)
             continue
         run.add(key, index, row, bucket)
 
@@ -665,7 +675,8 @@ def _from_dict(row: Dict[str, Any], names: List[str]) -> Optional[tuple]:
     return tuple(out)
 
 
-def _route(router, plan, row):
+def _bucket(plan, row):
+    """(``row``, with the bucket id in its field when a function gives it; the id)."""
     field_no, func = plan
     if func is not None:
         bid = func(row)
@@ -673,7 +684,7 @@ def _route(router, plan, row):
             row = row[:field_no] + (bid,) + row[field_no + 1:]
     else:
         bid = row[field_no]
-    return row, bid, router.route(bid)
+    return row, bid
 
 
 def copy_to(target: Any, space: Union[str, int], *, index: Union[str, int] = 0,

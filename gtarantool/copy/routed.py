@@ -106,6 +106,9 @@ return failures
 """
 
 PAUSE = 0.05   # between attempts at rows refused for their bucket or their server
+# The key in ``pending`` of rows whose bucket could not be routed when read
+# (indices, rows, buckets, errors): routed again as refused rows are.
+PARKED = object()
 
 
 class RoutedCopy(_Copy):
@@ -165,7 +168,24 @@ class RoutedCopy(_Copy):
         self.in_flight_bytes += batch.size
         return batch
 
-    def send_or_retry(self, key, indices, rows, buckets):
+    def park(self, index, row, bucket, exc):
+        """A row whose bucket could not be routed when read (in transit, its
+        replica set away): routed again with the others parked, when they fill
+        a batch or at the end, for up to ``retry_timeout``."""
+        self.next_index = index + 1
+        parked = self.pending.get(PARKED)
+        if parked is None:
+            parked = self.pending[PARKED] = ([], [], [], [])
+        for items, item in zip(parked, (index, row, bucket, exc)):
+            items.append(item)
+        if len(parked[0]) >= self.batch:
+            del self.pending[PARKED]
+            self.resend(PARKED, *parked)
+
+    def send_or_retry(self, key, indices, rows, buckets, errors=None):
+        if key is PARKED:
+            self.resend(key, indices, rows, buckets, errors)
+            return
         try:
             self.send(key, indices, rows, buckets)
         except CopiedCall:
