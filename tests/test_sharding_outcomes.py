@@ -543,6 +543,12 @@ def test_replicaset_objects_call_without_a_bucket(cluster, router):
             assert call("echo", ((),)) == [[]]
             assert call("echo", [1, [2]]) == [1, [2]]
             assert call("echo", ()) == []
+            # the function's own error names the replica set, as every error
+            # about one does (it named none)
+            with pytest.raises(gtarantool.DatabaseError) as failed:
+                call("kv_fail", ["boom"], timeout=2)
+            assert "boom" in str(failed.value)
+            assert failed.value.replicaset == rs_id and failed.value.applied is None
     assert router.bucket_discovery(1) is router.route(1)
     closed = open_router(cluster, discovery_mode="off")
     replicasets = closed.routeall().values()

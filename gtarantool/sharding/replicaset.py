@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import gevent
 from tarantool.connection_pool import Mode, Status
-from tarantool.error import ConfigurationError, NetworkError
+from tarantool.error import ConfigurationError, DatabaseError, NetworkError
 
 from gtarantool.errors import ConnectionClosed, RequestTimeout
 from gtarantool.pool import ConnectionPool
@@ -196,6 +196,8 @@ class Replicaset:
         :raises tarantool.error.PoolTopologyError: no master is up.
         :raises gtarantool.RequestTimeout: no reply within ``timeout``.
         :raises tarantool.error.NetworkError: the connection failed.
+
+        Each of these errors names the replica set's id in ``replicaset``.
         """
         return self._call(RW, func, args, timeout)
 
@@ -219,10 +221,15 @@ class Replicaset:
             exc.applied = False   # nothing was sent
             exc.replicaset = self.id
             raise exc
-        with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):
-            # One list, always the argument list (``call(func, *args)`` would take
-            # a lone list or tuple inside ``args`` for the arguments themselves).
-            data = self.pool.call(func, list(args), mode=mode).data
+        try:
+            with gevent.Timeout(timeout, _timeout_error(self, func, timeout)):
+                # One list, always the argument list (``call(func, *args)`` would
+                # take a lone list or tuple inside ``args`` for the arguments).
+                data = self.pool.call(func, list(args), mode=mode).data
+        except DatabaseError as exc:   # (the function's, the pool's, the connection's)
+            if getattr(exc, "replicaset", None) is None:
+                exc.replicaset = self.id
+            raise
         return data[0] if data else None
 
     def info(self) -> Dict[str, Any]:
