@@ -881,6 +881,21 @@ def test_a_row_whose_bucket_is_in_transit_when_read_waits_for_it(sharded):
 
 
 @needs_vshard
+def test_a_row_the_bucket_id_function_raises_for_is_rejected_alone(sharded):
+    """The caller's bucket_id function raising (a KeyError, not only a
+    ValueError) rejects that row, not sent: the exception escaped copy_from
+    with the rows before unsettled and no report."""
+    cluster, router = sharded
+    buckets = {601: 21, 603: 21}
+    rows = [(601, None, "a"), (602, None, "b"), (603, None, "c")]
+    report = copy_from(router, "customers", rows, bucket_id=lambda row: buckets[row[0]])
+    assert report.written == 2 and report.settled == 3
+    assert [(r.position, r.applied) for r in report.rejected] == [(1, False)]
+    assert "KeyError" in report.rejected[0].reason
+    assert router.callro(21, "customer_get", [603]) == [603, 21, "c"]
+
+
+@needs_vshard
 def test_a_router_reads_the_spaces_format_from_any_instance(sharded):
     """The format is on every storage: with no replica set writable (masters
     read-only, as while a router learns the roles), space_info through a

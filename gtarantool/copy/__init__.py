@@ -516,7 +516,8 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
         more than about ``WINDOW_BYTES`` of them): the input is read no faster
         than replies come.
     :param bucket_id: (Router) a function of the row's tuple giving its bucket
-        id; with ``bucket_field`` too, the id is stored in that field.
+        id; with ``bucket_field`` too, the id is stored in that field.  A row
+        it raises for (or gives no bucket id of the cluster) is rejected.
     :param bucket_field: (Router) the field holding the bucket id (default:
         the field named ``bucket_id``).
     :param retry_timeout: seconds to keep sending rows proven not applied (a
@@ -632,7 +633,7 @@ def _copy_routed(run, rows, names, first, plan):
         try:
             row, bucket = _bucket(plan, row)
             router._check(bucket)
-        except (ValueError, TypeError, IndexError) as exc:
+        except Exception as exc:   # (the caller's bucket_id function's too: KeyError...)
             run.reject(index, row, "no route: %s" % _reason(exc), False, exc)
             continue
         try:
