@@ -361,6 +361,43 @@ def test_route_is_bounded_and_prints_no_traceback_when_no_master(cluster, capfd)
 
 
 @needs_vshard
+def test_route_and_a_partial_map_wait_out_a_master_slow_to_answer_the_search(cluster):
+    """The bucket's master stalls (SIGSTOP) for longer than a search's own
+    bound (the router's timeout, 0.5 s): route(timeout=5) and map_callrw over
+    that bucket searched once and raised NO_ROUTE_TO_BUCKET at 0.5 s; they now
+    search again within their own timeout."""
+    shard = cluster.shards[1]
+    master = shard.master
+    buckets = [bucket_of(cluster, 1, nth) for nth in (20, 21, 22)]   # (read while it answers)
+    router = open_router(cluster, discovery_mode="off")
+    try:
+        for call, bucket_id in (
+                (lambda b: router.route(b, timeout=5).id, buckets[0]),
+                (lambda b: list(router.map_callrw("kv_count", timeout=5, bucket_ids=[b]))[0],
+                 buckets[1])):
+            master.process.send_signal(signal.SIGSTOP)
+            resumed = gevent.spawn_later(1.2, master.process.send_signal, signal.SIGCONT)
+            try:
+                started = time.monotonic()
+                assert call(bucket_id) == shard.uuid
+                assert time.monotonic() - started > 1
+            finally:
+                resumed.join(5)
+                master.process.send_signal(signal.SIGCONT)
+        # a caller's timeout shorter than the stall is still its own
+        master.process.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout) as info:
+                router.route(buckets[2], timeout=0.3)
+            assert time.monotonic() - started < 1 and info.value.applied is False
+        finally:
+            master.process.send_signal(signal.SIGCONT)
+    finally:
+        router.close()
+
+
+@needs_vshard
 def test_a_write_waiting_for_a_master_is_sent_once_across_a_fork(cluster):
     """A callrw waits (between attempts) for its replica set's master when the
     process forks; the child runs its hub; the master comes back.  Only the

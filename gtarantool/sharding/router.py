@@ -484,9 +484,11 @@ class Router:
             with Timeout(max(self.timeout, CALL_TIMEOUT), False):
                 search.set(self._resolve(bucket_id))
                 return
-            search.set_exception(ShardingError(
+            unanswered = ShardingError(
                 NO_ROUTE_TO_BUCKET, "Bucket %d cannot be found: no master answered within "
-                "%ss" % (bucket_id, max(self.timeout, CALL_TIMEOUT)), {"bucket_id": bucket_id}))
+                "%ss" % (bucket_id, max(self.timeout, CALL_TIMEOUT)), {"bucket_id": bucket_id})
+            unanswered.unanswered = True   # (the search's bound, not the storages' answer)
+            search.set_exception(unanswered)
         except Exception as exc:
             search.set_exception(exc)
         except gevent.GreenletExit:   # close() killed it: its waiters hear why, at once
@@ -563,7 +565,15 @@ class Router:
         if rs is not None:
             return rs
         with Timeout(timeout, False):
-            return self._search(bucket_id)
+            while True:
+                try:
+                    return self._search(bucket_id)
+                except ShardingError as exc:
+                    # A search that ran out of its own bound (a master slow to
+                    # answer) ends no caller's longer timeout: searched again.
+                    if not getattr(exc, "unanswered", False):
+                        raise
+                gevent.sleep(0.005)
         exc = RequestTimeout("bucket %d was not found within %ss" % (bucket_id, timeout))
         exc.applied = False
         raise exc
