@@ -40,11 +40,26 @@ from bench.targets import open_target
 OPERATIONS = ("insert", "select")
 LEVELS = (1, 10, 100, 1000, 10_000)
 SYNC_LEVEL = 1
-# gtarantool with its write path's lead request off (``transport.LEAD_UP_TO``
-# 0): a contender that shows what the rule does, in the same runs.
+# gtarantool with another write policy, contenders that show what the
+# shipped one does, in the same runs: its lead request off
+# (``transport.LEAD_UP_TO`` 0), and "gtarantool-flushN", the lead off and a
+# batch's requests written N at a time (``transport.FLUSH_EVERY`` N; 1 writes
+# every request as its caller makes it, asyncio's way).
 NOLEAD = "gtarantool-nolead"
+FLUSH = "gtarantool-flush"
 TARGETS = {"cpu_vs_peers_at_1": 1.0, "cpu_aim_at_1": 1.25, "cpu_vs_asynctnt": 1.5,
            "ops_vs_asynctnt": 1.2, "p999_over_p50": 4.0, "rss_growth_mb": 1024}
+
+
+def write_policy(name):
+    """``(LEAD_UP_TO, FLUSH_EVERY or None)`` of a gtarantool contender with
+    another write policy, None for any other name."""
+    if name == NOLEAD:
+        return 0, None
+    every = name[len(FLUSH):] if name.startswith(FLUSH) else ""
+    if every.isdigit() and int(every) >= 1:
+        return 0, int(every)
+    return None
 
 
 def _percentile(counts, total, fraction):
@@ -66,10 +81,13 @@ def _rss_kb():
 def child(driver_name, greenlets, ops, size, host, port, space, out):
     """One run in a fresh process: ``ops`` inserts, then ``ops`` selects of the same
     keys, with ``greenlets`` concurrent requests; sends the figures to ``out``."""
-    if driver_name == NOLEAD:   # gtarantool with the write path's lead request off
+    policy = write_policy(driver_name)
+    if policy is not None:   # gtarantool with another write policy (see NOLEAD)
         from gtarantool import transport
-        transport.LEAD_UP_TO = 0
-    config = Config(driver="gtarantool" if driver_name == NOLEAD else driver_name,
+        transport.LEAD_UP_TO = policy[0]
+        if policy[1] is not None:
+            transport.FLUSH_EVERY = policy[1]
+    config = Config(driver="gtarantool" if policy is not None else driver_name,
                     greenlets=greenlets, size=size, space=space, quiet=True)
     driver = drivers.make(config, host, port)
     driver.open()
@@ -110,7 +128,7 @@ def child(driver_name, greenlets, ops, size, host, port, space, out):
 
 
 def _contenders(level, args):
-    names = ["gtarantool", NOLEAD, "asynctnt"]
+    names = ["gtarantool"] + [name for name in args.drivers if write_policy(name)] + ["asynctnt"]
     if level == SYNC_LEVEL and "sync" in args.drivers:
         names.append("sync")
     return [name for name in names if name in args.drivers]
@@ -171,7 +189,9 @@ def table(m, levels):
         "sends/k", "recvs/k", "rss MB", "growth")]
     for level in levels:
         for op in OPERATIONS:
-            for name in ("gtarantool", NOLEAD, "asynctnt", "sync"):
+            names = sorted({name for name, _ in m}, key=lambda name: (
+                name != "gtarantool", name in ("asynctnt", "sync"), name == "sync", name))
+            for name in names:
                 entry = m.get((name, level))
                 if entry is None:
                     continue
@@ -257,7 +277,8 @@ def main(argv=None):
                         help="concurrency levels (default %(default)s)")
     parser.add_argument("--drivers", default="gtarantool,asynctnt,sync",
                         help="comma-separated (default %%(default)s; also %s: gtarantool "
-                             "without the lead request of a small batch)" % NOLEAD)
+                             "without the lead request of a small batch, and %sN: without "
+                             "it, a batch written N requests at a time)" % (NOLEAD, FLUSH))
     parser.add_argument("--size", type=positive_int, default=1536,
                         help="payload bytes (default 1536)")
     parser.add_argument("--wal", default="write", choices=("write", "none"),
@@ -270,8 +291,8 @@ def main(argv=None):
         parser.error("--levels: %s" % exc)
     args.drivers = args.drivers.split(",")
     for name in args.drivers:
-        if name not in ("gtarantool", NOLEAD, "asynctnt", "sync") \
-                or drivers.missing("gtarantool" if name == NOLEAD else name):
+        if (name not in ("gtarantool", "asynctnt", "sync") and write_policy(name) is None) \
+                or drivers.missing("gtarantool" if write_policy(name) else name):
             parser.error("driver %r is unknown or not installed" % name)
     ticks0 = perf._cpu_ticks()
     runs = measure(args)

@@ -352,6 +352,24 @@ def test_the_sweep_shows_gtarantool_without_its_lead_request_beside_it(capsys):
     assert sends["gtarantool-nolead"] <= 110 < sends["gtarantool"]
 
 
+def test_the_sweep_writes_a_batch_n_requests_at_a_time_for_a_flush_contender(capsys):
+    """gtarantool-flushN: the lead off, a batch written N requests at a time;
+    flush1 writes every request, as asyncio's clients do."""
+    from bench.suites import sweep
+    assert sweep.write_policy("gtarantool-flush3") == (0, 3)
+    assert sweep.write_policy("gtarantool-flush0") is None
+    assert sweep.write_policy("gtarantool-flushy") is None
+    sweep.main(["--runs", "1", "--ops", "400", "--levels", "10", "--wal", "none",
+                "--drivers", "gtarantool-flush1,gtarantool-flush5"])
+    rows = {line.split()[2]: line.split() for line in capsys.readouterr().out.splitlines()
+            if re.match(r"^10 +select ", line)}
+    sends = {name: float(row[9]) for name, row in rows.items()}
+    assert set(sends) == {"gtarantool-flush1", "gtarantool-flush5"}
+    assert sends["gtarantool-flush1"] >= 900 and 150 <= sends["gtarantool-flush5"] <= 250
+    with pytest.raises(SystemExit):
+        sweep.main(["--drivers", "gtarantool-flush0"])
+
+
 def test_a_select_the_server_made_itself_is_explained():
     """An existing 2.11/3.x server with feedback on counts a select of its own
     once a minute: the report says so beside the mismatch it makes."""
