@@ -728,6 +728,45 @@ def test_a_replica_set_that_fails_to_start_stops_the_members_it_started():
 
 
 @pytest.mark.timing
+@pytest.mark.skipif(binary_version() < (2, 10), reason="needs Tarantool 2.10+ (streams); "
+                    "server is %s" % ".".join(map(str, binary_version())))
+def test_a_transaction_that_waited_for_a_master_begins_by_the_larger_timeout():
+    """No instance is writable; the master comes back just before
+    ``wait_timeout`` runs out with its one slot taken: the transaction's
+    begin ends by the larger of ``wait_timeout`` and ``request_timeout`` from
+    the call, as any call that waited, not a whole ``request_timeout`` after
+    its wait; it was never sent."""
+    with ReplicaSet(_lua(), user=USER, password=PASSWORD,
+                    cfg={"memtx_use_mvcc_engine": True}) as rs:
+        master = rs.servers[0]
+        pool = make_pool(rs, wait_timeout=2, request_timeout=1, max_in_flight=1)
+        boss = admin(master)
+        try:
+            boss.eval("box.cfg{read_only = true}")
+            wait_until(lambda: all(i["role"] != "master" for i in pool.info().values()))
+            conn = next(i.conn for i in pool.pool.values() if i.conn.port == master.port)
+            # A call that holds its one slot for 3 s (its own deadline taken
+            # as it starts, past the pool's request_timeout).
+            conn.request_timeout = 5
+            busy = gevent.spawn(conn.call, "sleep_and_return", 3, 1)
+            gevent.sleep(0.1)
+            conn.request_timeout = 1
+            assert conn._transport.in_flight == 1
+            gevent.spawn_later(1.7, boss.eval, "box.cfg{read_only = false}")
+            started = time.monotonic()
+            with pytest.raises(gtarantool.RequestTimeout) as caught:
+                with pool.transaction():
+                    pass
+            took = time.monotonic() - started
+            assert 1.7 <= took <= 2.0 + slack(0.3), took
+            assert gtarantool.errors.applied(caught.value) is False
+            busy.kill()
+        finally:
+            boss.close()
+            pool.close()
+
+
+@pytest.mark.timing
 @pytest.mark.parametrize("strategy", [RoundRobinStrategy, LeastInFlightStrategy,
                                       tarantool.connection_pool.RoundRobinStrategy])
 def test_a_call_that_waited_for_a_master_ends_by_the_larger_timeout(rs, strategy, routes):

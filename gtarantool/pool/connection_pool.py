@@ -783,8 +783,35 @@ class ConnectionPool(_PoolBase):
         :raises tarantool.error.PoolTopologyError: no read-write instance
             (after waiting ``wait_timeout``).
         :raises gtarantool.FeatureNotSupported: the server has no transactions (2.10+).
+        :raises gtarantool.RequestTimeout: the transaction did not begin in time:
+            within ``request_timeout``, or, when it waited for a read-write
+            instance, by the larger of ``wait_timeout`` and ``request_timeout``
+            from the call, as any call that waited.
         """
-        return self._route(RW).conn.transaction(isolation, timeout)
+        picks: Any = self._next[RW._value_]
+        if picks is not None:
+            return next(picks).conn.transaction(isolation, timeout)
+        start = time.monotonic()
+        conn = self._wait_for(RW, start + self.wait_timeout).conn
+        block = conn.transaction(isolation, timeout)
+        if conn.request_timeout is None:
+            return block
+        return _BegunBy(start + max(self.wait_timeout, conn.request_timeout), block)
+
+
+class _BegunBy:
+    """A transaction block (``Connection.transaction``'s) whose begin ends at
+    ``end`` (see ``_by``); the rest of the block is its own."""
+
+    def __init__(self, end, block):
+        self._end = end
+        self._block = block
+
+    def __enter__(self):
+        return _by(self._end, self._block.__enter__, (), {})
+
+    def __exit__(self, *exc):
+        return self._block.__exit__(*exc)
 
 
 def _crud_method(name):
