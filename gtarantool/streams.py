@@ -34,7 +34,7 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_EXECUTE,
 )
 from gtarantool.protocol.responses import Response, ResponseExecute
-from gtarantool.transport import CopiedCall, Draining
+from gtarantool.transport import CopiedCall, Draining, InheritedSocket
 
 if TYPE_CHECKING:
     from gtarantool.transport import Transport
@@ -96,6 +96,10 @@ class Stream(ConnectionRequestMethods):
         if tx is None:
             return self._conn._ensure_connected()
         self._conn._check_owner()
+        if type(tx.error) is InheritedSocket:   # (the parent's socket: its transaction goes on)
+            raise not_sent(NetworkError(
+                "the transaction of stream %d was begun by the parent of this forked process "
+                "and is the parent's: nothing of it is sent here" % self.stream_id))
         if tx.error is not None:
             raise not_sent(NetworkError(
                 "the connection was lost during the transaction of stream %d (the server "

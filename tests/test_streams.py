@@ -466,3 +466,31 @@ def test_a_commit_or_rollback_never_sent_leaves_the_transaction_open():
         reader.close()
     finally:
         srv.cleanup()
+
+
+@needs_streams
+def test_a_forked_childs_copy_of_a_transaction_is_named_the_parents(mvcc_server, mconn):
+    """A stream mid-transaction when the process forks: the child's request
+    in it sends nothing (``applied`` False) and says the transaction is the
+    parent's, not that the server rolled it back; the parent commits it."""
+    import os
+
+    from tests import children
+    tx = mconn.stream()
+    tx.begin()
+    tx.insert("tester", (71, "parent"))
+    pid = children.fork()
+    if pid == 0:
+        code = 1
+        try:
+            tx.insert("tester", (72, "child"))
+        except NetworkError as exc:
+            said = str(exc)
+            code = 0 if (gtarantool.errors.applied(exc) is False and "parent" in said
+                         and "rolled it back" not in said) else 2
+        except BaseException:  # noqa: BLE001 - reported as the exit status
+            code = 3
+        os._exit(code)
+    assert children.wait(pid) == 0
+    tx.commit()
+    assert mconn.select("tester").data == [[71, "parent"]]
