@@ -718,3 +718,33 @@ def test_a_call_cut_by_a_timer_or_a_kill_is_in_the_duration_metric(telemetry, co
         "gevent.timeout.Timeout", "greenlet.GreenletExit"]
     assert all(point.count == 1 and point.sum >= 0.04 for point in points)
 
+
+def test_a_pipeline_whose_every_request_failed_is_a_failed_batch(telemetry, conn):
+    """A pipeline's wait does not raise for its requests' errors (each is its
+    result); a batch of which none succeeded is a failed operation all the same,
+    and one of which some succeeded is not."""
+    conn.replace("tester", (7, "x"))
+    refused = conn.pipeline()
+    refused.insert("tester", (7, "y"))
+    refused.insert("tester", (7, "z"))
+    assert all(isinstance(result, DatabaseError) for result in refused.results())
+    partly = conn.pipeline()
+    partly.insert("tester", (7, "y"))
+    partly.select("tester", 7)
+    partly.results()
+    raised = conn.pipeline()
+    raised.call("raise_error", "a")
+    raised.insert("tester", (7, "w"))
+    assert all(isinstance(result, DatabaseError) for result in raised.results())
+    duplicates, mixed, both = telemetry.finished()[1:]
+    assert duplicates.status.status_code is StatusCode.ERROR
+    assert duplicates.attributes["error.type"] == "3"
+    assert duplicates.attributes["db.response.status_code"] == "3"
+    assert mixed.status.status_code is StatusCode.UNSET
+    assert "error.type" not in mixed.attributes
+    assert both.status.status_code is StatusCode.ERROR
+    assert both.attributes["error.type"] == "555"   # (the first failure's)
+    failed = sorted(point.attributes.get("error.type", "") for point in
+                    telemetry.points("db.client.operation.duration")
+                    if point.attributes["db.operation.name"].startswith("BATCH"))
+    assert failed == ["", "3", "555"]

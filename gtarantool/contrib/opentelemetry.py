@@ -49,9 +49,11 @@ from gtarantool.protocol.constants import (
     REQUEST_TYPE_UPDATE,
     REQUEST_TYPE_UPSERT,
 )
+from gtarantool.protocol.responses import responses
 from gtarantool.sharding import Router
 from gtarantool.sql import PreparedStatement
 from gtarantool.streams import Stream
+from gtarantool.transport import CHECKED
 
 __all__ = ["GtarantoolInstrumentor", "DURATION_BUCKETS", "SYSTEM"]
 
@@ -325,11 +327,14 @@ class _Telemetry:
                                   monitoring.address_of(conn)})
 
     def batch(self, conn: Any, ops: List[Any], size: int, stream_id: Optional[int],
-              start_ns: int, call: Callable[[], Any]) -> Any:
+              start_ns: int, call: Callable[[], Any],
+              failure: Callable[[], Optional[BaseException]]) -> Any:
         """A pipeline's wait: one span from its first queued request to its
         replies; ``ops``: the (operation, target) of its requests, None where
         not known.  A pipeline of one request is that request's own span (the
-        conventions' batch has two or more)."""
+        conventions' batch has two or more).  ``failure()``, after a wait that
+        returned: the first request's error when every request failed (the
+        wait does not raise for them), else None."""
         names = {op for op, _ in ops}
         targets = {target for _, target in ops}
         op: Optional[str] = "BATCH"
@@ -355,7 +360,12 @@ class _Telemetry:
             self._failed(span, metric, exc, time.perf_counter() - start, conn)
             raise
         else:
-            self.duration.record(time.perf_counter() - start, metric)
+            elapsed = time.perf_counter() - start
+            failed = failure()
+            if failed is None:
+                self.duration.record(elapsed, metric)
+            else:
+                self._failed(span, metric, failed, elapsed, None)
             return result
         finally:
             span.end()
@@ -570,10 +580,28 @@ def _pipeline_wait(telemetry: _Telemetry, original: Callable[..., Any]) -> Any:
         if batch is None:
             return original(self)
         stream = self._stream
-        return telemetry.batch(self._conn, list(batch[1]), sum(batch[1].values()),
+        size = sum(batch[1].values())
+        return telemetry.batch(self._conn, list(batch[1]), size,
                                None if stream is None else stream.stream_id, batch[0],
-                               lambda: original(self))
+                               lambda: original(self), lambda: _all_failed(self, size))
     return _named(wait, original)
+
+
+def _all_failed(pipeline: Any, size: int) -> Optional[BaseException]:
+    """The first error of ``pipeline``'s last ``size`` requests when each of
+    them failed (an error reply, or the exception it holds), else None."""
+    sink = pipeline._sink
+    syncs = sink.syncs[-size:] if size > 0 else []
+    replies = sink.replies
+    for sync in syncs:
+        reply = replies.get(sync)
+        if reply is None or reply is CHECKED or (type(reply) is tuple and not reply[0]):
+            return None
+    if not syncs:
+        return None
+    conn = pipeline._conn
+    first = responses(conn, conn._decoder, syncs[:1], replies, code_of=pipeline._codes)[0]
+    return first if isinstance(first, BaseException) else None
 
 
 def _with_outer(value: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
