@@ -798,3 +798,27 @@ def test_a_call_that_waited_for_a_master_ends_by_the_larger_timeout(rs, strategy
     finally:
         boss.close()
         pool.close()
+
+
+@pytest.mark.parametrize("strategy", [RoundRobinStrategy, LeastInFlightStrategy])
+def test_a_write_no_instance_can_take_is_refused_not_passed_between_replicas(rs, strategy,
+                                                                              routes):
+    """Every instance is read-only; a write sent in a mode replicas fit (ANY,
+    PREFER_RW, PREFER_RO) is refused by the first, and a re-route goes to a
+    master only: it is refused once (applied False), not passed from replica
+    to replica until the caller's time runs out."""
+    with admin(rs.master) as conn:
+        conn.eval("box.cfg{read_only = true}")
+    pool = make_pool(rs, strategy_class=strategy)
+    try:
+        wait_until(lambda: all(i["role"] == "replica" for i in pool.info().values()))
+        for mode in (Mode.ANY, Mode.PREFER_RW, Mode.PREFER_RO):
+            with gevent.Timeout(5):
+                with pytest.raises(DatabaseError) as refused:
+                    pool.insert("tester", (1, "x"), mode=mode)
+            assert refused.value.code == 7
+            assert gtarantool.errors.applied(refused.value) is False
+        assert pool.rerouted_writes == 0
+        assert sum(i["requests"] for i in pool.info().values()) == 3
+    finally:
+        pool.close()

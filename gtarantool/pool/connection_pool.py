@@ -486,7 +486,7 @@ class ConnectionPool(_PoolBase):
                     self._set_state(instance, HEALTHY, True, instance.box_status)
                 instance.wakeup.set()
             if code in NOT_APPLIED and not may_resend and (method is None or method in WRITES):
-                return self._reroute_write(instance, exc, mode, deadline, end)
+                return self._reroute_write(instance, exc, deadline, end)
             raise exc
         if isinstance(exc, (RequestTimeout, CopiedCall, InheritedSocket)):
             raise exc   # (the last two: a copy of the parent's caller, in a forked child)
@@ -508,10 +508,12 @@ class ConnectionPool(_PoolBase):
             return other, deadline, end
         return other
 
-    def _reroute_write(self, instance, exc, mode, deadline, end=None):
+    def _reroute_write(self, instance, exc, deadline, end=None):
         """``(instance, deadline, end)`` for a write ``instance`` refused with
-        ``exc`` before applying it: the one holding the role now, waited for
-        until ``deadline`` (None: ``wait_timeout`` from now, the first
+        ``exc`` before applying it: the read-write one now, whatever the
+        call's ``mode`` (another replica would refuse it too, and the write
+        would go from one to the next for as long as the call lasts), waited
+        for until ``deadline`` (None: ``wait_timeout`` from now, the first
         re-route), no later than the call's ``end`` (its ``request_timeout``,
         which the connection's refusal carries as ``call_deadline``); else
         ``exc`` is raised."""
@@ -522,7 +524,7 @@ class ConnectionPool(_PoolBase):
         if end is not None:
             deadline = min(deadline, end)
         try:
-            other = self._wait_for(mode, deadline)
+            other = self._wait_for(RW, deadline)
         except PoolTopologyError:
             raise exc from None
         if other is instance:
