@@ -762,14 +762,18 @@ class Campaign:
             gevent.joinall(injectors)
             for t in self.targets.values():
                 t.heal()
-            limit = self.longest() + self.slack
+            # (a negative slack, which makes every call overlong, still waits
+            # for the calls: only the verdict takes it)
+            limit = self.longest() + max(self.slack, 0.0)
             gevent.joinall(workers, timeout=limit)
-            hung = [w for w in workers if not w.dead]
+            # Stopped before the servers are read: a call that ended while they
+            # were would be an acknowledged write the facts cannot hold.  Its
+            # op keeps no end, and the verdict names it hung.
+            gevent.killall([w for w in workers if not w.dead], timeout=5)
             child_ops, child_sockets, stalls = self.reap()
             self.history.extend(child_ops)
             facts = self.facts(child_sockets, {op.id for op in child_ops if op.copy})
             facts.stalls = dict(stalls, parent=self.meter.stop())
-            gevent.killall(hung, timeout=5)
             return self.history, facts, h.check(self.history, facts, self.slack)
         finally:
             if getattr(self, "meter", None) is not None:
