@@ -20,6 +20,7 @@ from tarantool.error import DatabaseError, NetworkError
 import gtarantool
 from gtarantool import Mode, RequestTimeout, monitoring
 from gtarantool.contrib.opentelemetry import DURATION_BUCKETS, GtarantoolInstrumentor
+from gtarantool.errors import applied
 from gtarantool.sharding import Router
 from gtarantool.testing.cluster import ShardedCluster, vshard_missing
 from gtarantool.testing.server import binary_version
@@ -175,8 +176,30 @@ def test_errors_set_the_status_the_error_type_and_the_box_error_code(telemetry, 
               if "error.type" in point.attributes]
     assert sorted(point.attributes["error.type"] for point in failed) == [
         "3", "555", "gtarantool.errors.RequestTimeout"]
+    # (written and unanswered: the duration's error.type, no connection timeout)
+    assert telemetry.points("db.client.connection.timeouts") == []
+
+
+def test_a_call_that_got_no_request_slot_in_time_is_a_connection_timeout(telemetry, server):
+    """The conventions' db.client.connection.timeouts counts a call whose time
+    ran out before it got a connection: here, in line for max_in_flight's one
+    slot (nothing written, applied False)."""
+    c = gtarantool.connect(server.host, server.port, user=USER, password=PASSWORD,
+                           max_in_flight=1, request_timeout=5)
+    try:
+        busy = gevent.spawn(c.call, "sleep_and_return", 1, 1)   # the slot, for 1 s
+        gevent.sleep(0.05)
+        c.request_timeout = 0.2
+        with pytest.raises(RequestTimeout) as caught:
+            c.call("sleep_and_return", 0, 2)
+        assert applied(caught.value) is False
+        assert busy.get(timeout=5).data == [1]
+    finally:
+        c.close()
     timeouts = telemetry.points("db.client.connection.timeouts")
     assert [point.value for point in timeouts] == [1]
+    assert timeouts[0].attributes["db.client.connection.pool.name"] == "%s:%d" % (
+        server.host, server.port)
 
 
 def test_a_pipeline_is_one_batch_span(telemetry, server, conn):

@@ -38,7 +38,7 @@ import gtarantool
 from gtarantool import connection as _connection
 from gtarantool import monitoring
 from gtarantool.connection import Connection
-from gtarantool.errors import RequestTimeout
+from gtarantool.errors import RequestTimeout, applied
 from gtarantool.pipeline import Pipeline
 from gtarantool.pool import ConnectionPool, roles
 from gtarantool.protocol.constants import (
@@ -158,7 +158,7 @@ class _Telemetry:
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS))
         self.timeouts = meter.create_counter(
             "db.client.connection.timeouts", unit="{timeout}",
-            description="Requests that got no reply (or no connection) within request_timeout.")
+            description="Calls that got no connection or no free request slot in time.")
         meter.create_observable_up_down_counter(
             "db.client.connection.count", callbacks=[self._count], unit="{connection}",
             description="Open connections, by state: used (requests in flight) or idle.")
@@ -322,7 +322,10 @@ class _Telemetry:
         # (A call a gevent.Timeout or a kill cut is among the slowest: without it
         # the histogram's percentiles would look better than the calls were.)
         self.duration.record(elapsed, dict(metric, **errors))
-        if isinstance(exc, RequestTimeout) and conn is not None:
+        # (The conventions' count of timeouts getting a connection: a call whose
+        # time ran out before it was written, connecting or in line for one of
+        # max_in_flight's slots; one written and unanswered is the duration's.)
+        if isinstance(exc, RequestTimeout) and applied(exc) is False and conn is not None:
             self.timeouts.add(1, {"db.client.connection.pool.name":
                                   monitoring.address_of(conn)})
 
