@@ -223,3 +223,14 @@ def test_reasons_say_what_is_out_of_range_and_name_the_field(conn, server, tmp_p
         ids.append(10)
     assert sorted(reasons) == [2, 3, 4, 5] + ([7, 8, 9] if VERSION >= (2, 10) else [])
     assert sorted(t[0] for t in conn.select("copy_range").data) == sorted(ids)
+
+
+def test_a_json_lines_syntax_error_is_told_by_its_column(conn, server, tmp_path):
+    _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string")])
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "name": "a"}\n{"id": 2, "name": "b"\n{"id" 3}\n')
+    status, out, reasons = _import(server, src, "copy_kv", "--format", "jsonl")
+    assert status == 2, out
+    # (json's own "line 2 column 1" is the end of the record, after its newline)
+    assert reasons == {2: "not JSON: Expecting ',' delimiter at the end of the line",
+                       3: "not JSON: Expecting ':' delimiter at column 7"}

@@ -877,6 +877,11 @@ def parse(raws: Sequence[bytes], fmt: str, options: Dict[str, Any]) -> List[Any]
                 out.append(_json(text))
             except _OutOfRange as exc:
                 out.append(BadRow(str(exc)))
+            except json.JSONDecodeError as exc:
+                # (by column: its "line 2" is the end of the record, after its newline)
+                where = "at the end of the line" if exc.pos >= len(text.rstrip("\r\n")) \
+                    else "at column %d" % (exc.pos + 1)
+                out.append(BadRow("not JSON: %s %s" % (exc.msg, where)))
             except ValueError as exc:
                 out.append(BadRow("not JSON: %s" % exc))
         return out
