@@ -225,6 +225,47 @@ def test_reasons_say_what_is_out_of_range_and_name_the_field(conn, server, tmp_p
     assert sorted(t[0] for t in conn.select("copy_range").data) == sorted(ids)
 
 
+def test_numbers_are_ascii_digits_without_underscores(conn, server, tmp_path):
+    # (int(), float() and Decimal() take 1_000 and other scripts' digits: a file's
+    # "1_000" or "٣" is no number, and a UUID or a datetime of them no value)
+    fields = [("id", "unsigned"), ("i", "integer"), ("n", "number"), ("d", "double"),
+              ("dec", "decimal"), ("u", "uuid")]
+    if VERSION >= (2, 10):
+        fields.append(("dt", "datetime"))
+    _space(conn, "copy_digits", fields)
+    u = "6f1c1f3e-0000-0000-0000-000000000001"
+    dt = ",2024-01-02T00:00:00Z" if VERSION >= (2, 10) else ""
+    good = ["1", "-2", "3.5", "4.5", "5.25", u]
+    bad = {"id": ["1_000", "\u0663", "\uff15"], "i": ["-1_0", "-\u0663"],
+           "n": ["1_0.5", "\u0663.\u0665", "1e1_0"], "d": ["1_000.5", "\u0663"],
+           "dec": ["1_000", "\u0663"],
+           # (uuid.UUID() reads this one shifted by a digit: 06f1c1f3-e000-...)
+           "u": ["6f1c1f3e-0000-0000-0000-00000000000 ", "+f1c1f3e000000000000000000000001",
+                 "6f1c1f3e00000000000000000000000\u0661"]}
+    names = [n for n, _ in fields]
+    rows, expected = [], {}
+    for name, values in bad.items():
+        for value in values:
+            row = list(good)
+            row[names.index(name)] = value
+            if name != "id":
+                row[0] = str(len(rows) + 10)
+            rows.append(",".join(row) + dt)
+            expected[len(rows)] = name
+    if VERSION >= (2, 10):
+        rows.append("99,1,1,1,1," + u + ",\u0662\u0660\u0662\u0664-01-02")
+        expected[len(rows)] = "dt"
+    rows.append("100,1,1,1,1,{%s}" % u + dt)    # (braces, as PostgreSQL takes them)
+    src = tmp_path / "in.csv"
+    src.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+    for procs in (0, 2):
+        conn.eval("box.space.copy_digits:truncate()")
+        status, out, reasons = _import(server, src, "copy_digits", "--procs", procs)
+        assert status == 2, out
+        assert {row: reason.split(" ")[1] for row, reason in reasons.items()} == expected
+        assert [t[0] for t in conn.select("copy_digits").data] == [100]
+
+
 def test_a_json_lines_syntax_error_is_told_by_its_column(conn, server, tmp_path):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string")])
     src = tmp_path / "in.jsonl"

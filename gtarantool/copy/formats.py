@@ -65,7 +65,7 @@ _TRUE = frozenset(("true", "t", "1", "yes", "y", "on"))
 _FALSE = frozenset(("false", "f", "0", "no", "n", "off"))
 _OFFSET_MIN, _OFFSET_MAX = -12 * 60, 14 * 60   # minutes, as the server takes them
 _DATETIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,9}))?)?)?"
-                       r"\s*(Z|[+-]\d\d:?\d\d)?$")
+                       r"\s*(Z|[+-]\d\d:?\d\d)?$", re.ASCII)
 
 
 # What Tarantool's integers hold (MessagePack's int64 and uint64)
@@ -73,11 +73,19 @@ _INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
 DECIMAL_DIGITS = 38   # a Tarantool decimal's digits
 
 
+def _plain(text):
+    """Whether ``text`` spells a number as a file does: ASCII, no ``_`` (int(),
+    float() and Decimal() take ``1_000`` and other scripts' digits, ``٣``)."""
+    return text.isascii() and "_" not in text
+
+
 def _int(text):
     try:
-        return int(text)
+        if _plain(text):
+            return int(text)
     except ValueError:
-        raise ValueError("not an integer") from None
+        pass
+    raise ValueError("not an integer")
 
 
 def _in_range(v):
@@ -91,9 +99,11 @@ def _float(text):
     # (inf, -inf and nan too: a double holds them, and an export writes them so;
     # but not a finite number too large for a double, which float() makes inf)
     try:
-        f = float(text)
+        f = float(text) if _plain(text) else None
     except ValueError:
-        raise ValueError("not a number") from None
+        f = None
+    if f is None:
+        raise ValueError("not a number")
     if f - f != 0.0 and f == f and "inf" not in text.lower():
         raise ValueError("out of range: a double holds at most about 1.8e308")
     return f
@@ -121,10 +131,10 @@ def _number(v):
     if type(v) is not str:
         return _no(v, "a number")
     try:
-        n = int(v)
+        n = int(v) if _plain(v) else None
     except ValueError:
-        return _float(v)
-    return _in_range(n)
+        n = None
+    return _float(v) if n is None else _in_range(n)
 
 
 def _double(v):
@@ -157,9 +167,11 @@ def _decimal(v):
     if type(v) is not str:
         return _no(v, "a decimal")
     try:
-        d = decimal.Decimal(v.strip())
+        d = decimal.Decimal(v.strip()) if _plain(v) else None
     except decimal.InvalidOperation:
-        raise ValueError("not a decimal number") from None
+        d = None
+    if d is None:
+        raise ValueError("not a decimal number")
     if not d.is_finite():
         raise ValueError("not a finite decimal")
     return _exact_decimal(d)
@@ -193,13 +205,18 @@ def _decimal_fits(whole, frac):
         whole == "0" and len(frac) <= DECIMAL_DIGITS
 
 
+# (uuid.UUID() reads the hex by int(), which skips spaces and takes a sign, an
+# underscore and other scripts' digits: 'abc…def ' is read shifted by a digit)
+_UUID = re.compile(r"(?:urn:uuid:)?(\{)?[0-9a-fA-F]{8}(-?)[0-9a-fA-F]{4}\2[0-9a-fA-F]{4}\2"
+                   r"[0-9a-fA-F]{4}\2[0-9a-fA-F]{12}(?(1)\})$")
+
+
 def _uuid(v):
     if type(v) is not str:
         return _no(v, "a UUID")
-    try:
-        return uuid.UUID(v)
-    except ValueError:
-        raise ValueError("not a UUID") from None
+    if _UUID.match(v) is None:
+        raise ValueError("not a UUID")
+    return uuid.UUID(v)
 
 
 def _datetime(v):
@@ -312,9 +329,11 @@ def _json_number(v):
     writes a decimal so, an integer or a double being a JSON number)."""
     if type(v) is str:
         try:
-            d = decimal.Decimal(v.strip())
+            d = decimal.Decimal(v.strip()) if _plain(v) else None
         except decimal.InvalidOperation:
-            raise ValueError("not a number") from None
+            d = None
+        if d is None:
+            raise ValueError("not a number")
         return _exact_decimal(d) if d.is_finite() else _float(v)
     return _number(v)
 
@@ -332,6 +351,8 @@ CONVERTERS: Dict[str, Callable[[Any], Any]] = {
 
 
 def _text_unsigned(text):
+    if not _plain(text):
+        raise ValueError("not an integer")
     v = int(text)
     if not 0 <= v <= _UINT_MAX:
         raise ValueError("out of range")
@@ -339,6 +360,8 @@ def _text_unsigned(text):
 
 
 def _text_integer(text):
+    if not _plain(text):
+        raise ValueError("not an integer")
     v = int(text)
     if not _INT_MIN <= v <= _UINT_MAX:
         raise ValueError("out of range")
