@@ -384,3 +384,22 @@ def test_values_with_line_ends_and_quotes_round_trip_through_the_command_line(
                             "--procs", 1, *_conn_args(server))
         assert status == 0, said
         assert conn.select("copy_kv").data == [[k, v, k] for k, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("procs", [0, 2])
+def test_without_an_errors_file_the_first_rejections_are_told_on_stderr(conn, server, tmp_path,
+                                                                         procs):
+    _kv(conn)
+    src = tmp_path / "in.csv"
+    # (chunks of 4 rows finish out of order under workers: the lowest rows are told)
+    _write(src, ["%d,n%d,%s\n" % (k, k, k if k % 3 else "x%d" % k) for k in range(40)])
+    proc = _popen("from", src, "--space", "copy_kv", "--procs", procs, "--chunk", 4,
+                  *_conn_args(server))
+    out, err = _finish(proc)
+    assert proc.returncode == 2, (out, err)
+    assert "40 rows read, 26 written, 14 rejected" in out
+    told = [line for line in err.splitlines() if line.startswith("gtarantool-copy: row ")]
+    assert told == ["gtarantool-copy: row %d: field n (integer): 'x%d': not an integer"
+                    % (k + 1, k) for k in range(0, 30, 3)], err
+    assert "gtarantool-copy: 4 more rows rejected (--errors FILE keeps each one and its " \
+           "reason)" in err

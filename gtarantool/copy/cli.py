@@ -7,9 +7,10 @@ connection, parse, convert by the space's format and write with
 :func:`gtarantool.copy.copy_from`, and answer once per chunk.  A worker holds
 at most two chunks, so memory stays bounded whatever the file's size.
 Rejected rows go to ``--errors FILE`` as they were in the input, their
-reasons to ``FILE.reasons``.  Exit status: 0 when every row was written, 2
-when some were rejected, 1 on a fatal error; the summary names the rows
-known settled from the start, which ``--skip-rows`` skips on a new run.
+reasons to ``FILE.reasons`` (without it, the first ones' reasons to
+stderr).  Exit status: 0 when every row was written, 2 when some were
+rejected, 1 on a fatal error; the summary names the rows known settled from
+the start, which ``--skip-rows`` skips on a new run.
 
 ``to``: every tuple of the space (or an index range) in the same formats.
 """
@@ -401,7 +402,11 @@ def _clock(seconds: float) -> str:
 
 
 class _Errors:
-    """The rejected rows as they were in the input, and FILE.reasons beside."""
+    """The rejected rows as they were in the input, and FILE.reasons beside;
+    without a file, the first rows' reasons, for :meth:`tell` (else a
+    rejection would be told by its count alone)."""
+
+    SHOWN = 10   # reasons told without a file
 
     def __init__(self, path: Optional[str], header: Optional[bytes]) -> None:
         self.path = path
@@ -409,10 +414,17 @@ class _Errors:
         self.reasons: Any = None
         self.count = 0
         self.header = header
+        self.first: List[Tuple[int, str]] = []
 
     def add(self, rejected: List[Tuple[int, bytes, str, Optional[bool]]]) -> None:
         self.count += len(rejected)
-        if self.path is None or not rejected:
+        if self.path is None:
+            # (the lowest rows: chunks finish out of order)
+            self.first = sorted(self.first + [(index, _reason(reason, applied))
+                                              for index, _raw, reason, applied in rejected
+                                              ][:self.SHOWN])[:self.SHOWN]
+            return
+        if not rejected:
             return
         if self.rows is None:
             rows = open(self.path, "wb")
@@ -426,13 +438,28 @@ class _Errors:
                 self.rows.write(self.header)
         for index, raw, reason, applied in rejected:
             self.rows.write(raw if raw.endswith(b"\n") else raw + b"\n")
-            note = "" if applied is False else " (it may have been written)"
-            self.reasons.write("row %d: %s%s\n" % (index + 1, reason, note))
+            self.reasons.write("row %d: %s\n" % (index + 1, _reason(reason, applied)))
 
     def close(self) -> None:
         if self.rows is not None:
             self.rows.close()
             self.reasons.close()
+
+    def tell(self, out: Any) -> None:
+        """The reasons kept without a file, on ``out``."""
+        if self.path is not None:
+            return
+        for index, reason in self.first:
+            print("gtarantool-copy: row %d: %s" % (index + 1, reason), file=out)
+        more = self.count - len(self.first)
+        if more:
+            print("gtarantool-copy: %s more rows rejected (--errors FILE keeps each one and "
+                  "its reason)" % format(more, ","), file=out)
+        out.flush()
+
+
+def _reason(reason: str, applied: Optional[bool]) -> str:
+    return reason if applied is False else reason + " (it may have been written)"
 
 
 # -- from --------------------------------------------------------------------------------------
@@ -702,6 +729,7 @@ def copy_from_file(args: argparse.Namespace) -> int:
         workers.close(hurry=bool(fatal) and fatal[-1] in ("interrupted", "terminated (SIGTERM)"))
         errors.close()
         progress.done()
+        errors.tell(sys.stderr)
     if stopping.held and not fatal:
         fatal.append("terminated (SIGTERM)")
     resume = short[0] if short else args.skip_rows
