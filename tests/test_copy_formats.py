@@ -275,3 +275,18 @@ def test_a_json_lines_syntax_error_is_told_by_its_column(conn, server, tmp_path)
     # (json's own "line 2 column 1" is the end of the record, after its newline)
     assert reasons == {2: "not JSON: Expecting ',' delimiter at the end of the line",
                        3: "not JSON: Expecting ':' delimiter at column 7"}
+
+
+def test_a_number_of_thousands_of_digits_is_rejected_as_out_of_range(conn, server, tmp_path,
+                                                                      reader):
+    # (int() reads at most 4,300 digits: the plan's Python twin raised past it)
+    _space(conn, "copy_long", [("id", "unsigned"), ("n", "integer")])
+    src = tmp_path / "in.csv"
+    src.write_text("1,1\n2,%s\n3,%s7\n4,-%s\n" % ("1" * 5000, "0" * 30, "9" * 25))
+    status, out, reasons = _import(server, src, "copy_long")
+    assert status == 2, out
+    assert sorted(reasons) == [2, 4]
+    for row in (2, 4):
+        assert reasons[row].endswith("out of range: Tarantool's integers go from -2^63 to "
+                                     "2^64-1"), reasons[row]
+    assert conn.select("copy_long").data == [[1, 1], [3, 7]]

@@ -84,14 +84,18 @@ def _int(text):
         if _plain(text):
             return int(text)
     except ValueError:
-        pass
+        if text.strip().lstrip("+-").isdigit():   # (more digits than int() reads)
+            raise ValueError(_OUT_OF_RANGE) from None
     raise ValueError("not an integer")
+
+
+_OUT_OF_RANGE = "out of range: Tarantool's integers go from -2^63 to 2^64-1"
 
 
 def _in_range(v):
     # (the packer's own error, "Unknown type: 18446744073709551616", names no field)
     if not _INT_MIN <= v <= _UINT_MAX:
-        raise ValueError("out of range: Tarantool's integers go from -2^63 to 2^64-1")
+        raise ValueError(_OUT_OF_RANGE)
     return v
 
 

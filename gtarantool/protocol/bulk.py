@@ -103,7 +103,10 @@ def _digits(text, signed):
     body = text[1:] if signed and text[:1] == "-" else text
     if not body or not body.isascii() or not body.isdigit():
         return _NO
-    v = int(text)
+    try:
+        v = int(text)
+    except ValueError:   # (more digits than int() reads: 4,300 by default)
+        return _NO
     return v if (_INT64_MIN if signed else 0) <= v <= _UINT64 else _NO
 
 
