@@ -290,3 +290,29 @@ def test_a_number_of_thousands_of_digits_is_rejected_as_out_of_range(conn, serve
         assert reasons[row].endswith("out of range: Tarantool's integers go from -2^63 to "
                                      "2^64-1"), reasons[row]
     assert conn.select("copy_long").data == [[1, 1], [3, 7]]
+
+
+@pytest.mark.skipif(VERSION < (3, 0), reason="field defaults are Tarantool 3.0+")
+@pytest.mark.parametrize("procs", [0, 2])
+def test_fields_with_a_default_may_be_left_out_or_null(conn, server, tmp_path, procs):
+    conn.eval("if box.space.copy_dflt then box.space.copy_dflt:drop() end "
+              "box.schema.space.create('copy_dflt', {format = {{name = 'id', type = 'unsigned'}, "
+              "{name = 'st', type = 'string', default = 'new'}, "
+              "{name = 'q', type = 'integer', default = 7}}}):create_index('pk')")
+    conn.flush_schema()
+    left_out = tmp_path / "left_out.csv"
+    left_out.write_text("id\n1\n2\n")
+    status, out, reasons = _import(server, left_out, "copy_dflt", "--header", "--procs", procs)
+    assert (status, reasons) == (0, {}), out
+    nulls = tmp_path / "nulls.csv"
+    # (the null text in a string field that is not nullable is the empty string)
+    nulls.write_text("id,st,q\n3,,\n4,x,5\n")
+    status, out, reasons = _import(server, nulls, "copy_dflt", "--header", "--procs", procs)
+    assert (status, reasons) == (0, {}), out
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": 5}\n{"id": 6, "st": null, "q": null}\n')
+    status, out, reasons = _import(server, lines, "copy_dflt", "--format", "jsonl",
+                                   "--procs", procs)
+    assert (status, reasons) == (0, {}), out
+    assert conn.select("copy_dflt").data == [[1, "new", 7], [2, "new", 7], [3, "", 7],
+                                             [4, "x", 5], [5, "new", 7], [6, "new", 7]]

@@ -42,21 +42,34 @@ class BadRow(ValueError):
 
 class Field:
     """One field of a space's format: ``name``, ``type`` (lower case, ``any``
-    when the format gives none), ``nullable``."""
+    when the format gives none), ``nullable``, ``default`` (the format gives
+    it a default, Tarantool 3.0+: the server puts it in place of a null or an
+    absent value)."""
 
-    __slots__ = ("name", "type", "nullable")
+    __slots__ = ("name", "type", "nullable", "default")
 
-    def __init__(self, name: str, type: str = "any", nullable: bool = False) -> None:
+    def __init__(self, name: str, type: str = "any", nullable: bool = False,
+                 default: bool = False) -> None:
         self.name, self.type, self.nullable = name, (type or "any").lower(), nullable
+        self.default = default
 
     @classmethod
     def from_format(cls, entry: Dict[str, Any]) -> Field:
         """A Field from one entry of ``space:format()`` as ``_vspace`` holds it."""
         return cls(entry.get("name", ""), entry.get("type", "any"),
-                   bool(entry.get("is_nullable", False)))
+                   bool(entry.get("is_nullable", False)),
+                   "default" in entry or "default_func" in entry)
+
+    @property
+    def null_text(self) -> bool:
+        """Whether the null text of CSV/TSV is null here: in a nullable field, or
+        one with a default but of a type that has no text of its own for it (in a
+        ``string``, ``any`` or ``scalar`` field that is not nullable it is text)."""
+        return self.nullable or self.default and self.type not in ("string", "any", "scalar")
 
     def __repr__(self) -> str:
-        return "Field(%r, %r%s)" % (self.name, self.type, ", nullable" if self.nullable else "")
+        return "Field(%r, %r%s%s)" % (self.name, self.type, ", nullable" if self.nullable else "",
+                                      ", default" if self.default else "")
 
 
 # -- text -> value ---------------------------------------------------------------------
@@ -417,9 +430,11 @@ class Converter:
             raise ValueError("more than one column is named %s" % ", ".join(twice))
         self.columns = list(columns)
         self._slots = [names.index(c) for c in columns]
-        missing = [f.name for f in fields if f.name not in columns and not f.nullable]
+        missing = [f.name for f in fields
+                   if f.name not in columns and not f.nullable and not f.default]
         if missing:
-            raise ValueError("the columns leave out %s, which cannot be null"
+            raise ValueError("the columns leave out %s, which cannot be null (and have no "
+                             "default)"
                              % ", ".join(missing))
         self._width = max(self._slots) + 1 if self._slots else 0
         # columns past the named ones are the tuple's fields past these (an
@@ -435,7 +450,7 @@ class Converter:
                           for slot, field, convert in self._plan]
         self._text_row = self._compile()
         # The common types by a plan, in C where it is built (protocol.bulk: the twin).
-        self.plan = tuple((slot, bulk.KINDS.get(field.type, bulk.KIND_CALL), field.nullable,
+        self.plan = tuple((slot, bulk.KINDS.get(field.type, bulk.KIND_CALL), field.null_text,
                            None if field.type in bulk.KINDS else convert)
                           for slot, field, convert in self._plan)
         encoder = compiled.encoder
@@ -452,7 +467,7 @@ class Converter:
         for k, (slot, field, convert) in enumerate(self._plan):
             env["c%d" % k] = TEXT_CONVERTERS.get(field.type, convert)
             value = "r[%d]" % k if field.type == "string" else "c%d(r[%d])" % (k, k)
-            if field.nullable:
+            if field.null_text:
                 value = "(None if r[%d] == null else %s)" % (k, value)
             parts[slot] = value
         env["null"] = self.null
@@ -519,8 +534,10 @@ class Converter:
         for (slot, field, convert), value in zip(self._plan, record):
             if value is None or value == null and type(value) is str:
                 if not field.nullable:
-                    if value is None and field.type == "any":
-                        continue   # (the server takes null in any field of type any)
+                    if value is None and (field.type == "any" or field.default) or \
+                            field.null_text:
+                        continue   # (the server takes null in a field of type any, and
+                        # puts a field's default in place of null)
                     if value is None or field.type not in ("string", "any", "scalar"):
                         raise BadRow("field %s (%s) cannot be null" % (field.name, field.type))
                     out[slot] = convert(value)   # (the text itself, as _text_row gives it)
