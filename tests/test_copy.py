@@ -361,6 +361,28 @@ def test_upsert_assigns_the_fields_outside_the_key(conn):
     assert data[5:] == [[k, "new", -k] for k in range(5, 15)]
 
 
+@pytest.mark.parametrize("procs", [0, 2])
+def test_an_upsert_of_some_columns_keeps_the_fields_they_leave_out(conn, server, tmp_path,
+                                                                   procs):
+    # (a field left out in the middle of the format was assigned null, one at the
+    # end kept its value)
+    _space(conn, "copy_some", [("id", "unsigned"), ("note", "string"), ("name", "string"),
+                               ("n", "integer")], nullable=("note", "n"))
+    conn.insert("copy_some", (1, "keep me", "a", 5))
+    src = tmp_path / "in.csv"
+    src.write_text("id,name\n1,b\n2,c\n")
+    status, out = _run("from", src, "--space", "copy_some", "--header", "--mode", "upsert",
+                       "--procs", procs, *_conn_args(server))
+    assert status == 0, out
+    assert conn.select("copy_some").data == [[1, "keep me", "b", 5], [2, None, "c"]]
+    report = copy_from(conn, "copy_some", [(1, None, "d", 6)], mode="upsert",
+                       assign=["name", 3])
+    assert report.written == 1
+    assert conn.select("copy_some", 1).data == [[1, "keep me", "d", 6]]
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        copy_from(conn, "copy_some", [(1, None, "d", 6)], mode="upsert", assign=["nope"])
+
+
 def test_copy_from_keeps_at_most_max_in_flight_rows_unanswered(conn):
     _space(conn, "copy_kv", [("id", "unsigned"), ("name", "string"), ("n", "integer")])
     ahead = []

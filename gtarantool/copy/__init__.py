@@ -496,7 +496,8 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
               bucket_id: Optional[Callable[[tuple], int]] = None,
               bucket_field: Union[str, int, None] = None,
               retry_timeout: float = 30.0, first: int = 0,
-              info: Optional[SpaceInfo] = None) -> CopyReport:
+              info: Optional[SpaceInfo] = None,
+              assign: Optional[Iterable[Union[str, int]]] = None) -> CopyReport:
     """Write ``rows`` into ``space`` in pipelined batches.
 
     :param target: a :class:`gtarantool.Connection`, a
@@ -526,6 +527,10 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
         ``applied`` False).
     :param first: the index the first row is counted as (in ``Rejected.position``).
     :param info: the space's :class:`SpaceInfo`, when the caller read it already.
+    :param assign: (upsert) the fields an upsert assigns, by name or number
+        (those of the primary key left out); default: every field outside the
+        primary key.  Rows read from a file naming only some fields assign
+        those: a field the file does not hold keeps its value.
     :returns: a :class:`CopyReport`.
     :raises ValueError: an unknown mode, space or field, or bucket options
         that do not fit the target.
@@ -551,6 +556,9 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
     else:
         from gtarantool.copy.routed import RoutedCopy as kind
     run = kind(dest, info, mode, batch, max(max_in_flight, batch), retry_timeout, first)
+    if assign is not None:
+        named = {info.field_no(f) for f in assign}
+        run.rest = tuple(f for f in run.rest if f in named)
     names = [f.name for f in info.fields]
     try:
         try:

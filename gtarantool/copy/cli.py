@@ -117,6 +117,10 @@ class Worker:
                                    json=self.fmt == "jsonl")
         self.csv = dialect(self.fmt, options["delimiter"], options["quote"])
         self.csv.pop("lineterminator")
+        # (an upsert assigns the fields the columns name: the others keep their values)
+        names = [f.name for f in self.info.fields]
+        self.assign = None if options["columns"] is None else \
+            [c for c in options["columns"] if c in names]
 
     def chunk(self, first: int, data: Any, n: int) -> Tuple[Any, ...]:
         """(rows, written, rejected [(index, raw, reason, applied)], settled, fatal, cpu)
@@ -176,7 +180,8 @@ class Worker:
         try:
             report = copy_from(self.target, self.info.id, rows, mode=o["mode"], batch=o["batch"],
                                max_in_flight=o["max_in_flight"], bucket_field=o["bucket_field"],
-                               retry_timeout=o["retry_timeout"], info=self.info)
+                               retry_timeout=o["retry_timeout"], info=self.info,
+                               assign=self.assign)
         except CopyError as exc:
             report, fatal = exc.report, str(exc)
         if report.rejected and not raws:
