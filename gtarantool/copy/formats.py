@@ -33,6 +33,11 @@ __all__ = ["FORMATS", "BadRow", "Block", "Converter", "Exporter", "Field", "bloc
            "parse", "records", "split_records"]
 
 FORMATS = ("csv", "tsv", "jsonl")
+
+# The csv module refuses a value past 128 KiB ("field larger than field limit"),
+# which the line splitter and an export do not: a value as long as a tuple holds
+if csv.field_size_limit() < (1 << 31) - 1:
+    csv.field_size_limit((1 << 31) - 1)
 UNWRITTEN = frozenset(("interval",))   # field types an export refuses
 
 
