@@ -597,7 +597,33 @@ def _json_default(v):
 
 
 def _dumps(v):
-    return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    try:
+        return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    except TypeError:   # (a map's key json takes no default for: bytes, a decimal)
+        return json.dumps(_keyed(v), ensure_ascii=False, separators=(",", ":"),
+                          default=_json_default)
+
+
+_JSON_KEYS = (str, int, float, bool, type(None))
+
+
+def _keyed(v):
+    """``v`` with the keys of its maps that JSON has no key for as text: a
+    binary key as its base64, a decimal, UUID or datetime as its text, an
+    array as its JSON."""
+    if isinstance(v, dict):
+        return {k if isinstance(k, _JSON_KEYS) else _key(k): _keyed(item)
+                for k, item in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_keyed(item) for item in v]
+    return v
+
+
+def _key(k):
+    try:
+        return _json_default(k)
+    except TypeError:
+        return _dumps(k)
 
 
 def _text(kind):
