@@ -903,6 +903,46 @@ def test_a_row_whose_bucket_is_in_transit_when_read_waits_for_it(sharded):
 
 
 @needs_vshard
+def test_a_forked_childs_copy_of_rows_waiting_for_their_bucket_sends_and_settles_nothing(
+        sharded):
+    """A Router's copy whose rows wait for a bucket in transit when the process
+    forks goes on in the parent only: the child's copy raised nothing of its
+    own, it gave the rows up at its retry_timeout as refused, not applied, and
+    returned that report as its outcome, while the parent's copy could write
+    them."""
+    from gtarantool.transport import CopiedCall
+
+    cluster, _ = sharded
+    src, dst = cluster.shards
+    bucket = 43 if cluster.buckets()[43] == src.uuid else 44
+    if cluster.buckets()[bucket] != src.uuid:
+        src, dst = dst, src
+    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                               fetch_schema=True, discovery_mode="off")
+    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
+    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+    parent = os.getpid()
+    try:
+        copying = gevent.spawn(copy_from, router, "customers", [(601, bucket, "a")],
+                               retry_timeout=0.6)
+        gevent.sleep(0.2)   # (its row waits for the bucket: routed again every pause)
+        pid = children.fork()
+        copying.join(5)
+        if os.getpid() != parent:   # the child: report by exit status only
+            os._exit(0 if isinstance(copying.exception, CopiedCall) else 2)
+        report = copying.get(timeout=5)
+        status = children.wait(pid)
+    finally:
+        if os.getpid() == parent:
+            cluster.eval(src.master, MARK, bucket, "active", None)
+            cluster.eval(dst.master, MARK, bucket, None, None)
+            router.close()
+    assert os.WEXITSTATUS(status) == 0
+    assert [(r.position, r.applied) for r in report.rejected] == [(0, False)]
+    assert _stored(cluster, src.uuid, 601) is None
+
+
+@needs_vshard
 def test_a_row_the_bucket_id_function_raises_for_is_rejected_alone(sharded):
     """The caller's bucket_id function raising (a KeyError, not only a
     ValueError) rejects that row, not sent: the exception escaped copy_from

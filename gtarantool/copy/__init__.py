@@ -438,6 +438,7 @@ class _Copy:
                                 "for %ss: %s" % (self.retry_timeout, _reason(last)),
                                 self._stopped()) from last
             gevent.sleep(0.05)
+            check_process(self.token)   # (forked meanwhile: the rows are the parent's)
             try:
                 batch = self.send(key, indices, rows)
             except CopiedCall:
@@ -572,7 +573,10 @@ def copy_from(target: Any, space: Union[str, int], rows: Iterable[Any], *,
             raise CopyError("copy stopped: reading the rows raised %s" % _reason(cause),
                             run._stopped()) from cause
         run.drain()
+        # (a copy that forked while it ran ends as the parent's, whatever it read)
+        check_process(run.token)
     except CopyError as exc:
+        check_process(run.token)
         exc.report.elapsed = time.perf_counter() - started
         exc.report.cpu = time.process_time() - cpu
         raise

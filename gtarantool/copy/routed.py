@@ -274,10 +274,11 @@ class RoutedCopy(_Copy):
         """Route rows proven not applied again and send them, until
         ``retry_timeout``: then a row refused for its bucket is rejected
         (not applied), and rows a server would not take stop the copy."""
-        check_process(self.token)
         deadline = time.monotonic() + self.retry_timeout
         router = self.dest.router
         while indices:
+            # (forked meanwhile, routing or sleeping: the rows are the parent's)
+            check_process(self.token)
             if time.monotonic() >= deadline:
                 self.give_up(key, indices, rows, buckets, errors)
                 return
