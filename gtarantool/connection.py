@@ -298,6 +298,10 @@ class Connection(RequestMethods, tarantool.Connection):
                 # with the cause chained.  A timeout or kill leaves no half-made
                 # socket (one not authenticated yet) behind either.
                 timed_out = timer is not None and exc is timer
+                if timer is not None:
+                    # (the caller's own timer may have ended the attempt: this
+                    # one must not fire into the clean-up below and escape raw)
+                    timer.close()
                 if timed_out:
                     exc = NetworkError("no answer from %s:%s to its authentication or schema "
                                        "within connection_timeout=%ss"

@@ -744,6 +744,43 @@ def test_close_while_a_call_connects_leaves_no_socket_up(fresh_server):
         admin.close()
 
 
+def test_a_first_calls_timeout_and_connection_timeout_running_out_together_raise_requesttimeout(
+        fresh_server):
+    """A first call whose request_timeout and connection_timeout both run out
+    while it authenticates (its hub busy meanwhile, as in a forked child or on
+    a loaded host) ends with RequestTimeout, not sent: the connect's own timer
+    fired into the clean-up of the attempt its caller's timer had ended, and
+    the caller got a raw gevent.Timeout, no error of the library's."""
+    admin = gtarantool.connect(fresh_server.host, fresh_server.port, user=USER, password=PASSWORD)
+    admin.eval("box.session.on_auth(function(user) "
+               "if user == 'test' then require('fiber').sleep(2) end end)")
+    try:
+        # (streams: 2.10+)
+        for name in ["ping", "call", "select"] + ["begin"] * (binary_version() >= (2, 10)):
+            lazy = gtarantool.Connection(fresh_server.host, fresh_server.port, user=USER,
+                                         password=PASSWORD, connect_now=False,
+                                         request_timeout=0.5, connection_timeout=0.5,
+                                         reconnect_max_attempts=0)
+            # (waiting for the authentication's reply, the hub busy past both timers)
+            busy = gevent.spawn_later(0.2, time.sleep, 0.8)
+            try:
+                with pytest.raises(RequestTimeout) as caught:
+                    if name == "ping":
+                        lazy.ping()
+                    elif name == "call":
+                        lazy.call("echo", 1)
+                    elif name == "select":
+                        lazy.select("_space", 280)
+                    else:
+                        lazy.stream().begin()
+                assert caught.value.applied is False, name
+            finally:
+                busy.join()
+                lazy.close()
+    finally:
+        admin.close()
+
+
 def _pipelined(c):
     p = c.pipeline()
     p.select("tester", 31_000_001)
