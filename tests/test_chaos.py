@@ -19,11 +19,12 @@ from gtarantool.testing.chaos.workload import (
     ROWS_PER_OP,
     SCHEMA,
     USER_LUA,
+    Campaign,
     ConnTarget,
     _settle,
     tally,
 )
-from gtarantool.testing.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer, binary_version
 
 SLACK = 0.5
 
@@ -328,3 +329,26 @@ def test_a_live_run_records_a_history_and_names_its_seed_when_it_fails(capsys):
     assert re.search(r"copied rows \([^)]*written [1-9]", out)
     assert "replay: make chaos SEED=3 DURATION=1.5" in out
     assert gevent.getcurrent().dead is False
+
+
+def test_a_live_run_writes_with_sql_and_in_transactions_too():
+    """Every API that sends a write is in the campaign: besides calls, upserts,
+    copies and pipelines, an SQL INSERT (a prepared statement on a
+    connection, execute on a pool) and, on 2.10+, a write in an interactive
+    transaction, each ending written and breaking no promise with no fault."""
+    schedule = Schedule(7, 1.0, ["conn", "pool"])
+    schedule.faults = []
+    history, facts, violations = Campaign(schedule, slack=5.0, log=lambda *a: None).run()
+    assert violations == []
+    done = {}
+    for op in history.ops:
+        if op.outcome == "ok":
+            key = (op.client.split("-")[0], op.kind)   # (conn-proxied counts as conn)
+            done[key] = done.get(key, 0) + 1
+    wanted = ["write_sql"] + ["write_txn"] * (binary_version() >= (2, 10))
+    for client in ("conn", "pool"):
+        for kind in wanted:
+            assert done.get((client, kind)), (client, kind, sorted(done))
+    assert any(op.kind == "write_sql" and len(op.rows) > 1 and op.outcome == "ok"
+               for op in history.ops)
+

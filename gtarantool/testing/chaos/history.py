@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from gtarantool.protocol.constants import ER_TUPLE_FOUND
 
 # Writes counted by their op id; a copy's rows are counted by row id.
-WRITE_KINDS = ("write_call", "write_upsert")
-COPY_KINDS = ("write_copy", "write_pipeline")
+WRITE_KINDS = ("write_call", "write_upsert", "write_txn")
+COPY_KINDS = ("write_copy", "write_pipeline", "write_sql")
 
 # The promises, by the name a violation carries.
 DOUBLE = "applied twice"

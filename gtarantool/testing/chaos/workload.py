@@ -16,7 +16,11 @@ per application; or is a ``copy_from`` of 1..``MAX_ROWS`` rows into
 ``chaos_rows`` (insert mode; row ids ``op_id * ROWS_PER_OP + k``, unique
 across the run and its children, with the row's bucket id; a trigger stores
 the inserting caller's address in each row), or the same rows' inserts on a
-pipeline (a connection's or a pool's).  A read calls ``chaos_echo(id)``.
+pipeline (a connection's or a pool's), or one SQL INSERT of those rows (a
+prepared statement on a connection, ``execute`` on a pool); or
+``chaos_write(id)`` in an interactive transaction (a stream's BEGIN, the
+call, COMMIT: 2.10+, whose servers run the MVCC engine).  A read calls
+``chaos_echo(id)``.
 Replies carry the id.
 """
 import itertools
@@ -39,13 +43,15 @@ from gtarantool.copy import copy_from, space_info
 from gtarantool.testing.chaos import history as h
 from gtarantool.testing.faults import FaultProxy
 from gtarantool.testing.replicaset import ReplicaSet
-from gtarantool.testing.server import TarantoolServer
+from gtarantool.testing.server import TarantoolServer, binary_version
 
 USER, PASSWORD = "test", "secret"
 CHILD_BASE = 1 << 40   # a forked child's op ids: (k + 1) * CHILD_BASE + n
 ROWS_PER_OP, MAX_ROWS = 8, 5   # a copy op's row ids: op_id * ROWS_PER_OP + k, k < MAX_ROWS
 BUCKETS = 60
 COPY_SPACE = "chaos_rows"
+# (an interactive transaction yields between its requests: memtx needs MVCC)
+TXN_CFG = {"memtx_use_mvcc_engine": True}
 
 SCHEMA = """
 local uuid = require('uuid')
@@ -185,12 +191,15 @@ class Target:
     bound = 1.0
     unsafe = ()   # kinds known to break a promise here, run only when asked
     pipelines = True   # its client makes pipelines (write_pipeline)
+    sessions = True    # its client makes SQL and transactions (write_sql, write_txn)
 
     def __init__(self, campaign):
         self.c = campaign
         self.rt = campaign.schedule.request_timeout
         self.kinds = tuple(k for k in KINDS if (k not in self.unsafe or campaign.unsafe)
-                           and (k != "write_pipeline" or self.pipelines))
+                           and (k != "write_pipeline" or self.pipelines)
+                           and (k != "write_sql" or self.sessions)
+                           and (k != "write_txn" or (self.sessions and transactions())))
 
     def instances(self):
         """Every server whose data the facts read."""
@@ -224,6 +233,25 @@ class Target:
         for i in ids:
             p.insert(COPY_SPACE, (i, i % BUCKETS + 1))
         return p.results()
+
+    @property
+    def txn_bound(self):
+        """A transaction's BEGIN, call and COMMIT: a call's bound each."""
+        return 3 * self.bound
+
+    def transaction(self, client, op_id):
+        """``chaos_write(op_id)`` in an interactive transaction: its reply."""
+        with client.transaction() as tx:
+            return tx.call("chaos_write", op_id).data[0]
+
+    @property
+    def sql_bound(self):
+        """One SQL statement: a call's."""
+        return self.bound
+
+    def sql(self, client, ids):
+        """One SQL INSERT of a row per id (with its bucket id)."""
+        client.execute(_insert_sql(len(ids)), _sql_params(ids))
 
     def label(self, n):
         """The client's name in the history."""
@@ -271,13 +299,27 @@ class ConnTarget(Target):
     name = "conn"
 
     def start(self):
-        self.server = TarantoolServer(USER_LUA + SCHEMA)
+        self.server = TarantoolServer(USER_LUA + SCHEMA, cfg=TXN_CFG if transactions() else None)
         blocking(self.server.start)
         self.proxy = FaultProxy(self.server.host, self.server.port)
         # (the proxied one admits two requests at a time: callers queue for room)
         self.clients = [self.connect(self.server.port),
                         self.connect(self.proxy.port, max_in_flight=2)]
         self.bound = self.rt
+        self.statements = {}
+
+    @property
+    def sql_bound(self):
+        """Its statement's PREPARE (the first time on a client), then EXECUTE."""
+        return 2 * self.bound
+
+    def sql(self, client, ids):
+        """A prepared INSERT of a row per id, one statement per client and row count."""
+        key = (id(client), len(ids))
+        stmt = self.statements.get(key)
+        if stmt is None:
+            stmt = self.statements[key] = client.prepare(_insert_sql(len(ids)))
+        stmt.execute(_sql_params(ids))
 
     def connect(self, port, **options):
         return gtarantool.connect("127.0.0.1", port, user=USER, password=PASSWORD,
@@ -346,7 +388,8 @@ class PoolTarget(Target):
     name = "pool"
 
     def start(self):
-        self.rs = ReplicaSet(USER_LUA + SCHEMA, replicas=2, user=USER, password=PASSWORD)
+        self.rs = ReplicaSet(USER_LUA + SCHEMA, replicas=2, user=USER, password=PASSWORD,
+                             cfg=TXN_CFG if transactions() else None)
         blocking(self.rs.start)
         self.master = 0
         self.wait_timeout = self.rt
@@ -360,6 +403,14 @@ class PoolTarget(Target):
     def pipeline_bound(self):
         """Its instance picked (within ``wait_timeout``), then its wait."""
         return self.wait_timeout + self.rt
+
+    @property
+    def txn_bound(self):
+        """Its master picked (within ``wait_timeout``), then BEGIN, call and COMMIT."""
+        return self.wait_timeout + 3 * self.rt
+
+    def sql(self, pool, ids):
+        pool.execute(_insert_sql(len(ids)), _sql_params(ids), mode=Mode.RW)
 
     def instances(self):
         return self.rs.servers
@@ -432,6 +483,7 @@ class RouterTarget(Target):
     name = "router"
     BUCKETS = BUCKETS
     pipelines = False
+    sessions = False
 
     def start(self):
         from gtarantool.testing.cluster import ShardedCluster
@@ -505,7 +557,23 @@ class RouterTarget(Target):
 
 
 TARGETS = {"conn": ConnTarget, "pool": PoolTarget, "router": RouterTarget}
-KINDS = ("write_call", "write_upsert", "read_call", "write_copy", "write_pipeline")
+KINDS = ("write_call", "write_upsert", "read_call", "write_copy", "write_pipeline",
+         "write_sql", "write_txn")
+
+
+def transactions():
+    """Whether the server runs interactive transactions (2.10+): an older
+    server's campaign leaves write_txn out."""
+    return binary_version() >= (2, 10)
+
+
+def _insert_sql(n):
+    return 'INSERT INTO "%s" ("id", "bucket_id") VALUES %s' % (
+        COPY_SPACE, ", ".join(["(?, ?)"] * n))
+
+
+def _sql_params(ids):
+    return [v for i in ids for v in (i, i % BUCKETS + 1)]
 
 
 class Campaign:
@@ -528,8 +596,9 @@ class Campaign:
         self.t0 = None
 
     def longest(self):
-        """The longest bound of any call (a copy's and a pipeline's included)."""
-        return max(max(t.bound, t.copy_bound, t.pipeline_bound)
+        """The longest bound of any call (a copy's, a pipeline's, a statement's
+        and a transaction's included)."""
+        return max(max(t.bound, t.copy_bound, t.pipeline_bound, t.sql_bound, t.txn_bound)
                    for t in self.targets.values())
 
     def rng_for(self, kind):
@@ -569,8 +638,14 @@ class Campaign:
                 if failed is not None:   # (the op as its first failed request)
                     _describe(op, failed)
                     return
+            elif op.kind == "write_sql":   # (one statement: every row or none)
+                target.sql(client, [row.id for row in op.rows])
+                for row in op.rows:
+                    row.state = h.WRITTEN
             elif op.rows:
                 _settle(op, target.copy(client, [row.id for row in op.rows]))
+            elif op.kind == "write_txn":
+                op.reply = target.transaction(client, op.id)
             else:
                 op.reply = target.do(client, op.kind, op.id)
             op.outcome = "ok"
@@ -795,7 +870,9 @@ def new_op(op_id, target, n, rng, proc="parent"):
     kind = rng.choice(target.kinds)
     copy = kind in h.COPY_KINDS
     bound = (target.pipeline_bound if kind == "write_pipeline"
-             else target.copy_bound if copy else target.bound)
+             else target.sql_bound if kind == "write_sql"
+             else target.copy_bound if copy
+             else target.txn_bound if kind == "write_txn" else target.bound)
     op = h.Op(op_id, target.label(n), kind, time.monotonic(), bound, proc=proc)
     if copy:
         op.rows = [h.Row(op_id * ROWS_PER_OP + k) for k in range(rng.randint(1, MAX_ROWS))]
@@ -819,6 +896,7 @@ def _describe(op, exc):
     op.applied = getattr(exc, "applied", None)
     op.library_error = isinstance(exc, tarantool.error.Error)
     op.detail = str(exc)[:160]
+
 
 
 def _settle_results(op, results):
