@@ -125,16 +125,19 @@ class PreparedStatement:
         except BaseException:
             holders.discard(self)
             raise
-        if conn._transport is not transport:   # (sent on the next socket)
+        # (None: another greenlet closed the connection, or dropped the socket
+        # its reply came on, before this one ran again: that session is gone,
+        # the next execute prepares on the next one)
+        current = conn._transport or transport
+        if current is not transport:   # (sent on the next socket)
             holders.discard(self)
-            _holders.setdefault(conn._transport, {}).setdefault(
-                self.sql, weakref.WeakSet()).add(self)
+            _holders.setdefault(current, {}).setdefault(self.sql, weakref.WeakSet()).add(self)
         body = resp._body
         self.stmt_id = body[IPROTO_STMT_ID]
         self.params_count = body.get(IPROTO_BIND_COUNT)
         self.params = body.get(IPROTO_BIND_METADATA)
         self.metadata = body.get(IPROTO_METADATA)
-        self._prepared_on = weakref.ref(conn._transport)
+        self._prepared_on = weakref.ref(current)
 
     def _prepare_unsent(self, deadline):
         """``_prepare`` before an EXECUTE: whatever it raises (its PREPARE

@@ -187,3 +187,34 @@ def test_an_execute_whose_prepare_failed_says_not_applied(server):
             assert conn.execute("SELECT * FROM sqltest WHERE id = 41").data == []
         finally:
             conn.close()
+
+
+def test_a_prepare_answered_as_another_greenlet_closes_the_connection(server):
+    """Another caller's reply in the same read, whose caller closes the
+    connection before this one runs again: prepare() raised TypeError
+    ("cannot create weak reference to 'NoneType' object"); it returns the
+    statement, and its next execute prepares it again on a new session."""
+    from gtarantool.testing.faults import FaultProxy
+
+    with FaultProxy(server.host, server.port) as proxy:
+        conn = gtarantool.connect(proxy.host, proxy.port, user=USER, password=PASSWORD)
+        try:
+            conn.ping()
+
+            def first():
+                conn.eval("return 1")
+                conn.close()   # (the statement's reply is in, its caller not yet run)
+
+            proxy.blackhole()   # (both requests go, and their replies come, together)
+            closer = gevent.spawn(first)
+            gevent.sleep(0)
+            preparer = gevent.spawn(conn.prepare, "SELECT ? * 2")
+            gevent.sleep(0.1)
+            proxy.resume()
+            gevent.joinall([closer, preparer])
+            assert closer.successful()
+            stmt = preparer.get()
+            assert conn.is_closed()
+            assert stmt.execute([21]).data == [[42]]
+        finally:
+            conn.close()
