@@ -15,6 +15,7 @@ from gtarantool.testing.chaos import history as h
 from gtarantool.testing.chaos.__main__ import main
 from gtarantool.testing.chaos.schedule import Schedule
 from gtarantool.testing.chaos.workload import (
+    BUCKETS,
     CHILD_BASE,
     ROWS_PER_OP,
     SCHEMA,
@@ -24,6 +25,7 @@ from gtarantool.testing.chaos.workload import (
     _settle,
     tally,
 )
+from gtarantool.testing.cluster import vshard_missing
 from gtarantool.testing.server import TarantoolServer, binary_version
 
 SLACK = 0.5
@@ -154,6 +156,83 @@ def test_a_parents_copy_writing_rows_in_a_forked_child_is_flagged():
     assert promises(lying, facts) == [h.LYING]
     history.ops.append(copy_op(7, (h.WRITTEN,), proc="child-1", copy=True))
     assert promises(history, facts) == [h.CHILD, h.CHILD]
+
+
+RS_A, RS_B = "replicaset-a", "replicaset-b"
+
+
+def mapped():
+    """A full map run on both replica sets; a map over buckets 3 and 40 run
+    where each is held; one over bucket 3 run on its replica set alone; a map
+    refused before it ran (applied False), run nowhere; two that may have run
+    (applied None), one run on a replica set, one on both."""
+    history, facts = clean()
+    history.ops += [op(20, kind="write_map"), op(21, kind="write_map", buckets=[3, 40]),
+                    op(22, kind="write_map", buckets=[3]),
+                    op(23, kind="write_map", outcome="error", error="ShardingError",
+                       applied=False),
+                    op(24, kind="write_map", outcome="error", error="RequestTimeout"),
+                    op(25, kind="write_map", outcome="error", error="StorageError")]
+    facts.replicasets = {RS_A, RS_B}
+    facts.maps = {20: [(RS_A, []), (RS_B, [])], 21: [(RS_A, [3]), (RS_B, [40])],
+                  22: [(RS_B, [3])], 24: [(RS_A, [])], 25: [(RS_A, []), (RS_B, [])]}
+    return history, facts
+
+
+def test_a_map_runs_at_most_once_on_each_replica_set():
+    assert promises(*mapped()) == []
+    for op_id in (20, 22, 24):
+        history, facts = mapped()
+        facts.maps[op_id].append(facts.maps[op_id][0])
+        (violation,) = h.check(history, facts, SLACK)
+        assert violation.promise == h.DOUBLE and violation.op.id == op_id
+        assert "2 times on" in violation.detail
+    # (a forked child's copy of a map shares its id: named once)
+    history, facts = mapped()
+    history.ops.append(op(20, kind="write_map", outcome="error", error="CopiedCall",
+                          proc="child-1", copy=True))
+    assert promises(history, facts) == []
+    facts.maps[20].append((RS_B, []))
+    assert promises(history, facts) == [h.DOUBLE]
+
+
+def test_an_acknowledged_map_ran_on_every_replica_set_it_had_to_reach():
+    history, facts = mapped()
+    facts.maps[20] = [(RS_A, [])]
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.LOST and RS_B in violation.detail
+    history, facts = mapped()
+    facts.maps[21] = [(RS_A, [3])]
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.LOST and "bucket(s) 40" in violation.detail
+    history, facts = mapped()
+    del facts.maps[22]
+    assert promises(history, facts) == [h.LOST]
+    # (a run where the bucket was not held covers nothing)
+    facts.maps[22] = [(RS_A, [])]
+    assert promises(history, facts) == [h.LOST]
+
+
+def test_a_map_said_not_run_runs_nowhere():
+    history, facts = mapped()
+    facts.maps[23] = [(RS_B, [])]
+    (violation,) = h.check(history, facts, SLACK)
+    assert violation.promise == h.LYING and RS_B in violation.detail
+    # (one that may have run: anything up to once on each)
+    history, facts = mapped()
+    del facts.maps[24], facts.maps[25]
+    assert promises(history, facts) == []
+
+
+def test_map_runs_count_once_across_replicas_and_name_their_replica_sets():
+    runs = [("a", 20, "127.0.0.1:5000>3301@150.0", RS_A, []),
+            ("b", 21, "127.0.0.1:6000>3301@150.0", RS_A, [3])]
+    facts = tally([([], [], [], runs, RS_A), ([], [], [], runs[:1], RS_A),
+                   ([], [], [], [("c", 20, "", RS_B, [])], RS_B),
+                   ([], [], [], [], "")], CHILD_SOCKETS, copied={20, 21})
+    assert facts.maps == {20: [(RS_A, []), (RS_B, [])], 21: [(RS_A, [3])]}
+    assert facts.replicasets == {RS_A, RS_B} and facts.by_child == {21}
+    assert facts.applications == {}
 
 
 # A forked child's socket from local port 6000 to a server on 3301, open from
@@ -352,3 +431,23 @@ def test_a_live_run_writes_with_sql_and_in_transactions_too():
     assert any(op.kind == "write_sql" and len(op.rows) > 1 and op.outcome == "ok"
                for op in history.ops)
 
+
+
+@pytest.mark.skipif(vshard_missing() is not None, reason=str(vshard_missing()))
+def test_a_live_run_maps_over_every_master_and_over_buckets():
+    """A Router's map_callrw is in the campaign: a full map and a map over
+    buckets, each run once on every replica set it reaches, with no fault."""
+    schedule = Schedule(7, 1.0, ["router"])
+    schedule.faults = []
+    history, facts, violations = Campaign(schedule, slack=5.0, log=lambda *a: None).run()
+    assert violations == []
+    maps = [op for op in history.ops if op.kind == "write_map" and op.outcome == "ok"]
+    assert any(op.buckets is None for op in maps)
+    assert any(op.buckets and len(op.buckets) > 1 for op in maps)
+    assert len(facts.replicasets) == 2
+    for op in maps:
+        runs = facts.maps[op.id]
+        assert len(runs) == (2 if op.buckets is None else len({rs for rs, _ in runs}))
+        if op.buckets:
+            assert sorted(b for _, held in runs for b in held) == op.buckets
+            assert all(1 <= b <= BUCKETS for b in op.buckets)

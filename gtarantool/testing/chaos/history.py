@@ -6,9 +6,9 @@ exception class and its ``applied`` attribute, or ``cancelled`` by the caller's
 own ``gevent.Timeout``) and the bound its duration must keep; a bulk copy's
 ``Op`` also holds one ``Row`` per row it gave, with what the copy said of it.
 ``Facts`` is what the servers hold at the end: how many times each id was
-applied, which copied rows exist.  ``check`` compares the two and returns one
-``Violation`` per broken promise; it never raises on a bad history, so a test
-can feed it synthetic ones.
+applied, which copied rows exist, where each map ran.  ``check`` compares the
+two and returns one ``Violation`` per broken promise; it never raises on a bad
+history, so a test can feed it synthetic ones.
 """
 import json
 from dataclasses import asdict, dataclass, field
@@ -16,9 +16,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gtarantool.protocol.constants import ER_TUPLE_FOUND
 
-# Writes counted by their op id; a copy's rows are counted by row id.
+# Writes counted by their op id; a copy's rows are counted by row id; a map's
+# applications by op id and replica set (it runs once on each it reaches).
 WRITE_KINDS = ("write_call", "write_upsert", "write_txn")
 COPY_KINDS = ("write_copy", "write_pipeline", "write_sql")
+MAP_KINDS = ("write_map",)
 
 # The promises, by the name a violation carries.
 DOUBLE = "applied twice"
@@ -59,7 +61,8 @@ class Op:
     carried (None when the reply carries none, e.g. an upsert's); ``end`` stays
     None while the call has not returned; ``copy`` marks the copy of a parent's
     call that finished in a forked child (``proc`` is then the child's);
-    ``rows`` the rows of a bulk copy (empty for the other kinds)."""
+    ``rows`` the rows of a bulk copy (empty for the other kinds);
+    ``buckets`` the bucket ids a map over buckets named (None: a full map)."""
     id: int
     client: str
     kind: str
@@ -75,6 +78,7 @@ class Op:
     detail: str = ""
     library_error: bool = True   # the error is one of the library's (tarantool.error.Error)
     rows: List[Row] = field(default_factory=list)
+    buckets: Optional[List[int]] = None
 
     @property
     def write(self) -> bool:
@@ -96,15 +100,19 @@ class Facts:
     vshard storage, in a bucket it holds), ``misplaced``: rows present only
     on storages that do not hold their bucket, ``by_child``: ids of parent
     operations applied (or whose rows were written) over a socket a forked
-    child opened, and ``stalls``: when a process's hub ran nothing (a busy
+    child opened, ``stalls``: when a process's hub ran nothing (a busy
     host; time a call spent in its process's stalls does not count against
-    its bound)."""
+    its bound), ``maps[id]``: each application of a map's function, as
+    (replica set, the buckets it held of those the map named), and
+    ``replicasets``: every vshard replica set (the ones a full map reaches)."""
     applications: Dict[int, int] = field(default_factory=dict)
     rows: Set[int] = field(default_factory=set)
     misplaced: Set[int] = field(default_factory=set)
     by_child: Set[int] = field(default_factory=set)
     # {proc: [(start, end)]}: when each process's hub ran nothing for over 0.1 s
     stalls: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+    maps: Dict[int, List[Tuple[str, List[int]]]] = field(default_factory=dict)
+    replicasets: Set[str] = field(default_factory=set)
 
     def stalled(self, op: "Op") -> float:
         """Seconds ``op``'s process ran nothing while the call lasted."""
@@ -181,6 +189,9 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
             found.append(Violation(CHILD, op, "the child's copy of the call succeeded"))
         if op.rows:
             found.extend(_check_rows(op, facts))
+        if op.kind in MAP_KINDS:
+            found.extend(_check_map(op, facts, op.id not in seen))
+            seen.add(op.id)
         if not op.write:
             continue
         if count > 1 and op.id not in seen:
@@ -195,6 +206,38 @@ def check(history: History, facts: Facts, slack: float) -> List[Violation]:
     for op_id in sorted(facts.by_child):
         found.append(Violation(CHILD, None, "op %d applied over a socket of a forked child"
                                % op_id))
+    return found
+
+
+def _check_map(op: Op, facts: Facts, first: bool) -> List[Violation]:
+    """The promises of a map: its function runs at most once on each replica
+    set (``first``: the id's first op, a forked child's copy shares it), on
+    every one it had to reach when acknowledged (a full map: every replica
+    set; a map over buckets: the ones holding them, so the buckets its runs
+    held cover those it named), and nowhere when its error says not applied."""
+    found = []
+    runs = facts.maps.get(op.id, [])
+    where = [rs for rs, _ in runs]
+    twice = sorted(rs for rs in set(where) if where.count(rs) > 1)
+    if twice and first:
+        found.append(Violation(DOUBLE, op, "ran %s" % ", ".join(
+            "%d times on %s" % (where.count(rs), rs) for rs in twice)))
+    if op.outcome == "ok" and not op.copy:
+        if op.buckets is None:
+            missing = sorted(facts.replicasets - set(where))
+            if missing:
+                found.append(Violation(LOST, op, "acknowledged, not run on %s"
+                                       % ", ".join(missing)))
+        else:
+            held = {b for _, buckets in runs for b in buckets}
+            missing_buckets = sorted(set(op.buckets) - held)
+            if missing_buckets:
+                found.append(Violation(LOST, op, "acknowledged, not run where bucket(s) %s "
+                                       "are held (ran on %s)" % (
+                                           ", ".join(map(str, missing_buckets)),
+                                           ", ".join(sorted(where)) or "none")))
+    if op.outcome == "error" and op.applied is False and runs:
+        found.append(Violation(LYING, op, "ran on %s" % ", ".join(sorted(where))))
     return found
 
 

@@ -19,7 +19,10 @@ the inserting caller's address in each row), or the same rows' inserts on a
 pipeline (a connection's or a pool's), or one SQL INSERT of those rows (a
 prepared statement on a connection, ``execute`` on a pool); or
 ``chaos_write(id)`` in an interactive transaction (a stream's BEGIN, the
-call, COMMIT: 2.10+, whose servers run the MVCC engine).  A read calls
+call, COMMIT: 2.10+, whose servers run the MVCC engine); or, through a
+Router, a ``map_callrw`` of ``chaos_map(id, buckets)`` (every master, or the
+masters holding the buckets named), which logs in ``chaos_maps`` each run with
+its replica set and which of those buckets it held.  A read calls
 ``chaos_echo(id)``.
 Replies carry the id.
 """
@@ -76,6 +79,8 @@ local function chaos_schema()
     rows:create_index('pk', {parts = {1, 'unsigned'}, if_not_exists = true})
     rows:create_index('bucket_id', {parts = {2, 'unsigned'}, unique = false,
                                     if_not_exists = true})
+    local maps = box.schema.space.create('chaos_maps', {if_not_exists = true})
+    maps:create_index('pk', {type = 'hash', parts = {1, 'string'}, if_not_exists = true})
 end
 if not box.info.ro then box.once('chaos-schema', chaos_schema) end
 local function chaos_peer(old, new)
@@ -103,6 +108,21 @@ function chaos_upsert(id)
     box.space.chaos_count:upsert({id, 1}, {{'+', 2, 1}})
     return id
 end
+local function chaos_replicaset()
+    -- (box.info.cluster names the replica set before 3.0, box.info.replicaset since)
+    return (box.info.replicaset or box.info.cluster).uuid
+end
+function chaos_map(id, buckets)
+    -- a map's run (map_callrw's function): its replica set and which of the
+    -- buckets the map named it holds, pinned by the map's ref meanwhile
+    local held = setmetatable({}, {__serialize = 'array'})
+    for _, b in ipairs(buckets or {}) do
+        local t = box.space._bucket:get(b)
+        if t ~= nil and (t[2] == 'active' or t[2] == 'pinned') then held[#held + 1] = b end
+    end
+    box.space.chaos_maps:insert{uuid.str(), id, chaos_origin(), chaos_replicaset(), held}
+    return id
+end
 function chaos_echo(id) return id end
 function chaos_facts()
     -- (on a vshard storage a row counts only in a bucket it holds: a row left in a
@@ -118,7 +138,9 @@ function chaos_facts()
     for _, t in box.space.chaos_rows:pairs() do
         rows[#rows + 1] = {t[1], t[3] or '', held == nil or held[t[2]] == true}
     end
-    return box.space.chaos_log:select(), box.space.chaos_count:select(), rows
+    -- (a storage names its replica set: the ones a full map must reach)
+    return box.space.chaos_log:select(), box.space.chaos_count:select(), rows,
+        box.space.chaos_maps:select(), held ~= nil and chaos_replicaset() or ''
 end
 """
 USER_LUA = """
@@ -192,6 +214,7 @@ class Target:
     unsafe = ()   # kinds known to break a promise here, run only when asked
     pipelines = True   # its client makes pipelines (write_pipeline)
     sessions = True    # its client makes SQL and transactions (write_sql, write_txn)
+    maps = False       # its client runs a function on every master (write_map)
 
     def __init__(self, campaign):
         self.c = campaign
@@ -199,6 +222,7 @@ class Target:
         self.kinds = tuple(k for k in KINDS if (k not in self.unsafe or campaign.unsafe)
                            and (k != "write_pipeline" or self.pipelines)
                            and (k != "write_sql" or self.sessions)
+                           and (k != "write_map" or self.maps)
                            and (k != "write_txn" or (self.sessions and transactions())))
 
     def instances(self):
@@ -290,7 +314,8 @@ class Target:
                 srv.signal(signal.SIGCONT)
 
     def facts(self):
-        """[(log rows, count rows, copied rows)] from every instance."""
+        """[(log rows, count rows, copied rows, map rows, replica set)] from
+        every instance."""
         return [blocking(self.eval, srv, "return chaos_facts()") for srv in self.instances()]
 
 
@@ -484,6 +509,7 @@ class RouterTarget(Target):
     BUCKETS = BUCKETS
     pipelines = False
     sessions = False
+    maps = True
 
     def start(self):
         from gtarantool.testing.cluster import ShardedCluster
@@ -513,6 +539,14 @@ class RouterTarget(Target):
         if kind == "write_upsert":
             return router.callrw(bucket, "chaos_upsert", [op_id])
         return router.callro(bucket, "chaos_echo", [op_id])
+
+    def map(self, router, op_id, buckets):
+        """``map_callrw`` of ``chaos_map(op_id)``: over every master (``buckets``
+        None) or the ones holding ``buckets``; the reply any master gave that
+        is not ``op_id``, else ``op_id`` (None when none answered a value)."""
+        results = router.map_callrw("chaos_map", [op_id, buckets or []], bucket_ids=buckets)
+        values = [value for values in results.values() for value in values]
+        return next((v for v in values if v != op_id), op_id if values else None)
 
     def fault(self, kind, p):
         rng = self.c.rng_for(kind)
@@ -558,7 +592,7 @@ class RouterTarget(Target):
 
 TARGETS = {"conn": ConnTarget, "pool": PoolTarget, "router": RouterTarget}
 KINDS = ("write_call", "write_upsert", "read_call", "write_copy", "write_pipeline",
-         "write_sql", "write_txn")
+         "write_sql", "write_txn", "write_map")
 
 
 def transactions():
@@ -646,6 +680,8 @@ class Campaign:
                 _settle(op, target.copy(client, [row.id for row in op.rows]))
             elif op.kind == "write_txn":
                 op.reply = target.transaction(client, op.id)
+            elif op.kind == "write_map":
+                op.reply = target.map(client, op.id, op.buckets)
             else:
                 op.reply = target.do(client, op.kind, op.id)
             op.outcome = "ok"
@@ -876,6 +912,8 @@ def new_op(op_id, target, n, rng, proc="parent"):
     op = h.Op(op_id, target.label(n), kind, time.monotonic(), bound, proc=proc)
     if copy:
         op.rows = [h.Row(op_id * ROWS_PER_OP + k) for k in range(rng.randint(1, MAX_ROWS))]
+    elif kind in h.MAP_KINDS and rng.random() < 0.5:   # (else a full map)
+        op.buckets = sorted(rng.sample(range(1, BUCKETS + 1), rng.randint(1, 3)))
     return op
 
 
@@ -926,11 +964,13 @@ def _rejected(row, rejected):
 
 def tally(replies, child_sockets=(), copied=()):
     """``Facts`` from ``chaos_facts()``'s replies (log rows, count rows and, when
-    given, copied rows), one per instance: a log row counts once however many
-    instances hold its copy, a counter counts as its largest value on any
-    instance, and a copied row is present when any instance holds it.
+    given, copied rows, map rows and the instance's vshard replica set), one
+    per instance: a log row (a map row) counts once however many instances
+    hold its copy, a counter counts as its largest value on any instance, and
+    a copied row is present when any instance holds it.
 
-    :param replies: [(log rows, count rows[, copied rows])], one per instance.
+    :param replies: [(log rows, count rows[, copied rows[, map rows, replica
+        set or '']])], one per instance.
     :param child_sockets: the sockets forked children opened, as
         [(local port, server port, opened after, closed before)] (wall times).
     :param copied: ids of the parent's ops a child held copies of (the calls in
@@ -938,11 +978,15 @@ def tally(replies, child_sockets=(), copied=()):
     :returns: a ``history.Facts``.
     """
     facts = h.Facts()
-    logs, counts = {}, {}
+    logs, counts, maps = {}, {}, {}
     for reply in replies:
         log_rows, count_rows = reply[0], reply[1]
         for key, op_id, peer in log_rows:
             logs[key] = (op_id, peer)
+        for key, op_id, peer, rs, held in (reply[3] if len(reply) > 3 else ()):
+            maps[key] = (op_id, peer, rs, list(held or ()))
+        if len(reply) > 4 and reply[4]:
+            facts.replicasets.add(reply[4])
         for op_id, count in count_rows:
             counts[op_id] = max(count, counts.get(op_id, 0))
         for row_id, peer, held in (reply[2] if len(reply) > 2 else ()):
@@ -958,6 +1002,10 @@ def tally(replies, child_sockets=(), copied=()):
             facts.by_child.add(op_id)
     for op_id, count in counts.items():
         facts.applications[op_id] = facts.applications.get(op_id, 0) + count
+    for op_id, peer, rs, held in maps.values():
+        facts.maps.setdefault(op_id, []).append((rs, held))
+        if op_id in copied and _by_child(peer, child_sockets):
+            facts.by_child.add(op_id)
     facts.misplaced -= facts.rows
     return facts
 
