@@ -532,6 +532,39 @@ def test_map_callrw_waiting_for_a_bucket_search_refs_nothing_from_a_fork(cluster
 
 
 @needs_vshard
+def test_map_callrw_answered_then_forked_before_it_returns_ends_copied_in_the_child(
+        cluster, router):
+    """Every master answered the map, and the process forked before the
+    caller ran again: the child's copy of the call returned the parent's
+    results (a call of the parent's succeeding in the child); it now ends
+    with CopiedCall (applied None), the parent's call returning them."""
+    import gc
+
+    def stage(name):
+        """The greenlets of the call's ``name`` stage, one per master."""
+        return [g for g in gc.get_objects() if isinstance(g, gevent.Greenlet)
+                and getattr(g._run, "__name__", "") == "one"
+                and name in [c.cell_contents for c in g._run.__closure__ or ()
+                             if isinstance(c.cell_contents, str)]]
+
+    call = gevent.spawn(router.map_callrw, "kv_count", timeout=5)
+    with gevent.Timeout(5):
+        maps = []
+        while len(maps) < len(cluster.shards):
+            gevent.sleep(0)
+            maps = stage("map")
+        while not all(g.dead for g in maps):
+            gevent.sleep(0)
+    assert not call.ready()   # (the caller not run again yet)
+    child = _fork_while_waiting(call)
+    try:
+        assert set(call.get(timeout=10)) == {shard.uuid for shard in cluster.shards}
+    finally:
+        copy = child()
+    assert copy == ["CopiedCall", None], copy
+
+
+@needs_vshard
 def test_map_callrw_over_some_buckets_runs_on_their_replicasets_only(cluster, router):
     bucket_id = bucket_of(cluster, 1)
     result = router.map_callrw("kv_count", timeout=5, bucket_ids=[bucket_id])

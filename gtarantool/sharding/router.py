@@ -778,6 +778,9 @@ class Router:
             mapped = True
             results = self._each(replicasets, deadline, token, "map", "storage_map", rid, func,
                                  list(args))
+            # (the replies came in the parent, which forked before this call
+            # ran again: they are the parent's call's, which goes on there)
+            check_process(token)
             return {rs_id: [value] for rs_id, value in results.items() if value is not None}
         except BaseException as exc:
             # The caller's gevent.Timeout or a kill (BaseExceptions) ends the call
