@@ -868,6 +868,21 @@ if not ok then error(err) end
 """
 
 
+def _in_transit(cluster, first):
+    """Bucket ``first`` or the next, marked sending on its replica set and
+    receiving on the other, and a router that has not discovered it:
+    ``(src, dst, bucket, router)``."""
+    src, dst = cluster.shards
+    bucket = first if cluster.buckets()[first] == src.uuid else first + 1
+    if cluster.buckets()[bucket] != src.uuid:
+        src, dst = dst, src
+    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
+                               fetch_schema=True, discovery_mode="off")
+    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
+    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+    return src, dst, bucket, router
+
+
 @needs_vshard
 def test_a_row_whose_bucket_is_in_transit_when_read_waits_for_it(sharded):
     """A row read while its bucket is unknown to the router and being sent (no
@@ -875,14 +890,7 @@ def test_a_row_whose_bucket_is_in_transit_when_read_waits_for_it(sharded):
     retry_timeout, as a row refused for its bucket is: it was rejected at once,
     'no route'."""
     cluster, _ = sharded
-    src, dst = cluster.shards
-    bucket = 41 if cluster.buckets()[41] == src.uuid else 42
-    if cluster.buckets()[bucket] != src.uuid:
-        src, dst = dst, src
-    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
-                               fetch_schema=True, discovery_mode="off")
-    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
-    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+    src, dst, bucket, router = _in_transit(cluster, 41)
 
     def arrived():
         cluster.eval(src.master, MARK, bucket, "active", None)
@@ -925,14 +933,7 @@ def test_a_forked_childs_copy_of_rows_waiting_for_their_bucket_sends_and_settles
     from gtarantool.transport import CopiedCall
 
     cluster, _ = sharded
-    src, dst = cluster.shards
-    bucket = 43 if cluster.buckets()[43] == src.uuid else 44
-    if cluster.buckets()[bucket] != src.uuid:
-        src, dst = dst, src
-    router = gtarantool.Router(cluster.cfg, user=cluster.user, password=cluster.password,
-                               fetch_schema=True, discovery_mode="off")
-    cluster.eval(src.master, MARK, bucket, "sending", dst.uuid)
-    cluster.eval(dst.master, MARK, bucket, "receiving", src.uuid)
+    src, dst, bucket, router = _in_transit(cluster, 43)
     parent = os.getpid()
     try:
         copying = gevent.spawn(copy_from, router, "customers", [(601, bucket, "a")],
